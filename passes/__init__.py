@@ -1,0 +1,109 @@
+"""shardfix's passes: the base class, option parsing, and the registry (name -> lazily imported class).
+
+A pass is a small frozen dataclass: its fields are its options, spelled in kebab-case in pipelines
+(`fix-shardings{policy=drop target-mesh=dp=4,tp=2}`), typed by the field annotation (a Literal of choices, int,
+bool or str).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import typing
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
+
+from shardfix.ir import SourceLoc
+from shardfix.report import Report
+from shardfix.sharding import Mesh
+
+
+class PassError(Exception):
+    """A pass met input it must not change; carries the place to report."""
+
+    def __init__(self, message: str, loc: SourceLoc = SourceLoc()):
+        super().__init__(message)
+        self.loc = loc
+
+
+class OptionError(ValueError):
+    """A pass name or option that doesn't exist or doesn't parse."""
+
+
+@dataclass
+class PassContext:
+    """What a pipeline run shares between passes: the report, and driver-wide settings."""
+
+    report: Report = field(default_factory=Report)
+    target_mesh: Mesh | None = None
+
+
+@dataclass(frozen=True)
+class Pass:
+    name: ClassVar[str]
+    description: ClassVar[str]
+    # True for passes that repair shardings the sdy verifier rejects: a pipeline starting with one loads leniently.
+    accepts_invalid_shardings: ClassVar[bool] = False
+
+    def apply(self, module, ctx: PassContext) -> None:
+        raise NotImplementedError
+
+    @classmethod
+    def options(cls) -> dict[str, tuple[str, object, object]]:
+        """kebab-case option name -> (field name, type, default)."""
+        hints = typing.get_type_hints(cls)
+        return {f.name.replace("_", "-"): (f.name, hints[f.name], f.default) for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def from_options(cls, options: dict[str, str]) -> "Pass":
+        known = cls.options()
+        values = {}
+        for key, text in options.items():
+            if key not in known:
+                names = ", ".join(known) or "none"
+                raise OptionError(f"unknown option '{key}' for pass '{cls.name}' (options: {names})")
+            field_name, kind, _ = known[key]
+            values[field_name] = _convert(cls.name, key, kind, text)
+        return cls(**values)
+
+    def describe_options(self) -> str:
+        return " ".join(f"{k}={getattr(self, f)}" for k, (f, _, _) in self.options().items())
+
+
+def _convert(pass_name: str, key: str, kind, text: str):
+    if typing.get_origin(kind) is Literal:
+        choices = typing.get_args(kind)
+        if text not in choices:
+            raise OptionError(f"option '{key}' of '{pass_name}' must be one of {', '.join(choices)}; got '{text}'")
+        return text
+    if kind is bool:
+        if text not in ("true", "false", "1", "0"):
+            raise OptionError(f"option '{key}' of '{pass_name}' must be true or false; got '{text}'")
+        return text in ("true", "1")
+    if kind is int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise OptionError(f"option '{key}' of '{pass_name}' must be an integer; got '{text}'") from None
+        if value < 1:
+            raise OptionError(f"option '{key}' of '{pass_name}' must be positive; got {value}")
+        return value
+    return text
+
+
+_REGISTRY = {
+    "fix-shardings": "shardfix.passes.fix_shardings:FixShardings",
+    "ring-reorder": "shardfix.passes.ring_reorder:RingReorder",
+}
+
+
+def pass_names() -> list[str]:
+    return list(_REGISTRY)
+
+
+def lookup(name: str) -> type[Pass] | None:
+    target = _REGISTRY.get(name)
+    if target is None:
+        return None
+    module, cls = target.split(":")
+    return getattr(importlib.import_module(module), cls)

@@ -1,0 +1,93 @@
+"""fix-shardings: every sharding valid for its tensor and mesh and evenly divisible, every change reported."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from jax._src.lib.mlir import ir
+
+from shardfix.correct import CorrectionError, Site, correct_sharding, resolve_mesh
+from shardfix.ir import (ShardingSite, manual_axes_of, mesh_to_attr, module_meshes, source_loc,
+                         transform_shardings)
+from shardfix.report import Fix
+from shardfix.sharding import Mesh, parse_mesh_spec, shard_count
+
+from . import Pass, PassContext, PassError
+
+
+@dataclass(frozen=True)
+class FixShardings(Pass):
+    name: ClassVar[str] = "fix-shardings"
+    description: ClassVar[str] = ("repair invalid and indivisible sdy shardings, keeping as much parallelism as "
+                                  "the policy allows")
+    accepts_invalid_shardings: ClassVar[bool] = True
+
+    policy: Literal["subaxis", "prefix", "drop"] = "subaxis"
+    target_mesh: str = ""  # 'dp=4,tp=2': retarget the module's mesh first
+
+    def apply(self, module: ir.Operation, ctx: PassContext) -> None:
+        target = ctx.target_mesh
+        if self.target_mesh:
+            try:
+                target = parse_mesh_spec(self.target_mesh)
+            except ValueError as e:
+                raise PassError(f"fix-shardings: bad target-mesh: {e}") from None
+        if target is not None:
+            retarget(module, target, ctx)
+        meshes = module_meshes(module)
+
+        def fix(site: ShardingSite):
+            where = Site(site.shape, site.bound_axes, site.manual_axes, not site.is_entry_boundary)
+            try:
+                new, reasons = correct_sharding(site.sharding, where, meshes, self.policy)
+            except CorrectionError as e:
+                raise PassError(f"{site.description}: {e}", site.loc) from None
+            if new != site.sharding:
+                mesh = resolve_mesh(new, meshes)[1]
+                ctx.report.fixes.append(Fix(
+                    self.name, site.description, site.loc, tuple((r.code, r.detail) for r in reasons),
+                    site.sharding.body(), new.body(), shard_count(site.sharding, mesh), shard_count(new, mesh)))
+            return new
+
+        transform_shardings(module, fix)
+
+
+def retarget(module: ir.Operation, target: Mesh, ctx: PassContext) -> None:
+    """Put `target` in place of the module's one mesh (keeping its name) and update mhlo.num_partitions."""
+    top = module.regions[0].blocks[0].operations
+    mesh_ops = [op.operation for op in top if op.operation.name == "sdy.mesh"]
+    meshes = module_meshes(module)
+    if len([m for m in meshes.values() if not m.is_maximal]) != 1:
+        names = ", ".join("@" + n for n in meshes) or "none"
+        raise PassError(f"fix-shardings: --target-mesh needs a module with exactly one mesh; found {names}",
+                        source_loc(module.location))
+    for op in mesh_ops:
+        name = ir.StringAttr(op.attributes["sym_name"]).value
+        old = meshes[name]
+        if old.is_maximal or old == target:
+            continue
+        _check_manual_axes(module, name, target)
+        op.attributes["mesh"] = mesh_to_attr(target)
+        ctx.report.fixes.append(Fix(FixShardings.name, f"mesh @{name}", source_loc(op.location),
+                                    (("retarget", f"mesh @{name} {old} replaced by {target}"),),
+                                    str(old), str(target), old.size, target.size))
+    if "mhlo.num_partitions" in module.attributes:
+        module.attributes["mhlo.num_partitions"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(32), target.size)
+
+
+def _check_manual_axes(module: ir.Operation, mesh_name: str, target: Mesh) -> None:
+    """Manual axes fix the local shapes inside a manual computation: the target must keep each with its size."""
+    old = module_meshes(module)[mesh_name]
+
+    def visit(op):
+        if op.name == "sdy.manual_computation":
+            for axis in sorted(manual_axes_of(op)):
+                if not target.has_axis(axis) or target.axis_size(axis) != old.axis_size(axis):
+                    have = f"size {target.axis_size(axis)}" if target.has_axis(axis) else "no such axis"
+                    raise PassError(f"fix-shardings: manual computation is manual over \"{axis}\"="
+                                    f"{old.axis_size(axis)} but the target mesh has {have}; its body's local shapes "
+                                    f"would change", source_loc(op.location))
+        return ir.WalkResult.ADVANCE
+
+    module.walk(visit)

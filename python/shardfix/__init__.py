@@ -1,0 +1,7 @@
+"""shardfix: repair JAX/Shardy shardings and balance ring collectives, as MLIR passes over StableHLO/Shardy."""
+
+__version__ = "0.1.0"
+
+from .api import ShardingFixWarning, correct_spec, get_corrected_named_sharding  # noqa: E402
+
+__all__ = ["ShardingFixWarning", "correct_spec", "get_corrected_named_sharding", "__version__"]

@@ -1,0 +1,53 @@
+"""JAX-facing corrections: PartitionSpec / NamedSharding in, corrected PartitionSpec / NamedSharding out."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from .correct import Site, correct_sharding
+from .sharding import UNCONSTRAINED, Mesh, from_spec_entries, to_spec_entries
+
+
+class ShardingFixWarning(UserWarning):
+    """shardfix changed a sharding (the message says where, why, and from what to what)."""
+
+
+def _mesh_model(mesh) -> Mesh:
+    return Mesh.of(dict(mesh.shape))
+
+
+def _entries(spec) -> list:
+    from jax.sharding import PartitionSpec
+    return [UNCONSTRAINED if e is PartitionSpec.UNCONSTRAINED else e for e in tuple(spec)]
+
+
+def _to_spec(entries):
+    from jax.sharding import PartitionSpec
+    return PartitionSpec(*(PartitionSpec.UNCONSTRAINED if e is UNCONSTRAINED else e for e in entries))
+
+
+def correct_spec(shape: Sequence[int], spec, mesh, *, policy: str = "drop"):
+    """`spec` made valid and evenly divisible for an array of `shape` on the JAX `mesh`.
+
+    Unknown and duplicate axes are dropped, the spec is fitted to the rank, and each indivisible dim is corrected by
+    `policy` ("drop": the dim becomes replicated; "prefix" or "subaxis": the longest dividing prefix of its axes,
+    since a PartitionSpec can't hold sub-axes). Returns a PartitionSpec.
+    """
+    model = _mesh_model(mesh)
+    sharding = from_spec_entries(_entries(spec), "mesh")
+    fixed, _ = correct_sharding(sharding, Site(tuple(shape), allow_subaxes=False), {"mesh": model}, policy)
+    return _to_spec(to_spec_entries(fixed))
+
+
+def get_corrected_named_sharding(shape: Sequence[int], spec, mesh):
+    """A NamedSharding on `mesh` for an array of `shape`: each dim entry of `spec` that names an axis the mesh
+    lacks, or whose axes don't divide the dim, becomes None (replicated); UNCONSTRAINED becomes None; the spec is
+    padded or truncated to the rank. Size-1 axes are kept."""
+    from jax.sharding import NamedSharding
+    names = set(mesh.axis_names)
+    entries = []
+    for entry in _entries(spec)[:len(shape)]:
+        axes = () if entry is None or entry is UNCONSTRAINED else ((entry,) if isinstance(entry, str) else entry)
+        entries.append(entry if axes and all(a in names for a in axes) else None)
+    fixed = correct_spec(shape, _to_spec(entries), mesh, policy="drop")
+    return NamedSharding(mesh, fixed)

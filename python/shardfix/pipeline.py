@@ -1,0 +1,161 @@
+"""Pipeline strings -> an MLIR PassManager running shardfix's Python passes beside registered MLIR passes.
+
+MLIR's textual pipeline parser can't see Python passes, so the string is split here: each top-level element is
+either one of ours (`fix-shardings{policy=drop}`) or handed to MLIR as text (`canonicalize`,
+`sdy-propagation-pipeline`, `func.func(cse)`). The verifier runs after every pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jax._src.lib.mlir import ir, passmanager
+
+from shardfix import passes as registry
+from shardfix.passes import OptionError, Pass, PassContext, PassError
+
+from .ir import Diagnostic, LoadError, SourceLoc, diagnostics_of
+
+
+class PipelineError(ValueError):
+    """A pipeline string that doesn't parse; `col` is 1-based within the string."""
+
+    def __init__(self, message: str, col: int = 1):
+        super().__init__(message)
+        self.col = col
+
+
+@dataclass(frozen=True)
+class Element:
+    text: str
+    col: int  # 1-based column of the element in the pipeline string
+    ours: Pass | None = None
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    elements: tuple[Element, ...]
+
+    @property
+    def loads_leniently(self) -> bool:
+        """A pipeline whose first pass repairs invalid shardings takes modules the sdy verifier rejects."""
+        return bool(self.elements) and self.elements[0].ours is not None and \
+            self.elements[0].ours.accepts_invalid_shardings
+
+    def __str__(self) -> str:
+        return ",".join(e.text for e in self.elements)
+
+
+def parse_pipeline(text: str) -> Pipeline:
+    """Split a comma-separated pipeline; `builtin.module(...)` around it is accepted and removed."""
+    body, offset = text.strip(), len(text) - len(text.lstrip())
+    if body.startswith("builtin.module(") and body.endswith(")"):
+        offset += len("builtin.module(")
+        body = body[len("builtin.module("):-1]
+    elements = []
+    for piece, col in _split_top_level(body, ",", offset):
+        stripped = piece.strip()
+        col += len(piece) - len(piece.lstrip())
+        if not stripped:
+            raise PipelineError("empty pass name in the pipeline", col)
+        elements.append(_element(stripped, col))
+    return Pipeline(tuple(elements))
+
+
+def _element(text: str, col: int) -> Element:
+    name, _, rest = text.partition("{")
+    name = name.strip()
+    cls = registry.lookup(name)
+    if cls is None:
+        return Element(text, col)
+    if rest and not rest.rstrip().endswith("}"):
+        raise PipelineError(f"options of '{name}' are not closed with '}}'", col)
+    try:
+        return Element(text, col, cls.from_options(_parse_options(rest.rstrip()[:-1] if rest else "", col)))
+    except OptionError as e:
+        raise PipelineError(str(e), col) from None
+
+
+def _parse_options(text: str, col: int) -> dict[str, str]:
+    options = {}
+    for item, _ in _split_top_level(text, " ", 0):
+        if not item.strip():
+            continue
+        key, eq, value = item.strip().partition("=")
+        if len(value) >= 2 and value[0] == value[-1] == '"':
+            value = value[1:-1]
+        if key in options:
+            raise PipelineError(f"option '{key}' given twice", col)
+        options[key] = value if eq else "true"
+    return options
+
+
+def _split_top_level(text: str, sep: str, offset: int):
+    """Pieces of `text` between `sep`s that are outside brackets and quotes, with their 1-based columns."""
+    depth, quoted, start = 0, False, 0
+    for i, c in enumerate(text):
+        if c == '"':
+            quoted = not quoted
+        elif quoted:
+            continue
+        elif c in "({[":
+            depth += 1
+        elif c in ")}]":
+            depth -= 1
+            if depth < 0:
+                raise PipelineError(f"unbalanced '{c}' in the pipeline", offset + i + 1)
+        elif c == sep and depth == 0:
+            yield text[start:i], offset + start + 1
+            start = i + 1
+    if depth or quoted:
+        raise PipelineError("unbalanced brackets or quotes in the pipeline", offset + len(text) + 1)
+    yield text[start:], offset + start + 1
+
+
+def build_pass_manager(pipeline: Pipeline, ctx: ir.Context, pass_ctx: PassContext) -> passmanager.PassManager:
+    with ctx:
+        pm = passmanager.PassManager("builtin.module")
+        for element in pipeline.elements:
+            if element.ours is not None:
+                pm.add(_runner(element.ours, pass_ctx), name=element.ours.name)
+                continue
+            try:
+                pm.add(element.text)
+            except ValueError as e:
+                raise PipelineError(_mlir_pipeline_message(str(e), element.text), element.col) from None
+        pm.enable_verifier(True)
+    return pm
+
+
+def _runner(pass_: Pass, pass_ctx: PassContext):
+    def run(op, _external_pass) -> None:
+        pass_.apply(op, pass_ctx)
+    return run
+
+
+def _mlir_pipeline_message(message: str, element: str) -> str:
+    for line in message.splitlines():
+        if "error:" in line:
+            return line.split("error:", 1)[1].strip()
+    first = next((line for line in message.splitlines() if line.strip()), message)
+    if "no such option" in message:
+        return f"{first.split(':', 1)[-1].strip()} in '{element}'"
+    return first
+
+
+def run_pipeline(module: ir.Operation, pipeline: Pipeline, ctx: ir.Context, pass_ctx: PassContext) -> None:
+    """Run the pipeline on the module in place; failures raise LoadError with located diagnostics."""
+    if not pipeline.elements:
+        return
+    pm = build_pass_manager(pipeline, ctx, pass_ctx)
+    try:
+        with ctx:
+            pm.run(module)
+    except ir.MLIRError as e:
+        raise LoadError(diagnostics_of(e)) from None
+    except PassError as e:
+        raise LoadError([Diagnostic("error", str(e), e.loc)]) from None
+
+
+__all__ = ["Pipeline", "PipelineError", "parse_pipeline", "build_pass_manager", "run_pipeline", "PassContext",
+           "SourceLoc"]

@@ -1,0 +1,126 @@
+"""Records of what the passes did (Fix, Remark, RingDecision) and their text and JSON renderings."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from .ir import Diagnostic, SourceLoc
+
+
+@dataclass(frozen=True)
+class Fix:
+    """One sharding a pass changed."""
+
+    pass_name: str
+    site: str
+    loc: SourceLoc
+    reasons: tuple[tuple[str, str], ...]  # (code, detail)
+    before: str
+    after: str
+    shards_before: int
+    shards_after: int
+
+    @property
+    def location(self) -> str:
+        return str(self.loc)
+
+    @property
+    def reason(self) -> str:
+        """The reason codes, comma separated (most fixes have one)."""
+        return ",".join(dict.fromkeys(code for code, _ in self.reasons))
+
+    def message(self) -> str:
+        details = "; ".join(f"{code}: {detail}" for code, detail in self.reasons)
+        return f"{self.site}: {self.before} -> {self.after} ({details})"
+
+    def to_json(self) -> dict:
+        return {"kind": "fix", "pass": self.pass_name, "site": self.site, "location": self.location,
+                "reason": self.reason, "details": [d for _, d in self.reasons], "before": self.before,
+                "after": self.after, "shards_before": self.shards_before, "shards_after": self.shards_after}
+
+
+@dataclass(frozen=True)
+class Remark:
+    """Something a pass wants the user to know without having changed anything (a rewrite it refused, say)."""
+
+    pass_name: str
+    message: str
+    loc: SourceLoc = SourceLoc()
+
+    @property
+    def location(self) -> str:
+        return str(self.loc)
+
+    def to_json(self) -> dict:
+        return {"kind": "remark", "pass": self.pass_name, "location": self.location, "message": self.message}
+
+
+@dataclass(frozen=True)
+class RingDecision:
+    """What ring-reorder decided for one ring region."""
+
+    axis: str
+    strategy: str
+    applied: bool
+    why: str
+    loc: SourceLoc = SourceLoc()
+
+    @property
+    def location(self) -> str:
+        return str(self.loc)
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        del data["loc"]
+        return {"kind": "ring", **data, "location": self.location}
+
+
+@dataclass
+class Report:
+    fixes: list[Fix] = field(default_factory=list)
+    remarks: list[Remark] = field(default_factory=list)
+    rings: list[RingDecision] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.fixes or self.remarks or self.rings)
+
+    def extend(self, other: "Report") -> None:
+        self.fixes += other.fixes
+        self.remarks += other.remarks
+        self.rings += other.rings
+
+    def diagnostics(self) -> list[Diagnostic]:
+        """Every record as a remark, for --verify-diagnostics."""
+        out = [Diagnostic("remark", f"{f.pass_name}: {f.message()}", f.loc) for f in self.fixes]
+        out += [Diagnostic("remark", f"{r.pass_name}: {r.message}", r.loc) for r in self.remarks]
+        out += [Diagnostic("remark", "ring-reorder: " + _ring_text(r), r.loc) for r in self.rings]
+        return out
+
+    def render_json(self) -> str:
+        records = [r.to_json() for r in (*self.fixes, *self.remarks, *self.rings)]
+        return "".join(json.dumps(r, sort_keys=True) + "\n" for r in records)
+
+    def render_text(self) -> str:
+        lines = []
+        if self.fixes:
+            rows = [("location", "site", "reason", "before", "after", "shards")]
+            rows += [(f.location or "?", f.site, f.reason, f.before, f.after, f"{f.shards_before}->{f.shards_after}")
+                     for f in self.fixes]
+            widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+            lines.append(f"{len(self.fixes)} sharding fix(es):")
+            for row in rows:
+                lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
+            for f in self.fixes:
+                for code, detail in f.reasons:
+                    lines.append(f"  - {f.location or '?'}: {code}: {detail}")
+        for r in self.rings:
+            lines.append(f"ring: {r.location or '?'}: {_ring_text(r)}")
+        for r in self.remarks:
+            lines.append(f"remark: {r.location or '?'}: {r.pass_name}: {r.message}")
+        return "\n".join(lines) + ("\n" if lines else "")
+
+
+def _ring_text(r: RingDecision) -> str:
+    state = "applied" if r.applied else "not applied"
+    return f"axis \"{r.axis}\", {r.strategy}: {state}" + (f" ({r.why})" if r.why else "")
