@@ -157,11 +157,15 @@ def _sanitize_shardings(text: str) -> tuple[str, dict]:
 
 
 def _parse_op(source: str | bytes, source_name: str) -> ir.Operation:
-    """Parse one top-level op; like mlir-opt, a file of several top-level ops is wrapped in a module."""
+    """Parse a module; like mlir-opt, anything but a single `builtin.module` is wrapped in one."""
+    if isinstance(source, bytes):  # MLIR bytecode
+        return ir.Module.parse(source).operation
     try:
-        return ir.Operation.parse(source, source_name=source_name).operation
+        op = ir.Operation.parse(source, source_name=source_name).operation
+        if op.name == "builtin.module":
+            return op
     except ir.MLIRError as e:
-        if isinstance(source, bytes) or "single top-level operation" not in str(e):
+        if "single top-level operation" not in str(e):
             raise
     return ir.Operation.parse(_wrap_in_module(source), source_name=source_name).operation
 

@@ -1,0 +1,28 @@
+# lit configuration: %opt runs tools/opt in the project's environment on 8 simulated CPU devices.
+import os
+import sys
+
+import lit.formats
+
+config.name = "shardfix"
+config.test_format = lit.formats.ShTest(execute_external=False)
+config.suffixes = [".mlir"]
+config.excludes = ["Inputs"]
+config.test_source_root = os.path.dirname(os.path.abspath(__file__))
+config.test_exec_root = os.path.join(config.test_source_root, "Output")
+
+root = os.path.dirname(os.path.dirname(config.test_source_root))
+venv_bin = os.path.join(root, ".venv", "bin")
+python = os.path.join(venv_bin, "python") if os.path.exists(os.path.join(venv_bin, "python")) else sys.executable
+
+config.substitutions.append(("%opt", f"{python} {os.path.join(root, 'tools', 'opt')}"))
+config.substitutions.append(("%python", python))
+# The Python port of FileCheck installs itself as `filecheck`.
+config.substitutions.append((r"\bFileCheck\b", "filecheck"))
+
+# lit scrubs the environment: give the tests what they need explicitly.
+config.environment["PATH"] = os.pathsep.join([venv_bin, os.environ.get("PATH", "")])
+config.environment["PYTHONPATH"] = os.path.join(root, "python")
+config.environment["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+config.environment["JAX_PLATFORMS"] = "cpu"
+config.environment["TF_CPP_MIN_LOG_LEVEL"] = "3"
