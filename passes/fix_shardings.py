@@ -79,15 +79,18 @@ def retarget(module: ir.Operation, target: Mesh, ctx: PassContext) -> None:
 def _check_manual_axes(module: ir.Operation, mesh_name: str, target: Mesh) -> None:
     """Manual axes fix the local shapes inside a manual computation: the target must keep each with its size."""
     old = module_meshes(module)[mesh_name]
+    manual_ops = []
 
-    def visit(op):
+    def collect(op):
         if op.name == "sdy.manual_computation":
-            for axis in sorted(manual_axes_of(op)):
-                if not target.has_axis(axis) or target.axis_size(axis) != old.axis_size(axis):
-                    have = f"size {target.axis_size(axis)}" if target.has_axis(axis) else "no such axis"
-                    raise PassError(f"fix-shardings: manual computation is manual over \"{axis}\"="
-                                    f"{old.axis_size(axis)} but the target mesh has {have}; its body's local shapes "
-                                    f"would change", source_loc(op.location))
+            manual_ops.append(op)
         return ir.WalkResult.ADVANCE
 
-    module.walk(visit)
+    module.walk(collect)
+    for op in manual_ops:
+        for axis in sorted(manual_axes_of(op)):
+            if not target.has_axis(axis) or target.axis_size(axis) != old.axis_size(axis):
+                have = f"size {target.axis_size(axis)}" if target.has_axis(axis) else "no such axis"
+                raise PassError(f"fix-shardings: manual computation is manual over \"{axis}\"={old.axis_size(axis)} "
+                                f"but the target mesh has {have}; its body's local shapes would change",
+                                source_loc(op.location))

@@ -62,13 +62,13 @@ def correct_sharding(sharding: TensorSharding, site: Site, meshes: Mapping[str, 
     mesh_ref, mesh, reasons = resolve_mesh(sharding, meshes)
     dims = _fit_rank(sharding, site.shape, mesh, reasons)
     checker = _AxisChecker(mesh, site.bound_axes, reasons)
-    dims = [replace(d, axes=checker.merge(checker.keep_valid(d.axes, f"dim {i}"), f"dim {i}"))
+    dims = [replace(d, axes=tuple(checker.merge(checker.keep_valid(d.axes, f"dim {i}"), f"dim {i}")))
             for i, d in enumerate(dims)]
     extras = {}
     for keyword in ("replicated", "unreduced"):
         refs = getattr(sharding, keyword)
-        if site.shape is None and keyword == "replicated" and refs:
-            reasons.append(Reason("rank-mismatch", "a non-shaped value can't have replicated axes; dropped"))
+        if site.shape is None and refs:
+            reasons.append(Reason("rank-mismatch", f"a non-shaped value can't have {keyword} axes; dropped"))
             refs = ()
         refs = checker.keep_valid(refs, keyword)
         ordered = sorted(refs, key=lambda a: (mesh.axis_index(a.name), a.pre_size or 1))
