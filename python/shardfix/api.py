@@ -42,12 +42,12 @@ def correct_spec(shape: Sequence[int], spec, mesh, *, policy: str = "drop"):
 def get_corrected_named_sharding(shape: Sequence[int], spec, mesh):
     """A NamedSharding on `mesh` for an array of `shape`: each dim entry of `spec` that names an axis the mesh
     lacks, or whose axes don't divide the dim, becomes None (replicated); UNCONSTRAINED becomes None; the spec is
-    padded or truncated to the rank. Size-1 axes are kept."""
+    padded or truncated to the rank. Size-1 axes are kept; a duplicate axis raises JAX's DuplicateSpecError."""
     from jax.sharding import NamedSharding
     names = set(mesh.axis_names)
     entries = []
     for entry in _entries(spec)[:len(shape)]:
         axes = () if entry is None or entry is UNCONSTRAINED else ((entry,) if isinstance(entry, str) else entry)
         entries.append(entry if axes and all(a in names for a in axes) else None)
-    fixed = correct_spec(shape, _to_spec(entries), mesh, policy="drop")
-    return NamedSharding(mesh, fixed)
+    NamedSharding(mesh, _to_spec(entries))  # a duplicate axis raises here, as in JAX and ejkernel
+    return NamedSharding(mesh, correct_spec(shape, _to_spec(entries), mesh, policy="drop"))

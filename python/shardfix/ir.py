@@ -130,6 +130,7 @@ def _sanitize_shardings(text: str) -> tuple[str, dict]:
     in/out shardings keep only their manual axes, which the op needs to check its body's local shapes.
     """
     out, originals, pos = [], {"tagged": {}, "manual": []}, 0
+    manual_seen: dict[int, int] = {}  # manual computation line start -> shardings met so far
     for start in _code_positions(text):
         if start < pos:
             continue
@@ -137,12 +138,19 @@ def _sanitize_shardings(text: str) -> tuple[str, dict]:
             sharding, end = read_tensor_sharding_at(text, start)
         except ShardingSyntaxError:
             continue
-        line = text[text.rfind("\n", 0, start) + 1:text.find("\n", start) if "\n" in text[start:] else len(text)]
+        line_start = text.rfind("\n", 0, start) + 1
+        line_end = text.find("\n", start)
+        line = text[line_start:line_end if line_end >= 0 else len(text)]
         manual = _MANUAL_AXES.search(line) if "manual_computation" in line else None
         if manual:
             axes = set(re.findall(r'"((?:[^"\\]|\\.)*)"', manual.group(1)))
-            dims = tuple(DimSharding(tuple(a for a in d.axes if a.name in axes)) for d in sharding.dims)
-            stand_in = TensorSharding(sharding.mesh, dims).body()
+            dims = [DimSharding(tuple(a for a in d.axes if a.name in axes)) for d in sharding.dims]
+            index = manual_seen.get(line_start, 0)
+            manual_seen[line_start] = index + 1
+            ranks = _manual_computation_ranks(text, line_start + line.index("manual_computation"))
+            if ranks is not None and index < len(ranks):
+                dims = dims[:ranks[index]] + [DimSharding()] * (ranks[index] - len(dims))
+            stand_in = TensorSharding(sharding.mesh, tuple(dims)).body()
             originals["manual"].append(sharding)
         else:
             tag = _PLACEHOLDER_BASE + len(originals["tagged"])
@@ -184,6 +192,26 @@ def _wrap_in_module(text: str) -> str:
 
 
 _CODE_TOKENS = re.compile(r'"(?:[^"\\\n]|\\.)*"|//[^\n]*|<(?=\s*(?:@|mesh\s*<))')
+
+
+_TENSOR_RANK = re.compile(r"tensor<((?:[0-9?]+x)*)")
+
+
+def _manual_computation_ranks(text: str, start: int) -> list[int] | None:
+    """Ranks of a manual computation's operands then results, read off the signature after its body."""
+    body = text.find("{", text.find(")", text.find("manual_axes", start)))
+    if body < 0:
+        return None
+    depth = 0
+    for m in re.finditer(r'"(?:[^"\\\n]|\\.)*"|//[^\n]*|[{}]', text[body:]):
+        depth += {"{": 1, "}": -1}.get(m.group(), 0)
+        if depth == 0:
+            signature = re.match(r"\s*:\s*\(([^)]*)\)\s*->\s*(\([^)]*\)|[^\n]*)", text[body + m.end():])
+            if not signature:
+                return None
+            types = signature.group(1) + "," + signature.group(2)
+            return [m2.group(1).count("x") for m2 in _TENSOR_RANK.finditer(types)]
+    return None
 
 
 def _code_positions(text: str) -> Iterator[int]:
@@ -300,7 +328,8 @@ class ShardingSite:
         return tuple(None if shaped.is_dynamic_dim(i) else shaped.get_dim_size(i) for i in range(shaped.rank))
 
     def replace(self, new: TensorSharding) -> None:
-        self._replace(new)
+        with self.op.context:
+            self._replace(new)
         self.sharding = new
 
 

@@ -62,6 +62,11 @@ class Mesh:
     axes: tuple[tuple[str, int], ...]
     device_ids: tuple[int, ...] | None = None
 
+    def __post_init__(self):
+        # sdy leaves out device ids that are just 0..n-1 (the default order); so does the model.
+        if self.axes and self.device_ids is not None and self.device_ids == tuple(range(self.size)):
+            object.__setattr__(self, "device_ids", None)
+
     @classmethod
     def of(cls, axes: dict[str, int] | Iterable[tuple[str, int]],
            device_ids: Sequence[int] | None = None) -> "Mesh":
