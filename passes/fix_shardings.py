@@ -36,21 +36,35 @@ class FixShardings(Pass):
         if target is not None:
             retarget(module, target, ctx)
         meshes = module_meshes(module)
+        # A module repeats a few shardings many times: correct (and describe) each (sharding, site) pair once.
+        corrected: dict = {}
 
         def fix(site: ShardingSite):
             where = Site(site.shape, site.bound_axes, site.manual_axes, not site.is_entry_boundary)
-            try:
-                new, reasons = correct_sharding(site.sharding, where, meshes, self.policy)
-            except CorrectionError as e:
-                raise PassError(f"{site.description}: {e}", site.loc) from None
-            if new != site.sharding:
-                mesh = resolve_mesh(new, meshes)[1]
-                ctx.report.fixes.append(Fix(
-                    self.name, site.description, site.loc, tuple((r.code, r.detail) for r in reasons),
-                    site.sharding.body(), new.body(), shard_count(site.sharding, mesh), shard_count(new, mesh)))
+            key = (site.attr, where)
+            if key not in corrected:
+                corrected[key] = self._correct(site.sharding, where, meshes)
+            outcome = corrected[key]
+            if isinstance(outcome, CorrectionError):
+                raise PassError(f"{site.description}: {outcome}", site.loc)
+            new, record = outcome
+            if record is not None:
+                ctx.report.fixes.append(Fix(self.name, site.description, site.loc, *record))
             return new
 
         transform_shardings(module, fix)
+
+    def _correct(self, sharding, where: Site, meshes):
+        """(new sharding, the Fix fields after site and location, or None when unchanged), or the error."""
+        try:
+            new, reasons = correct_sharding(sharding, where, meshes, self.policy)
+        except CorrectionError as e:
+            return e
+        if new == sharding:
+            return new, None
+        mesh = resolve_mesh(new, meshes)[1]
+        return new, (tuple((r.code, r.detail) for r in reasons), sharding.body(), new.body(),
+                     shard_count(sharding, mesh), shard_count(new, mesh))
 
 
 def retarget(module: ir.Operation, target: Mesh, ctx: PassContext) -> None:

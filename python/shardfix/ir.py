@@ -260,7 +260,9 @@ def _axis_to_attr(ref: AxisRef) -> ir.Attribute:
     return sdy.AxisRefAttr.get(ref.name, info)
 
 
+@functools.lru_cache(maxsize=8192)
 def sharding_from_attr(attr: ir.Attribute) -> TensorSharding:
+    """The model of a sharding attribute (attributes are uniqued by MLIR, so this is cached)."""
     ts = sdy.TensorShardingAttr(attr)
     ref = ts.mesh_or_ref
     mesh = ref.value if isinstance(ref, ir.FlatSymbolRefAttr) else mesh_from_attr(ref)
@@ -271,6 +273,12 @@ def sharding_from_attr(attr: ir.Attribute) -> TensorSharding:
 
 
 def sharding_to_attr(sharding: TensorSharding) -> ir.Attribute:
+    """The sdy attribute for a sharding, in the current context."""
+    return _sharding_to_attr_in(sharding, ir.Context.current)
+
+
+@functools.lru_cache(maxsize=8192)
+def _sharding_to_attr_in(sharding: TensorSharding, _context: ir.Context) -> ir.Attribute:
     mesh = sharding.mesh if isinstance(sharding.mesh, str) else mesh_to_attr(sharding.mesh)
     dims = [sdy.DimensionShardingAttr.get([_axis_to_attr(a) for a in d.axes], d.is_closed, d.priority)
             for d in sharding.dims]
@@ -305,6 +313,7 @@ class ShardingSite:
     """One place a sharding lives, with what a pass needs to judge and replace it."""
 
     op: ir.Operation  # the op holding the attribute (the func.func for argument and result shardings)
+    attr: ir.Attribute  # the sdy.TensorShardingAttr as found (uniqued by MLIR: cheap to hash and compare)
     kind: str  # arg | result | op-result | constraint | reshard | manual-in | manual-out | named-in | named-out | edge | collective
     index: int  # which argument / result / value
     sharding: TensorSharding
@@ -313,8 +322,13 @@ class ShardingSite:
     manual_axes: frozenset[str]  # made manual by this site's own manual computation
     is_entry_boundary: bool  # an argument or result of a public function
     description: str
-    loc: SourceLoc
+    _locate: Callable[[], SourceLoc] = field(repr=False, default=None)
     _replace: Callable[[TensorSharding], None] = field(repr=False, default=None)
+
+    @functools.cached_property
+    def loc(self) -> SourceLoc:
+        """Where the sharding comes from: the op's (or argument's) source location."""
+        return self._locate()
 
     @property
     def shape(self) -> tuple[int | None, ...] | None:
@@ -330,6 +344,7 @@ class ShardingSite:
     def replace(self, new: TensorSharding) -> None:
         with self.op.context:
             self._replace(new)
+            self.attr = sharding_to_attr(new)
         self.sharding = new
 
 
@@ -385,9 +400,10 @@ def _func_sites(fn: ir.Operation, bound, sites) -> None:
             loc = _func_value_loc(fn, body, kind, i)
             what = "argument" if kind == "arg" else "result"
             label = f" ({loc.name!r})" if loc.name and not loc.file else ""
+            attr = dict_attr["sdy.sharding"]
             sites.append(ShardingSite(
-                fn, kind, i, sharding_from_attr(dict_attr["sdy.sharding"]), types[i], bound, frozenset(), public,
-                f"{what} {i}{label} of @{name}", loc, functools.partial(_set_func_sharding, fn, key, i)))
+                fn, attr, kind, i, sharding_from_attr(attr), types[i], bound, frozenset(), public,
+                f"{what} {i}{label} of @{name}", lambda loc=loc: loc, functools.partial(_set_func_sharding, fn, key, i)))
 
 
 def _func_value_loc(fn, body, kind: str, index: int) -> SourceLoc:
@@ -412,9 +428,13 @@ def _set_func_sharding(fn: ir.Operation, key: str, index: int, new: TensorShardi
 
 
 def _op_sites(op: ir.Operation, bound, own_manual, sites) -> None:
-    loc = source_loc(op.location)
     attributes = op.attributes
-    for attr_name in [attributes[i].name for i in range(len(attributes))]:
+    if op.name.startswith("sdy."):
+        names = [attributes[i].name for i in range(len(attributes))]
+    else:  # other dialects' ops carry shardings only as `sdy.sharding`
+        names = ["sdy.sharding"] if "sdy.sharding" in attributes else []
+    loc = functools.partial(_op_loc, op)
+    for attr_name in names:
         attr = attributes[attr_name]
         if sdy.TensorShardingPerValueAttr.isinstance(attr):
             values = list(sdy.TensorShardingPerValueAttr(attr).shardings)
@@ -425,16 +445,25 @@ def _op_sites(op: ir.Operation, bound, own_manual, sites) -> None:
                 kind = _per_value_kind(op.name, side)
                 what = "operand" if side == "in" else "result"
                 sites.append(ShardingSite(
-                    op, kind, i, sharding_from_attr(value), value_type, bound,
+                    op, value, kind, i, sharding_from_attr(value), value_type, bound,
                     own_manual if kind.startswith("manual") else frozenset(), False,
                     f"{what} {i} of '{op.name}'", loc, functools.partial(_set_per_value, op, attr_name, i)))
         elif sdy.TensorShardingAttr.isinstance(attr):
             kind = _SINGLE_KIND.get(op.name, "collective")
             value = op.results[0] if len(op.results) else (op.operands[0] if len(op.operands) else None)
             sites.append(ShardingSite(
-                op, kind, 0, sharding_from_attr(attr), value.type if value is not None else None, bound,
+                op, attr, kind, 0, sharding_from_attr(attr), value.type if value is not None else None, bound,
                 frozenset(), False, f"'{op.name}' {attr_name}", loc,
                 functools.partial(_set_single, op, attr_name)))
+
+
+def _op_loc(op: ir.Operation) -> SourceLoc:
+    return _source_loc_of_attr(op.location.attr)
+
+
+@functools.lru_cache(maxsize=65536)
+def _source_loc_of_attr(location: ir.Attribute) -> SourceLoc:
+    return source_loc(str(location))
 
 
 def _per_value_kind(op_name: str, side: str) -> str:

@@ -1,0 +1,47 @@
+"""Shared helpers: A/B timing interleaved in one run (median of several rounds), and model builders."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def interleaved(a, b, rounds: int = 7, warmup: int = 1) -> tuple[float, float]:
+    """Median seconds of `a()` and of `b()`, run alternately so both see the same machine state."""
+    for _ in range(warmup):
+        a(), b()
+    ta, tb = [], []
+    for i in range(rounds):
+        for fn, out in ((a, ta), (b, tb)) if i % 2 == 0 else ((b, tb), (a, ta)):
+            start = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - start)
+    return statistics.median(ta), statistics.median(tb)
+
+
+def mesh_2x4():
+    import jax
+    return jax.make_mesh((2, 4), ("dp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+
+def layered_model(mesh, layers: int, hidden: int = 64, indivisible: bool = True):
+    """An MLP stack with a sharding constraint per layer; every third constraint is indivisible (hidden + 2 over
+    tp=4) when `indivisible`, as when a layer width is tuned for another mesh."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    def f(x, ws):
+        for i in range(layers):
+            x = jnp.tanh(x @ ws[i])
+            x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P("dp", "tp")))
+        return x
+
+    width = hidden + 2 if indivisible else hidden
+    x = jnp.ones((16, width), jnp.float32)
+    ws = [jnp.ones((width, width), jnp.float32) * 0.01 for _ in range(layers)]
+    return jax.jit(f), (x, ws)

@@ -1,0 +1,36 @@
+"""`make bench`: run every bench/bench_*.py and write their tables to bench/RESULTS.md."""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import os
+import platform
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import common  # noqa: E402,F401  (sets XLA_FLAGS before JAX is imported)
+
+
+def main() -> None:
+    import jax
+    names = sys.argv[1:] or sorted(f[:-3] for f in os.listdir(HERE) if f.startswith("bench_") and f.endswith(".py"))
+    sections = []
+    for name in names:
+        print(f"running {name} ...", flush=True)
+        section = importlib.import_module(name).main()
+        print(section, flush=True)
+        sections.append(section)
+    device = jax.devices()[0]
+    header = (f"# Benchmark results\n\nCommand: `make bench` (`python bench/run_all.py {' '.join(sys.argv[1:])}`.strip())"
+              f"\nDate: {datetime.date.today()}; machine: {platform.machine()}, {os.cpu_count()} cores, "
+              f"{device.platform.upper()} ({jax.device_count()} simulated devices); jax {jax.__version__}.\n"
+              "Ratios are measured side by side in one run (interleaved, median of several rounds).\n\n")
+    with open(os.path.join(HERE, "RESULTS.md"), "w") as f:
+        f.write(header + "\n".join(sections))
+
+
+if __name__ == "__main__":
+    main()
