@@ -24,7 +24,8 @@ def main() -> None:
         print(section, flush=True)
         sections.append(section)
     device = jax.devices()[0]
-    header = (f"# Benchmark results\n\nCommand: `make bench` (`python bench/run_all.py {' '.join(sys.argv[1:])}`.strip())"
+    command = " ".join(["python bench/run_all.py"] + sys.argv[1:])
+    header = (f"# Benchmark results\n\nCommand: `{command}` (`make bench` runs every benchmark)"
               f"\nDate: {datetime.date.today()}; machine: {platform.machine()}, {os.cpu_count()} cores, "
               f"{device.platform.upper()} ({jax.device_count()} simulated devices); jax {jax.__version__}.\n"
               "Ratios are measured side by side in one run (interleaved, median of several rounds).\n\n")

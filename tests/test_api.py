@@ -5,6 +5,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from shardfix import correct_spec, get_corrected_named_sharding
+from shardfix.api import from_named_sharding, to_named_sharding
+from shardfix.sharding import parse_tensor_sharding
 
 
 def mesh(shape, names):
@@ -50,3 +52,13 @@ def test_correct_spec_policies(dp_mp, policy, expected):
 
 def test_correct_spec_drops_duplicates_and_unknown(dp_mp):
     assert correct_spec((8, 8), P("dp", ("dp", "zz", "mp")), dp_mp) == P("dp", "mp")
+
+
+def test_named_sharding_round_trip(dp_mp):
+    from jax.sharding import NamedSharding
+    named = NamedSharding(dp_mp, P(("dp", "mp"), None, P.UNCONSTRAINED))
+    model = from_named_sharding(named, rank=4)
+    assert model.body() == '<@mesh, [{"dp", "mp"}, {}, {?}, {}]>'
+    assert to_named_sharding(model, dp_mp) == named
+    with pytest.raises(ValueError, match="sub-axes"):
+        to_named_sharding(parse_tensor_sharding('<@mesh, [{"mp":(1)2}]>'), dp_mp)

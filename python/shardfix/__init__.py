@@ -3,5 +3,6 @@
 __version__ = "0.1.0"
 
 from .api import ShardingFixWarning, correct_spec, get_corrected_named_sharding  # noqa: E402
+from .layout import reorder_sequence  # noqa: E402
 
-__all__ = ["ShardingFixWarning", "correct_spec", "get_corrected_named_sharding", "__version__"]
+__all__ = ["ShardingFixWarning", "correct_spec", "get_corrected_named_sharding", "reorder_sequence", "__version__"]

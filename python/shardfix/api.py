@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from .correct import Site, correct_sharding
-from .sharding import UNCONSTRAINED, Mesh, from_spec_entries, to_spec_entries
+from .sharding import UNCONSTRAINED, Mesh, TensorSharding, from_spec_entries, to_spec_entries
 
 
 class ShardingFixWarning(UserWarning):
@@ -24,6 +24,18 @@ def _entries(spec) -> list:
 def _to_spec(entries):
     from jax.sharding import PartitionSpec
     return PartitionSpec(*(PartitionSpec.UNCONSTRAINED if e is UNCONSTRAINED else e for e in entries))
+
+
+def to_named_sharding(sharding: TensorSharding, mesh) -> "NamedSharding":
+    """The NamedSharding on the JAX `mesh` for a model sharding; ValueError where a spec can't say it
+    (sub-axes, priorities, open dims with axes)."""
+    from jax.sharding import NamedSharding
+    return NamedSharding(mesh, _to_spec(to_spec_entries(sharding)))
+
+
+def from_named_sharding(named, rank: int | None = None, mesh_name: str = "mesh") -> TensorSharding:
+    """The model sharding of a NamedSharding (padded to `rank` with replicated dims)."""
+    return from_spec_entries(_entries(named.spec), mesh_name, rank)
 
 
 def correct_spec(shape: Sequence[int], spec, mesh, *, policy: str = "drop"):

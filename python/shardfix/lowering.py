@@ -10,12 +10,12 @@ import copy
 
 import jax
 from jax._src.lib.mlir import ir
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding
 
+from .api import to_named_sharding
 from .ir import make_context, parse_module, walk_shardings
 from .pipeline import PassContext, parse_pipeline, run_pipeline
 from .report import Report
-from .sharding import UNCONSTRAINED, to_spec_entries
 
 
 def patch_lowered(lowered: jax.stages.Lowered, pipeline: str = "fix-shardings",
@@ -53,8 +53,7 @@ def _relowered(lowered, patched: ir.Module, before: dict, after: dict) -> jax.st
         for (kind, index), sharding in after.items():
             if kind == key and before.get((kind, index)) != sharding and index < len(current):
                 mesh = getattr(current[index], "mesh", None) or _any_mesh(args)
-                entries = (PartitionSpec.UNCONSTRAINED if e is UNCONSTRAINED else e for e in to_spec_entries(sharding))
-                current[index] = NamedSharding(mesh, PartitionSpec(*entries))
+                current[index] = to_named_sharding(sharding, mesh)
         args[name] = tuple(current)
     new.compile_args = args
     return jax.stages.Lowered(new, lowered.args_info, lowered.out_tree, no_kwargs=lowered._no_kwargs,
