@@ -35,7 +35,12 @@ def to_named_sharding(sharding: TensorSharding, mesh) -> "NamedSharding":
 
 def from_named_sharding(named, rank: int | None = None, mesh_name: str = "mesh") -> TensorSharding:
     """The model sharding of a NamedSharding (padded to `rank` with replicated dims)."""
-    return from_spec_entries(_entries(named.spec), mesh_name, rank)
+    return spec_to_model(named.spec, rank, mesh_name)
+
+
+def spec_to_model(spec, rank: int | None = None, mesh_name: str = "mesh") -> TensorSharding:
+    """The model sharding of a PartitionSpec, whatever axes it names (padded to `rank` with replicated dims)."""
+    return from_spec_entries(_entries(spec), mesh_name, rank)
 
 
 def correct_spec(shape: Sequence[int], spec, mesh, *, policy: str = "drop"):
@@ -46,7 +51,7 @@ def correct_spec(shape: Sequence[int], spec, mesh, *, policy: str = "drop"):
     since a PartitionSpec can't hold sub-axes). Returns a PartitionSpec.
     """
     model = _mesh_model(mesh)
-    sharding = from_spec_entries(_entries(spec), "mesh")
+    sharding = spec_to_model(spec)
     fixed, _ = correct_sharding(sharding, Site(tuple(shape), allow_subaxes=False), {"mesh": model}, policy)
     return _to_spec(to_spec_entries(fixed))
 

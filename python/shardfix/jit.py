@@ -1,0 +1,288 @@
+"""`autofix_shardings`: a drop-in for `jax.jit` that lowers, fixes shardings, reorders rings, compiles and runs.
+
+At the outermost level (concrete arguments) the function is lowered with JAX, the pipeline runs on a copy of the
+module, and the patched module is compiled; executables are cached per input signature. Under an outer
+transformation (tracer arguments: an enclosing jit, grad or vmap) there is no module of our own to patch, so the
+function acts as `jax.jit` with corrected in/out shardings and the IR passes run only where the outermost call is
+an `autofix_shardings` function.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import logging
+import warnings
+from typing import Any, Callable
+
+import jax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from .api import ShardingFixWarning, spec_to_model, to_named_sharding
+from .correct import POLICIES, Site, correct_sharding
+from .ir import SourceLoc
+from .lowering import patch_lowered
+from .pipeline import PassContext
+from .report import Fix, RingDecision
+from .sharding import Mesh, shard_count
+
+logger = logging.getLogger("shardfix")
+RING_MODES = ("auto", "off", "zigzag", "striped")
+ON_FIX = ("warn", "log", "error", "ignore")
+
+
+class ShardingFixError(ValueError):
+    """Raised with `on_fix="error"` when shardfix would have changed a sharding."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    mesh: Any
+    in_shardings: Any
+    out_shardings: Any
+    static_argnums: Any
+    static_argnames: Any
+    donate_argnums: Any
+    donate_argnames: Any
+    policy: str
+    ring_reorder: str
+    on_fix: str
+
+
+_UNSPECIFIED = object()
+
+
+def autofix_shardings(fun: Callable | None = None, *, mesh=None, in_shardings=_UNSPECIFIED,
+                      out_shardings=_UNSPECIFIED, static_argnums=None, static_argnames=None, donate_argnums=None,
+                      donate_argnames=None, policy: str = "subaxis", ring_reorder: str = "auto",
+                      on_fix: str = "warn"):
+    """Like `jax.jit`, with every sharding made valid and evenly divisible and ring attention balanced.
+
+    Bare (`@autofix_shardings`) or with options; `autofix_shardings(jax.jit(f, ...))` takes over the jit's options.
+    `mesh` defaults to the context mesh (`jax.set_mesh`), else the mesh of the arguments' NamedShardings.
+    `on_fix`: "warn" (one ShardingFixWarning per compile), "log", "error" (ShardingFixError), or "ignore".
+    """
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {', '.join(POLICIES)}; got {policy!r}")
+    if ring_reorder not in RING_MODES:
+        raise ValueError(f"ring_reorder must be one of {', '.join(RING_MODES)}; got {ring_reorder!r}")
+    if on_fix not in ON_FIX:
+        raise ValueError(f"on_fix must be one of {', '.join(ON_FIX)}; got {on_fix!r}")
+    options = dict(mesh=mesh, in_shardings=in_shardings, out_shardings=out_shardings, static_argnums=static_argnums,
+                   static_argnames=static_argnames, donate_argnums=donate_argnums, donate_argnames=donate_argnames,
+                   policy=policy, ring_reorder=ring_reorder, on_fix=on_fix)
+    if fun is None:
+        return functools.partial(autofix_shardings, **options)
+    fun, options = _unwrap_jit(fun, options)
+    return AutofixFunction(fun, _Options(**options))
+
+
+def _unwrap_jit(fun, options: dict):
+    """Take the function and the jit options out of a `jax.jit` object (explicit options win)."""
+    info = getattr(fun, "_jit_info", None)
+    if info is None or not hasattr(fun, "_fun"):
+        return fun, options
+    options = dict(options)
+    for name in ("in_shardings", "out_shardings"):
+        leaves = getattr(info, f"{name}_leaves")
+        if options[name] is _UNSPECIFIED and not all(type(x).__name__ == "UnspecifiedValue" for x in leaves):
+            options[name] = jax.tree.unflatten(getattr(info, f"{name}_treedef"), leaves)
+    for name in ("static_argnums", "static_argnames", "donate_argnums", "donate_argnames"):
+        if options[name] is None and getattr(info, name):
+            options[name] = getattr(info, name)
+    return fun._fun, options
+
+
+class AutofixFunction:
+    """The decorated function: call it, or `.lower(...)` it to look at the patched module and the fixes."""
+
+    def __init__(self, fun: Callable, options: _Options):
+        functools.update_wrapper(self, fun)
+        self._fun, self._options = fun, options
+        self._executables: dict = {}
+        self.lower_count = 0  # how many times a call had to lower and compile (the cache's misses)
+        source = inspect.unwrap(fun)
+        try:
+            self._loc = SourceLoc(inspect.getsourcefile(source) or "", source.__code__.co_firstlineno)
+        except (TypeError, AttributeError):
+            self._loc = SourceLoc(name=getattr(fun, "__name__", "function"))
+
+    # -- calling -------------------------------------------------------------------------------------------------
+
+    def __call__(self, *args, **kwargs):
+        if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs))):
+            return self._inner_jit(args, kwargs)(*args, **kwargs)
+        dyn_args, dyn_kwargs, statics = self._split_static(args, kwargs)
+        leaves, tree = jax.tree.flatten((dyn_args, dyn_kwargs))
+        key = (tree, statics, tuple((getattr(x, "shape", None), getattr(x, "dtype", type(x)),
+                                     x.sharding if isinstance(x, jax.Array) else None,
+                                     getattr(x, "weak_type", None)) for x in leaves))
+        compiled = self._executables.get(key)
+        if compiled is None:
+            compiled = self._lower(args, kwargs, stacklevel=5).compile()
+            self._executables[key] = compiled
+        return compiled(*dyn_args, **dyn_kwargs)
+
+    def _split_static(self, args, kwargs):
+        """(dynamic positional args, dynamic kwargs, hashable static values)."""
+        if self._options.static_argnums is None and not self._options.static_argnames:
+            return args, kwargs, ()
+        static = self._static_positions(len(args))
+        names = set(self._options.static_argnames or ())
+        dyn_args = tuple(a for i, a in enumerate(args) if i not in static)
+        dyn_kwargs = {k: v for k, v in kwargs.items() if k not in names}
+        statics = (tuple(args[i] for i in sorted(static) if i < len(args)),
+                   tuple(sorted((k, v) for k, v in kwargs.items() if k in names)))
+        return dyn_args, dyn_kwargs, statics
+
+    def _static_positions(self, nargs: int) -> set[int]:
+        nums = self._options.static_argnums
+        nums = () if nums is None else ((nums,) if isinstance(nums, int) else tuple(nums))
+        positions = {n % nargs if nargs else n for n in nums}
+        params = list(inspect.signature(self._fun).parameters) if self._options.static_argnames else []
+        positions |= {params.index(n) for n in self._options.static_argnames or () if n in params}
+        return positions
+
+    # -- lowering ------------------------------------------------------------------------------------------------
+
+    def lower(self, *args, **kwargs) -> "AutofixLowered":
+        """Lower with JAX, correct in/out shardings, run fix-shardings and ring-reorder on a copy of the module."""
+        return self._lower(args, kwargs, stacklevel=4)
+
+    def _lower(self, args, kwargs, stacklevel: int) -> "AutofixLowered":
+        self.lower_count += 1
+        boundary_fixes, jitted = self._corrected_jit(args, kwargs)
+        lowered = jitted.lower(*args, **kwargs)
+        pass_ctx = PassContext()
+        patched, report = patch_lowered(lowered, self._pipeline(), pass_ctx)
+        fixes = boundary_fixes + report.fixes
+        _tell(fixes, self._options.on_fix, getattr(self._fun, "__name__", "function"), stacklevel)
+        return AutofixLowered(patched, fixes, report.rings)
+
+    def _pipeline(self) -> str:
+        pipeline = f"fix-shardings{{policy={self._options.policy}}}"
+        mode = self._options.ring_reorder
+        if mode != "off":
+            strategy = "zigzag" if mode == "auto" else mode
+            pipeline += f",ring-reorder{{strategy={strategy}}}"
+        return pipeline
+
+    def _inner_jit(self, args, kwargs):
+        return self._corrected_jit(args, kwargs)[1]
+
+    def _corrected_jit(self, args, kwargs):
+        """A jax.jit of the function whose in/out shardings are corrected for these arguments."""
+        o = self._options
+        mesh = self._resolve_mesh(args, kwargs) if (o.in_shardings, o.out_shardings) != (_UNSPECIFIED,) * 2 else None
+        fixes: list[Fix] = []
+        jit_kwargs = dict(static_argnums=o.static_argnums, static_argnames=o.static_argnames,
+                          donate_argnums=o.donate_argnums, donate_argnames=o.donate_argnames)
+        if o.in_shardings is not _UNSPECIFIED:
+            static = self._static_positions(len(args))
+            dynamic = tuple(a for i, a in enumerate(args) if i not in static)
+            jit_kwargs["in_shardings"] = self._correct_tree(o.in_shardings, dynamic, mesh, "in_shardings", fixes)
+        if o.out_shardings is not _UNSPECIFIED:
+            shapes = jax.jit(self._fun, **{k: v for k, v in jit_kwargs.items() if k != "in_shardings"}) \
+                .eval_shape(*args, **kwargs)
+            jit_kwargs["out_shardings"] = self._correct_tree(o.out_shardings, shapes, mesh, "out_shardings", fixes)
+        return fixes, jax.jit(self._fun, **jit_kwargs)
+
+    def _resolve_mesh(self, args, kwargs):
+        if self._options.mesh is not None:
+            return self._options.mesh
+        try:
+            context = jax.sharding.get_mesh()
+        except ValueError:  # under an outer jit only the abstract mesh is known
+            context = jax.sharding.get_abstract_mesh()
+        if context is not None and context.axis_names:
+            return context
+        for leaf in jax.tree.leaves((args, kwargs)):
+            sharding = getattr(leaf, "sharding", None)
+            if isinstance(leaf, jax.Array) and isinstance(sharding, NamedSharding):
+                return sharding.mesh
+        return None
+
+    def _correct_tree(self, spec_tree, values, mesh, what: str, fixes: list[Fix]):
+        """Each PartitionSpec/NamedSharding leaf corrected for the shape of the value it applies to."""
+        is_leaf = lambda x: x is None or isinstance(x, (PartitionSpec, jax.sharding.Sharding))  # noqa: E731
+        try:
+            full = jax.tree.broadcast(spec_tree, values, is_leaf=is_leaf)
+        except ValueError:
+            return spec_tree  # let jax.jit report the structure mismatch in its own words
+        paths_specs = jax.tree_util.tree_flatten_with_path(full, is_leaf=is_leaf)[0]
+        shapes = jax.tree.leaves(values)
+        corrected = [self._correct_leaf(spec, getattr(value, "shape", ()), mesh, f"{what}{jax.tree_util.keystr(path)}",
+                                        fixes)
+                     for (path, spec), value in zip(paths_specs, shapes)]
+        return jax.tree.unflatten(jax.tree.structure(full, is_leaf=is_leaf), corrected)
+
+    def _correct_leaf(self, spec, shape, mesh, site: str, fixes: list[Fix]):
+        if spec is None or not isinstance(spec, (PartitionSpec, NamedSharding)):
+            return spec
+        target_mesh = spec.mesh if isinstance(spec, NamedSharding) else mesh
+        if target_mesh is None:
+            raise ValueError(f"{self._loc}: {site} is the PartitionSpec {spec} but there is no mesh to apply it to: "
+                             "pass mesh=..., use jax.set_mesh, or give NamedShardings")
+        spec = spec.spec if isinstance(spec, NamedSharding) else spec
+        model_mesh = Mesh.of(dict(target_mesh.shape))
+        before = spec_to_model(spec, rank=len(shape))
+        after, reasons = correct_sharding(before, Site(tuple(shape), allow_subaxes=False), {"mesh": model_mesh},
+                                          self._options.policy)
+        if after != before:
+            fixes.append(Fix("autofix_shardings", f"{site} (shape {tuple(shape)})", self._loc,
+                             tuple((r.code, r.detail) for r in reasons), str(spec),
+                             str(to_named_sharding(after, target_mesh).spec), shard_count(before, model_mesh),
+                             shard_count(after, model_mesh)))
+        return to_named_sharding(after, target_mesh)
+
+
+def _tell(fixes: list[Fix], on_fix: str, name: str, stacklevel: int) -> None:
+    if not fixes or on_fix == "ignore":
+        return
+    lines = [f"shardfix changed {len(fixes)} sharding(s) of {name}:"]
+    for f in fixes:
+        lines.append(f"  {f.location or '?'}: {f.site}: {f.before} -> {f.after} [{f.reason}]")
+        lines += [f"      {detail}" for _, detail in f.reasons]
+    text = "\n".join(lines)
+    if on_fix == "error":
+        raise ShardingFixError(text)
+    if on_fix == "log":
+        logger.warning(text)
+    else:
+        warnings.warn(text, ShardingFixWarning, stacklevel=stacklevel)
+
+
+class AutofixLowered:
+    """What `f.lower(...)` returns: the patched module, the fixes, the ring decisions."""
+
+    def __init__(self, lowered: jax.stages.Lowered, fixes: list[Fix], rings: list[RingDecision]):
+        self._lowered, self.fixes, self.rings = lowered, fixes, rings
+
+    def as_text(self, *args, **kwargs) -> str:
+        return self._lowered.as_text(*args, **kwargs)
+
+    def compile(self) -> "AutofixCompiled":
+        return AutofixCompiled(self._lowered.compile())
+
+
+class AutofixCompiled:
+    """A compiled executable that moves arguments placed with another sharding to the shardings it expects."""
+
+    def __init__(self, compiled: jax.stages.Compiled):
+        self._compiled = compiled
+        self._expected = jax.tree.leaves(compiled.input_shardings)
+
+    def as_text(self) -> str:
+        return self._compiled.as_text()
+
+    def __getattr__(self, name):
+        return getattr(self._compiled, name)
+
+    def __call__(self, *args, **kwargs):
+        leaves, tree = jax.tree.flatten((args, kwargs))
+        if len(leaves) == len(self._expected):
+            moved = [jax.device_put(x, s) if isinstance(x, jax.Array) and x.committed and x.sharding != s else x
+                     for x, s in zip(leaves, self._expected)]
+            args, kwargs = jax.tree.unflatten(tree, moved)
+        return self._compiled(*args, **kwargs)

@@ -1,0 +1,164 @@
+"""@autofix_shardings on 8 CPU devices: fixes, caching, options, composability; results equal references."""
+
+import logging
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from shardfix import ShardingFixError, ShardingFixWarning, autofix_shardings
+
+MESH = jax.make_mesh((2, 4), ("dp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+X = (np.arange(48, dtype=np.float32).reshape(6, 8) / 10.0)
+W = (np.arange(64, dtype=np.float32).reshape(8, 8) / 100.0)
+
+
+def model(x, w):
+    y = jax.lax.with_sharding_constraint(jnp.tanh(x @ w), NamedSharding(MESH, P("tp", None)))  # constrained
+    return y * 2.0
+
+
+def reference(x, w):
+    return np.tanh(np.asarray(x) @ np.asarray(w)) * 2.0
+
+
+CONSTRAINED_LINE = next(i for i, line in enumerate(open(__file__), 1) if line.rstrip().endswith("# constrained"))
+
+
+def caught(fn, *args, **kwargs):
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        out = fn(*args, **kwargs)
+    return out, [r for r in record if issubclass(r.category, ShardingFixWarning)]
+
+
+def test_bare_decorator_fixes_inner_constraint_and_warns_once():
+    f = autofix_shardings(model)
+    out, told = caught(f, X, W)
+    np.testing.assert_allclose(np.asarray(out), reference(X, W), rtol=1e-6)
+    assert len(told) == 1
+    message = str(told[0].message)
+    assert f"{__file__}:{CONSTRAINED_LINE}: 'sdy.sharding_constraint' sharding: <@mesh, [{{\"tp\"}}, {{}}]> -> " \
+           f"<@mesh, [{{\"tp\":(1)2}}, {{}}]> [indivisible]" in message
+    assert told[0].filename == __file__  # the warning points at the caller
+    out, told = caught(f, X, W)
+    assert told == [] and f.lower_count == 1  # cached: neither lowered nor compiled again
+
+
+def test_cache_is_per_signature():
+    f = autofix_shardings(model, on_fix="ignore")
+    f(X, W), f(X + 1, W)
+    assert f.lower_count == 1
+    f(np.ones((12, 8), np.float32), W)
+    assert f.lower_count == 2
+    f(jax.device_put(X, NamedSharding(MESH, P("dp"))), W)  # another input sharding is another signature
+    assert f.lower_count == 3
+
+
+def test_boundary_shardings_corrected_and_reported():
+    f = autofix_shardings(model, mesh=MESH, in_shardings=(P("dp", "sp"), P(None, "tp")), out_shardings=P("tp"))
+    with pytest.warns(ShardingFixWarning, match="changed 3 sharding"):
+        lowered = f.lower(X, W)
+    assert [(fx.site, fx.before, fx.after, fx.reason) for fx in lowered.fixes] == [
+        ("in_shardings[0] (shape (6, 8))", "P('dp', 'sp')", "P('dp',)", "unknown-axis"),
+        ("out_shardings (shape (6, 8))", "P('tp',)", "P()", "indivisible"),
+        ("'sdy.sharding_constraint' sharding", '<@mesh, [{"tp"}, {}]>', '<@mesh, [{"tp":(1)2}, {}]>', "indivisible"),
+    ]
+    assert 'sdy.sharding_constraint %' in lowered.as_text() and '{"tp":(1)2}' in lowered.as_text()
+    compiled = lowered.compile()
+    assert " pad(" not in compiled.as_text()
+    np.testing.assert_allclose(np.asarray(compiled(X, W)), reference(X, W), rtol=1e-6)
+    # An argument already placed with another sharding is moved to the one the executable wants.
+    placed = jax.device_put(X, NamedSharding(MESH, P(None, "tp")))
+    out = compiled(placed, W)
+    np.testing.assert_allclose(np.asarray(out), reference(X, W), rtol=1e-6)
+    assert out.sharding.spec == P()
+
+
+def test_nothing_said_when_nothing_changed():
+    f = autofix_shardings(lambda x: x * 2)
+    out, told = caught(f, X)
+    assert told == [] and f.lower(X).fixes == []
+
+
+def test_on_fix_modes(caplog):
+    with pytest.raises(ShardingFixError, match=r"\[indivisible\]"):
+        autofix_shardings(model, on_fix="error")(X, W)
+    out, told = caught(autofix_shardings(model, on_fix="ignore"), X, W)
+    assert told == []
+    with caplog.at_level(logging.WARNING, logger="shardfix"):
+        out, told = caught(autofix_shardings(model, on_fix="log"), X, W)
+    assert told == [] and "indivisible" in caplog.text
+    with pytest.raises(ValueError, match="on_fix must be one of"):
+        autofix_shardings(model, on_fix="shout")
+
+
+def test_wrapping_a_jitted_function_takes_its_options():
+    jitted = jax.jit(model, in_shardings=(NamedSharding(MESH, P("tp")), None))
+    f = autofix_shardings(jitted, on_fix="ignore")
+    lowered = f.lower(X, W)
+    assert ("in_shardings[0] (shape (6, 8))", "P('tp',)", "P()") in [(x.site, x.before, x.after) for x in lowered.fixes]
+    np.testing.assert_allclose(np.asarray(f(X, W)), reference(X, W), rtol=1e-6)
+
+
+def test_pytrees_kwargs_and_static_arguments():
+    @autofix_shardings(static_argnums=(1,), static_argnames=("scale",), on_fix="ignore")
+    def g(params, n, *, scale, bias):
+        y = jax.lax.with_sharding_constraint(params["x"] @ params["w"], NamedSharding(MESH, P("tp")))
+        return {"out": y * scale * n + bias}
+
+    params = {"x": X, "w": W}
+    out = g(params, 3, scale=0.5, bias=np.float32(1.0))["out"]
+    np.testing.assert_allclose(np.asarray(out), X @ W * 1.5 + 1.0, rtol=1e-5)
+    g(params, 3, scale=0.5, bias=np.float32(2.0))
+    assert g.lower_count == 1
+    g(params, 4, scale=0.5, bias=np.float32(2.0))
+    g(params, 4, scale=2.0, bias=np.float32(2.0))
+    assert g.lower_count == 3
+
+
+def test_donation_is_passed_through():
+    f = autofix_shardings(model, donate_argnums=(0,), on_fix="ignore")
+    x = jnp.asarray(X)
+    np.testing.assert_allclose(np.asarray(f(x, W)), reference(X, W), rtol=1e-6)
+
+
+def test_mesh_from_context_and_from_arguments():
+    f = autofix_shardings(lambda x: x + 1, in_shardings=P("tp"), on_fix="ignore")
+    with jax.set_mesh(MESH):
+        lowered = f.lower(X)
+    assert [(x.before, x.after) for x in lowered.fixes] == [("P('tp',)", "P()")]
+    g = autofix_shardings(lambda x: x + 1, in_shardings=P(("dp", "tp")), on_fix="ignore")
+    lowered = g.lower(jax.device_put(np.ones((12, 8), np.float32), NamedSharding(MESH, P("dp"))))
+    assert [(x.before, x.after) for x in lowered.fixes] == [("P(('dp', 'tp'),)", "P('dp',)")]
+    with pytest.raises(ValueError, match="no mesh to apply it to"):
+        autofix_shardings(lambda x: x, in_shardings=P("tp")).lower(X)
+
+
+def test_under_outer_jit_grad_and_vmap():
+    f = autofix_shardings(model, in_shardings=(P("tp"), None), mesh=MESH, on_fix="ignore")
+    outer = jax.jit(lambda x, w: f(x, w).sum())
+    np.testing.assert_allclose(float(outer(X, W)), reference(X, W).sum(), rtol=1e-5)
+    grad = jax.grad(lambda x: f(x, W).sum())(X)
+    expected = jax.grad(lambda x: (jnp.tanh(x @ W) * 2.0).sum())(X)
+    np.testing.assert_allclose(np.asarray(grad), np.asarray(expected), rtol=1e-5)
+    batched = jax.vmap(lambda x: autofix_shardings(lambda v: jnp.tanh(v) * 2, on_fix="ignore")(x))(X)
+    np.testing.assert_allclose(np.asarray(batched), np.tanh(X) * 2, rtol=1e-6)
+
+
+def test_value_and_grad_gets_everything():
+    def loss(w, x):
+        y = jax.lax.with_sharding_constraint(jnp.tanh(x @ w), NamedSharding(MESH, P("tp", None)))
+        return jnp.mean(y ** 2)
+
+    f = autofix_shardings(jax.value_and_grad(loss), on_fix="ignore")
+    lowered = f.lower(W, X)
+    assert any(fx.reason == "indivisible" for fx in lowered.fixes)
+    value, grad = f(W, X)
+    ref_value, ref_grad = jax.value_and_grad(lambda w, x: jnp.mean(jnp.tanh(x @ w) ** 2))(W, X)
+    np.testing.assert_allclose(float(value), float(ref_value), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(grad), np.asarray(ref_grad), rtol=1e-5, atol=1e-7)
+    assert " pad(" not in lowered.compile().as_text()
