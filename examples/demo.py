@@ -19,8 +19,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
-from shardfix import correct_spec  # noqa: E402
-from shardfix.lowering import patch_lowered  # noqa: E402
+from shardfix import autofix_shardings, correct_spec  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 VOCAB, HIDDEN, FFN, SEQ, BATCH = 50257, 64, 256, 16, 1
@@ -55,14 +54,13 @@ def main() -> int:
     print(f"   embed P('tp', None)   -> {embed_spec}")
     in_shardings = (None, NamedSharding(mesh, embed_spec), NamedSharding(mesh, w1_spec), None)
 
-    print("\n== 2. fix-shardings on the lowered module")
-    lowered = jax.jit(make_block(mesh, True), in_shardings=in_shardings).lower(tokens, embed, w1, w2)
-    patched, report = patch_lowered(lowered)
-    print("   " + report.render_text().replace("\n", "\n   ").rstrip())
-
-    fixed = patched.compile()
-    pads = fixed.as_text().count(" pad(")
-    loss = float(fixed(tokens, embed, w1, w2))
+    print("\n== 2. @autofix_shardings in place of @jax.jit (the fixes, as the warning lists them)")
+    step = autofix_shardings(make_block(mesh, True), in_shardings=in_shardings, on_fix="ignore")
+    lowered = step.lower(tokens, embed, w1, w2)
+    for fix in lowered.fixes:
+        print(f"   {fix.location}: {fix.site}: {fix.before} -> {fix.after} [{fix.reason}]")
+    pads = lowered.compile().as_text().count(" pad(")
+    loss = float(step(tokens, embed, w1, w2))
     reference = float(jax.jit(make_block(mesh, False))(tokens, embed, w1, w2))
     print(f"   compiled HLO pads after the fix: {pads}")
     print(f"   loss sharded+fixed {loss:.6f}  unsharded reference {reference:.6f}")

@@ -18,8 +18,10 @@ from .sharding import AxisRef, DimSharding, Mesh, ShardingSyntaxError, TensorSha
 # Context and diagnostics.
 
 
+@functools.cache
 def make_context(allow_unregistered: bool = False) -> ir.Context:
-    """A context with every dialect JAX's lowering emits (stablehlo, sdy, chlo, mhlo, func, ...)."""
+    """A context with every dialect JAX's lowering emits (stablehlo, sdy, chlo, mhlo, func, ...); one per process
+    and setting, since creating one costs milliseconds and modules of one context are independent."""
     _register_passes()
     ctx = jax_mlir.make_ir_context()
     ctx.allow_unregistered_dialects = allow_unregistered
@@ -357,6 +359,15 @@ def walk_shardings(module: ir.Operation) -> list[ShardingSite]:
     shardings of sdy ops (constraints, reshards, manual and named computations, data-flow edges, collectives)."""
     sites: list[ShardingSite] = []
     _walk_block_ops(module.regions[0].blocks[0], frozenset(), sites)
+    return sites
+
+
+def function_boundary_shardings(module: ir.Operation) -> list[ShardingSite]:
+    """Only the argument and result shardings of the module's top-level functions (cheap: no walk of bodies)."""
+    sites: list[ShardingSite] = []
+    for op in module.regions[0].blocks[0].operations:
+        if op.operation.name == "func.func":
+            _func_sites(op.operation, frozenset(), sites)
     return sites
 
 

@@ -111,18 +111,24 @@ class AutofixFunction:
     # -- calling -------------------------------------------------------------------------------------------------
 
     def __call__(self, *args, **kwargs):
-        if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs))):
-            return self._inner_jit(args, kwargs)(*args, **kwargs)
         dyn_args, dyn_kwargs, statics = self._split_static(args, kwargs)
         leaves, tree = jax.tree.flatten((dyn_args, dyn_kwargs))
-        key = (tree, statics, tuple((getattr(x, "shape", None), getattr(x, "dtype", type(x)),
-                                     x.sharding if isinstance(x, jax.Array) else None,
-                                     getattr(x, "weak_type", None)) for x in leaves))
-        compiled = self._executables.get(key)
-        if compiled is None:
+        signature = [tree, statics]
+        for x in leaves:
+            if isinstance(x, jax.core.Tracer):  # under an outer jit/grad/vmap
+                return self._inner_jit(args, kwargs)(*args, **kwargs)
+            signature.append((x.shape, x.dtype, x.sharding, x.weak_type) if isinstance(x, jax.Array)
+                             else (getattr(x, "shape", None), getattr(x, "dtype", type(x))))
+        key = tuple(signature)
+        entry = self._executables.get(key)
+        if entry is None:
             compiled = self._lower(args, kwargs, stacklevel=5).compile()
-            self._executables[key] = compiled
-        return compiled(*dyn_args, **dyn_kwargs)
+            entry = self._executables[key] = (compiled._compiled, compiled.moves(leaves))
+        executable, moves = entry
+        if moves:  # arguments committed to another sharding go where the executable wants them
+            leaves = [jax.device_put(x, moves[i]) if i in moves else x for i, x in enumerate(leaves)]
+            dyn_args, dyn_kwargs = jax.tree.unflatten(tree, leaves)
+        return executable(*dyn_args, **dyn_kwargs)
 
     def _split_static(self, args, kwargs):
         """(dynamic positional args, dynamic kwargs, hashable static values)."""
@@ -279,10 +285,17 @@ class AutofixCompiled:
     def __getattr__(self, name):
         return getattr(self._compiled, name)
 
+    def moves(self, leaves) -> dict:
+        """leaf index -> sharding, for the argument leaves committed to a sharding the executable doesn't take."""
+        if len(leaves) != len(self._expected):
+            return {}
+        return {i: s for i, (x, s) in enumerate(zip(leaves, self._expected))
+                if isinstance(x, jax.Array) and x.committed and x.sharding != s}
+
     def __call__(self, *args, **kwargs):
         leaves, tree = jax.tree.flatten((args, kwargs))
-        if len(leaves) == len(self._expected):
-            moved = [jax.device_put(x, s) if isinstance(x, jax.Array) and x.committed and x.sharding != s else x
-                     for x, s in zip(leaves, self._expected)]
-            args, kwargs = jax.tree.unflatten(tree, moved)
+        moves = self.moves(leaves)
+        if moves:
+            leaves = [jax.device_put(x, moves[i]) if i in moves else x for i, x in enumerate(leaves)]
+            args, kwargs = jax.tree.unflatten(tree, leaves)
         return self._compiled(*args, **kwargs)

@@ -13,7 +13,7 @@ from jax._src.lib.mlir import ir
 from jax.sharding import NamedSharding
 
 from .api import to_named_sharding
-from .ir import make_context, parse_module, walk_shardings
+from .ir import function_boundary_shardings, make_context, parse_module
 from .pipeline import PassContext, parse_pipeline, run_pipeline
 from .report import Report
 
@@ -27,20 +27,26 @@ def patch_lowered(lowered: jax.stages.Lowered, pipeline: str = "fix-shardings",
     pass_ctx = pass_ctx or PassContext()
     ctx = make_context()
     text = lowered.as_text(debug_info=True)
-    module = parse_module(text, ctx, "<lowered>", lenient=True)
+    with ctx:
+        try:  # JAX's modules verify: parse the copy as the Module that will be handed back to JAX
+            patched = ir.Module.parse(text)
+            module = patched.operation
+        except ir.MLIRError:
+            patched, module = None, parse_module(text, ctx, "<lowered>", lenient=True)
     before = _entry_shardings(module)
     run_pipeline(module, parse_pipeline(pipeline), ctx, pass_ctx)
     if not pass_ctx.report.fixes and not any(r.applied for r in pass_ctx.report.rings):
         return lowered, pass_ctx.report
     after = _entry_shardings(module)
-    with ctx:
-        patched = ir.Module.parse(module.get_asm(enable_debug_info=True, assume_verified=True))
+    if patched is None:
+        with ctx:
+            patched = ir.Module.parse(module.get_asm(enable_debug_info=True, assume_verified=True))
     return _relowered(lowered, patched, before, after), pass_ctx.report
 
 
 def _entry_shardings(module: ir.Operation) -> dict:
-    return {(s.kind, s.index): s.sharding for s in walk_shardings(module)
-            if s.kind in ("arg", "result") and s.is_entry_boundary and "@main" in s.description}
+    return {(s.kind, s.index): s.sharding for s in function_boundary_shardings(module)
+            if s.is_entry_boundary and s.description.endswith(" of @main")}
 
 
 def _relowered(lowered, patched: ir.Module, before: dict, after: dict) -> jax.stages.Lowered:
