@@ -47,15 +47,12 @@ def main() -> int:
     w1 = (rng.standard_normal((HIDDEN, FFN)) * 0.05).astype(np.float32)
     w2 = (rng.standard_normal((FFN, HIDDEN)) * 0.05).astype(np.float32)
 
-    print("== 1. Specs written for another mesh, corrected before use (correct_spec)")
-    w1_spec = correct_spec(w1.shape, P("fsdp", "tp"), mesh)              # "fsdp" is not in this mesh
-    embed_spec = correct_spec(embed.shape, P("tp", None), mesh)          # 50257 rows over tp=4
-    print(f"   w1    P('fsdp', 'tp') -> {w1_spec}")
-    print(f"   embed P('tp', None)   -> {embed_spec}")
-    in_shardings = (None, NamedSharding(mesh, embed_spec), NamedSharding(mesh, w1_spec), None)
+    print("== 1. A spec written for another mesh, corrected by hand (correct_spec)")
+    print(f"   P('fsdp', 'tp') for w1 {w1.shape} -> {correct_spec(w1.shape, P('fsdp', 'tp'), mesh)}")
 
-    print("\n== 2. @autofix_shardings in place of @jax.jit (the fixes, as the warning lists them)")
-    step = autofix_shardings(make_block(mesh, True), in_shardings=in_shardings, on_fix="ignore")
+    print("\n== 2. @autofix_shardings in place of @jax.jit, given those specs as they are (the fixes it reports)")
+    in_shardings = (P("dp"), P("tp", None), P("fsdp", "tp"), None)   # batch 1 over dp, 50257 rows over tp, no fsdp
+    step = autofix_shardings(make_block(mesh, True), mesh=mesh, in_shardings=in_shardings, on_fix="ignore")
     lowered = step.lower(tokens, embed, w1, w2)
     for fix in lowered.fixes:
         print(f"   {fix.location}: {fix.site}: {fix.before} -> {fix.after} [{fix.reason}]")
