@@ -1,22 +1,19 @@
-"""ring-reorder: find ring regions (manual computations whose body passes data around a ring of
-collective_permutes) and record a decision for each.
-
-This version detects rings and reports them; it never rewrites, so every decision is `applied=False` with the
-reason. The load-balancing rewrite will only be enabled together with the analysis that proves it safe.
-"""
+"""ring-reorder: put the sequence into a load-balanced order (zigzag or striped) around causal ring regions, and
+back after them, where the analysis shows the region's results stay the same (mode=auto), or where the user says
+so (mode=force)."""
 
 from __future__ import annotations
 
-import math
+import re
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-import numpy as np
 from jax._src.lib.mlir import ir
+from jaxlib.mlir.dialects import sdy
 
-from shardfix.ir import manual_axes_of, module_meshes, sharding_from_attr, source_loc
-from shardfix.report import RingDecision, Remark
-from shardfix.sharding import Mesh
+from shardfix.ir import sharding_from_attr
+from shardfix.report import Remark, RingDecision
+from shardfix.ring import PERMUTATION_ATTR, REORDERED_ATTR, Ring, find_rings, permutation_module
 
 from . import Pass, PassContext
 
@@ -24,7 +21,7 @@ from . import Pass, PassContext
 @dataclass(frozen=True)
 class RingReorder(Pass):
     name: ClassVar[str] = "ring-reorder"
-    description: ClassVar[str] = "detect ring collectives in manual computations (load-balanced reorder: planned)"
+    description: ClassVar[str] = "load-balance causal ring attention: reorder the sequence around ring regions"
 
     strategy: Literal["zigzag", "striped"] = "zigzag"
     stripe: int = 1
@@ -33,81 +30,97 @@ class RingReorder(Pass):
     def apply(self, module: ir.Operation, ctx: PassContext) -> None:
         if self.mode == "off":
             return
-        meshes = module_meshes(module)
-        for region in _manual_computations(module):
-            mesh = _mesh_of(region, meshes)
-            if mesh is None:
+        channel = _next_channel(module)
+        for ring in find_rings(module):
+            if ring.axis is None:
+                ctx.report.remarks.append(Remark(self.name, "collective_permutes without a ring: "
+                                                 + "; ".join(ring.structure), ring.loc))
                 continue
-            axes = {ring_axis_of(pairs, mesh) for pairs in _permute_pairs(region, module)}
-            axes.discard(None)
-            loc = source_loc(region.location)
-            if len(axes) == 1:
-                ctx.report.rings.append(RingDecision(axes.pop(), self.strategy, False,
-                                                     "reordering is not implemented yet; region left unchanged", loc))
-            elif len(axes) > 1:
-                ctx.report.remarks.append(Remark(self.name, f"rings along several axes ({', '.join(sorted(axes))}); "
-                                                            "left unchanged", loc))
+            why, plan = self._plan(ring)
+            if plan is None:
+                ctx.report.rings.append(RingDecision(ring.axis, self._strategy_name, False, why, ring.loc))
+                continue
+            for index, dim, is_result in plan:
+                channel = _insert_permutation(module, ring, index, dim, is_result, self.strategy, self.stripe,
+                                              channel)
+            ring.region.attributes[REORDERED_ATTR] = ir.StringAttr.get(self._strategy_name)
+            inputs = sum(1 for _, _, r in plan if not r)
+            ctx.report.rings.append(RingDecision(
+                ring.axis, self._strategy_name, True,
+                f"{inputs} operand(s) reordered, {len(plan) - inputs} result(s) restored"
+                + (" (mode=force: safety analysis skipped)" if self.mode == "force" else ""), ring.loc))
+
+    @property
+    def _strategy_name(self) -> str:
+        return self.strategy if self.strategy == "zigzag" else f"striped{{stripe={self.stripe}}}"
+
+    def _plan(self, ring: Ring):
+        """(why not, None) or ("", [(operand or result index, sequence dim, is_result)])."""
+        region = ring.region
+        if REORDERED_ATTR in region.attributes:
+            return f"already reordered ({ir.StringAttr(region.attributes[REORDERED_ATTR]).value})", None
+        if ring.structure:
+            return "; ".join(ring.structure), None
+        plan = []
+        for attr_name, values, is_result in (("in_shardings", region.operands, False),
+                                             ("out_shardings", region.results, True)):
+            shardings = sdy.TensorShardingPerValueAttr(region.attributes[attr_name]).shardings
+            what = "result" if is_result else "operand"
+            for index, attr in enumerate(shardings):
+                sharding = sharding_from_attr(attr)
+                for dim, d in enumerate(sharding.dims):
+                    if not any(a.name == ring.axis for a in d.axes):
+                        continue
+                    if [a.name for a in d.axes] != [ring.axis] or d.axes[0].is_sub_axis:
+                        return (f"{what} {index}: dim {dim} is sharded on {d} rather than on \"{ring.axis}\" "
+                                "alone"), None
+                    length = ir.ShapedType(values[index].type).get_dim_size(dim)
+                    unit = 2 * ring.cp if self.strategy == "zigzag" else ring.cp * ring.cp * self.stripe
+                    if length % unit:
+                        need = "2*cp" if self.strategy == "zigzag" else "cp*cp*stripe"
+                        return (f"{what} {index}: sequence length {length} is not a multiple of {need} = {unit}"
+                                ), None
+                    plan.append((index, dim, is_result))
+        if not any(not r for _, _, r in plan):
+            return f"no operand is sharded on the ring axis \"{ring.axis}\"", None
+        if self.mode == "auto" and ring.problems:
+            more = f" (and {len(ring.problems) - 2} more)" if len(ring.problems) > 2 else ""
+            return "not provably safe: " + "; ".join(ring.problems[:2]) + more, None
+        return "", plan
 
 
-def _manual_computations(module: ir.Operation) -> list[ir.Operation]:
-    found = []
+def _next_channel(module: ir.Operation) -> int:
+    """A channel handle above every one the module uses."""
+    handles = [0]
 
     def visit(op):
-        if op.name == "sdy.manual_computation":
-            found.append(op)
+        if "channel_handle" in op.attributes:
+            handles.extend(int(h) for h in re.findall(r"handle = (\d+)", str(op.attributes["channel_handle"])))
         return ir.WalkResult.ADVANCE
 
     module.walk(visit)
-    return found
+    return max(handles) + 1
 
 
-def _mesh_of(region: ir.Operation, meshes: dict[str, Mesh]) -> Mesh | None:
-    from jaxlib.mlir.dialects import sdy
-    shardings = list(sdy.TensorShardingPerValueAttr(region.attributes["in_shardings"]).shardings)
-    if not shardings:
-        return None
-    mesh = sharding_from_attr(shardings[0]).mesh
-    return meshes.get(mesh) if isinstance(mesh, str) else mesh
-
-
-def _permute_pairs(region: ir.Operation, module: ir.Operation) -> list[np.ndarray]:
-    """source_target_pairs of every collective_permute in the region, following calls to private functions."""
-    funcs = {ir.StringAttr(op.operation.attributes["sym_name"]).value: op.operation
-             for op in module.regions[0].blocks[0].operations if op.operation.name == "func.func"}
-    pairs, seen = [], set()
-
-    def visit(op):
-        if op.name == "stablehlo.collective_permute":
-            pairs.append(np.array(ir.DenseIntElementsAttr(op.attributes["source_target_pairs"])).reshape(-1, 2))
-        elif op.name == "func.call":
-            callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
-            if callee in funcs and callee not in seen:
-                seen.add(callee)
-                funcs[callee].walk(visit)
-        return ir.WalkResult.ADVANCE
-
-    for r in region.regions:
-        for block in r.blocks:
-            for op in block.operations:
-                op.operation.walk(visit)
-    return pairs
-
-
-def ring_axis_of(pairs: np.ndarray, mesh: Mesh) -> str | None:
-    """The mesh axis along which `pairs` form one full cycle per group of the other axes, stepping by one."""
-    if not mesh.axes or len(pairs) == 0:
-        return None
-    shape = tuple(size for _, size in mesh.axes)
-    if pairs.min() < 0 or pairs.max() >= math.prod(shape):
-        return None
-    src, dst = (np.stack(np.unravel_index(pairs[:, i], shape), axis=1) for i in (0, 1))
-    moved = np.nonzero((src != dst).any(axis=0))[0]
-    if len(moved) != 1:
-        return None
-    k, n = int(moved[0]), shape[int(moved[0])]
-    step = (dst[:, k] - src[:, k]) % n
-    if n < 2 or len(set(step.tolist())) != 1 or step[0] not in (1, n - 1):
-        return None
-    if len(pairs) != math.prod(shape) or len(set(pairs[:, 0].tolist())) != len(pairs):
-        return None  # not every device takes part exactly once
-    return mesh.axes[k][0]
+def _insert_permutation(module, ring: Ring, index: int, dim: int, is_result: bool, strategy: str, stripe: int,
+                        channel: int) -> int:
+    region = ring.region
+    value = region.results[index] if is_result else region.operands[index]
+    attr_name = "out_shardings" if is_result else "in_shardings"
+    sharding = sharding_from_attr(sdy.TensorShardingPerValueAttr(region.attributes[attr_name]).shardings[index])
+    shaped = ir.RankedTensorType(value.type)
+    text = permutation_module(ring.mesh_name, ring.mesh, sharding, tuple(shaped.shape), str(shaped.element_type),
+                              dim, ring.axis, strategy, stripe, is_result, channel)
+    with module.context, region.location:
+        template = ir.Module.parse(text)
+        permute = next(op.operation for op in template.body.operations[1].regions[0].blocks[0].operations
+                       if op.operation.name == "sdy.manual_computation")
+        if is_result:
+            new = permute.clone(ip=ir.InsertionPoint.after(region)).operation
+            new.operands[0] = value
+            value.replace_all_uses_except(new.results[0], new)
+        else:
+            new = permute.clone(ip=ir.InsertionPoint(region)).operation
+            new.operands[0] = value
+            region.operands[index] = new.results[0]
+    return channel + 2
