@@ -1,0 +1,90 @@
+"""ring-reorder on 8 CPU devices: position-carrying ring attention (plain and tile-skipping) gives the same results
+reordered as not and as dense causal attention; the axis_index ring is left alone and stays right; the inserted
+permutation moves at most one local shard per device and gathers nothing."""
+
+import jax
+import numpy as np
+import pytest
+
+from shardfix import autofix_shardings
+from shardfix.hlo import collective_bytes
+from shardfix.lowering import patch_lowered
+from shardfix.ring_models import (axis_index_ring_attention, dense_causal_attention, position_ring_attention,
+                                  tile_skipping_ring_attention)
+
+MESHES = {"dp2xcp4": ((2, 4), 32), "cp8": ((1, 8), 64)}
+
+
+def inputs(batch, length, dim=8, seed=0):
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal((batch, length, dim)).astype(np.float32) for _ in range(3))
+    pos = np.broadcast_to(np.arange(length, dtype=np.int32), (batch, length)).copy()
+    return q, k, v, pos
+
+
+@pytest.fixture(scope="module", params=MESHES, ids=MESHES)
+def setup(request):
+    shape, length = MESHES[request.param]
+    mesh = jax.make_mesh(shape, ("dp", "cp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    return mesh, inputs(shape[0] * 2, length)
+
+
+@pytest.mark.parametrize("strategy", ["zigzag", "striped"])
+@pytest.mark.parametrize("variant", ["plain", "tile-skipping"])
+def test_reordered_equals_unreordered_and_dense(setup, strategy, variant):
+    mesh, (q, k, v, pos) = setup
+    make = position_ring_attention if variant == "plain" else tile_skipping_ring_attention
+    args = (q, k, v, pos, pos)
+    lowered = jax.jit(make(mesh)).lower(*args)
+    patched, report = patch_lowered(lowered, f"ring-reorder{{strategy={strategy}}}")
+    [decision] = report.rings
+    assert (decision.axis, decision.applied) == ("cp", True), decision.why
+    plain_out = lowered.compile()(*args)
+    fixed_out = patched.compile()(*args)
+    if variant == "tile-skipping":
+        plain_out, fixed_out = plain_out[0], fixed_out[0]
+    np.testing.assert_allclose(np.asarray(fixed_out), np.asarray(plain_out), atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(fixed_out), np.asarray(dense_causal_attention(q, k, v)), atol=1e-5,
+                               rtol=1e-5)
+
+
+@pytest.mark.parametrize("strategy", ["zigzag", "striped"])
+def test_permutation_moves_at_most_one_shard_and_gathers_nothing(setup, strategy):
+    mesh, (q, k, v, pos) = setup
+    args = (q, k, v, pos, pos)
+    lowered = jax.jit(position_ring_attention(mesh)).lower(*args)
+    patched, _ = patch_lowered(lowered, f"ring-reorder{{strategy={strategy}}}")
+    before, after = (collective_bytes(c.compile().as_text()) for c in (lowered, patched))
+    assert "all-gather" not in after
+    added = sorted(after.get("collective-permute", []) + after.get("all-to-all", []))
+    for b in before.get("collective-permute", []):
+        added.remove(b)
+    # q, k, v, q_pos, k_pos reordered before the region and the output after it: one local shard each, in total
+    # (zigzag: two half shards; striped: one all_to_all whose cp pieces make one shard, one piece staying home).
+    local_bytes = [a.nbytes // mesh.size for a in (q, k, v, pos, pos, q)]
+    assert sum(added) == sum(local_bytes)
+    assert len(added) == (12 if strategy == "zigzag" else 6)
+
+
+def test_axis_index_ring_is_left_alone_and_right(setup):
+    mesh, (q, k, v, _) = setup
+    lowered = jax.jit(axis_index_ring_attention(mesh)).lower(q, k, v)
+    patched, report = patch_lowered(lowered, "ring-reorder")
+    [decision] = report.rings
+    assert not decision.applied
+    assert "'stablehlo.partition_id' at" in decision.why and "ring_models.py" in decision.why
+    assert patched is lowered
+    np.testing.assert_allclose(np.asarray(lowered.compile()(q, k, v)), np.asarray(dense_causal_attention(q, k, v)),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_decorator_reorders_and_reports(setup):
+    mesh, (q, k, v, pos) = setup
+    f = autofix_shardings(position_ring_attention(mesh), ring_reorder="zigzag")
+    lowered = f.lower(q, k, v, pos, pos)
+    assert [(r.axis, r.strategy, r.applied) for r in lowered.rings] == [("cp", "zigzag", True)]
+    assert "shardfix.ring_reorder" in lowered.as_text()
+    np.testing.assert_allclose(np.asarray(f(q, k, v, pos, pos)), np.asarray(dense_causal_attention(q, k, v)),
+                               atol=1e-5, rtol=1e-5)
+    off = autofix_shardings(position_ring_attention(mesh), ring_reorder="off").lower(q, k, v, pos, pos)
+    assert off.rings == [] and "shardfix.ring_reorder" not in off.as_text()
