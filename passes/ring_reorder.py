@@ -30,7 +30,7 @@ class RingReorder(Pass):
     def apply(self, module: ir.Operation, ctx: PassContext) -> None:
         if self.mode == "off":
             return
-        channel = _next_channel(module)
+        channel = None
         for ring in find_rings(module):
             if ring.axis is None:
                 ctx.report.remarks.append(Remark(self.name, "collective_permutes without a ring: "
@@ -40,6 +40,7 @@ class RingReorder(Pass):
             if plan is None:
                 ctx.report.rings.append(RingDecision(ring.axis, self._strategy_name, False, why, ring.loc))
                 continue
+            channel = channel or _next_channel(module)
             for index, dim, is_result in plan:
                 channel = _insert_permutation(module, ring, index, dim, is_result, self.strategy, self.stripe,
                                               channel)

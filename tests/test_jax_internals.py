@@ -30,3 +30,24 @@ def test_lowered_private_fields():
     inner = lowered._lowering
     assert hasattr(inner, "_hlo") and hasattr(inner, "_executable")
     assert {"in_shardings", "out_shardings"} <= set(inner.compile_args)
+
+
+def test_cpp_dispatch_internals():
+    """autofix_shardings serves cached calls through JAX's C++ dispatcher with these private pieces."""
+    from jax._src import sharding_impls, stages, tree_util
+    from jax._src.interpreters import pxla
+    from jax._src.lib import _jax
+    for owner, name in ((_jax, "pjit"), (pxla, "JitGlobalCppCacheKeys"), (pxla, "MeshExecutableFastpathData"),
+                        (pxla, "reflatten_outputs_for_dispatch"), (pxla, "cc_shard_arg"), (pxla, "ExecuteReplicated"),
+                        (tree_util, "dispatch_registry"), (stages.Compiled, "call"),
+                        (sharding_impls, "physical_sharding")):
+        assert hasattr(owner, name), f"{owner.__name__}.{name} moved"
+    import jax.numpy as jnp
+    from shardfix import autofix_shardings
+    f = autofix_shardings(lambda x: x + 1)
+    assert f._dispatch is not None, "the C++ dispatcher could not be built"
+    assert float(f(jnp.ones(()))) == 2.0
+    executable = jax.jit(lambda x: x + 1).lower(jnp.ones(4)).compile()._executable
+    for name in ("unsafe_call", "xla_executable", "_in_shardings", "_out_shardings", "in_avals", "_kept_var_idx",
+                 "_dispatch_in_layouts", "shard_const_args"):
+        assert hasattr(executable, name), f"MeshExecutable.{name} moved"

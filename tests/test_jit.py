@@ -25,13 +25,14 @@ def reference(x, w):
     return np.tanh(np.asarray(x) @ np.asarray(w)) * 2.0
 
 
+CALL_LINE = next(i for i, line in enumerate(open(__file__), 1) if line.rstrip().endswith("# the call"))
 CONSTRAINED_LINE = next(i for i, line in enumerate(open(__file__), 1) if line.rstrip().endswith("# constrained"))
 
 
 def caught(fn, *args, **kwargs):
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        out = fn(*args, **kwargs)
+        out = fn(*args, **kwargs)  # the call
     return out, [r for r in record if issubclass(r.category, ShardingFixWarning)]
 
 
@@ -43,7 +44,7 @@ def test_bare_decorator_fixes_inner_constraint_and_warns_once():
     message = str(told[0].message)
     assert f"{__file__}:{CONSTRAINED_LINE}: 'sdy.sharding_constraint' sharding: <@mesh, [{{\"tp\"}}, {{}}]> -> " \
            f"<@mesh, [{{\"tp\":(1)2}}, {{}}]> [indivisible]" in message
-    assert told[0].filename == __file__  # the warning points at the caller
+    assert (told[0].filename, told[0].lineno) == (__file__, CALL_LINE)  # the warning points at the caller
     out, told = caught(f, X, W)
     assert told == [] and f.lower_count == 1  # cached: neither lowered nor compiled again
 
@@ -162,3 +163,16 @@ def test_value_and_grad_gets_everything():
     np.testing.assert_allclose(float(value), float(ref_value), rtol=1e-6)
     np.testing.assert_allclose(np.asarray(grad), np.asarray(ref_grad), rtol=1e-5, atol=1e-7)
     assert " pad(" not in lowered.compile().as_text()
+
+
+def test_cached_calls_take_the_compiled_fast_path():
+    """After the first call, calls with the same signature never come back to Python (JAX's C++ dispatch)."""
+    f = autofix_shardings(model, on_fix="ignore")
+    misses = []
+    original = f._cache_miss
+    f._dispatch = None if f._dispatch is None else __import__("shardfix.jit", fromlist=["_fast_dispatcher"]) \
+        ._fast_dispatcher(model, lambda *a, **k: misses.append(1) or original(*a, **k), [], [])
+    for _ in range(5):
+        out = f(jnp.asarray(X), jnp.asarray(W))
+    np.testing.assert_allclose(np.asarray(out), reference(X, W), rtol=1e-6)
+    assert len(misses) == 1 and f.lower_count == 1

@@ -101,6 +101,8 @@ class AutofixFunction:
         functools.update_wrapper(self, fun)
         self._fun, self._options = fun, options
         self._executables: dict = {}
+        self._dispatch = _fast_dispatcher(fun, self._cache_miss, self._static_argnums_list(),
+                                          list(options.static_argnames or ()))
         self.lower_count = 0  # how many times a call had to lower and compile (the cache's misses)
         source = inspect.unwrap(fun)
         try:
@@ -111,24 +113,53 @@ class AutofixFunction:
     # -- calling -------------------------------------------------------------------------------------------------
 
     def __call__(self, *args, **kwargs):
+        if self._dispatch is not None:
+            return self._dispatch(*args, **kwargs)
+        return self._run(*self._prepare(args, kwargs, stacklevel=5))
+
+    def _cache_miss(self, *args, **kwargs):
+        """Called by the C++ dispatcher for a signature it hasn't seen: (outputs, fast-path data or None, False).
+        The executable runs exactly once here (donated arguments can't be used twice)."""
+        prepared = self._prepare(args, kwargs, stacklevel=6)  # user, __call__, the C++ dispatcher, here, ...
+        compiled, dyn_args, dyn_kwargs, moved = prepared
+        if compiled is not None and not moved:
+            fast = _fastpath_call(compiled._compiled, dyn_args, dyn_kwargs)
+            if fast is not None:
+                return fast[0], fast[1], False
+        return self._run(*prepared), None, False
+
+    def _run(self, compiled, dyn_args, dyn_kwargs, moved):
+        if compiled is None:  # under a trace: dyn_args/dyn_kwargs are the full call
+            return self._inner_jit(dyn_args, dyn_kwargs)(*dyn_args, **dyn_kwargs)
+        return compiled._compiled(*dyn_args, **dyn_kwargs)
+
+    def _static_argnums_list(self) -> list[int] | None:
+        nums = self._options.static_argnums
+        nums = () if nums is None else ((nums,) if isinstance(nums, int) else tuple(nums))
+        if any(n < 0 for n in nums):
+            return None  # negative positions depend on the call; keep to the Python path
+        return sorted(nums)
+
+    def _prepare(self, args, kwargs, stacklevel: int):
+        """(the AutofixCompiled for this signature, compiling it on first sight, the dynamic arguments moved where
+        it wants them, whether any moved); (None, args, kwargs, False) under an outer trace."""
         dyn_args, dyn_kwargs, statics = self._split_static(args, kwargs)
         leaves, tree = jax.tree.flatten((dyn_args, dyn_kwargs))
         signature = [tree, statics]
         for x in leaves:
             if isinstance(x, jax.core.Tracer):  # under an outer jit/grad/vmap
-                return self._inner_jit(args, kwargs)(*args, **kwargs)
+                return None, args, kwargs, False
             signature.append((x.shape, x.dtype, x.sharding, x.weak_type) if isinstance(x, jax.Array)
                              else (getattr(x, "shape", None), getattr(x, "dtype", type(x))))
         key = tuple(signature)
-        entry = self._executables.get(key)
-        if entry is None:
-            compiled = self._lower(args, kwargs, stacklevel=5).compile()
-            entry = self._executables[key] = (compiled._compiled, compiled.moves(leaves))
-        executable, moves = entry
+        compiled = self._executables.get(key)
+        if compiled is None:
+            compiled = self._executables[key] = self._lower(args, kwargs, stacklevel).compile()
+        moves = compiled.moves(leaves)
         if moves:  # arguments committed to another sharding go where the executable wants them
             leaves = [jax.device_put(x, moves[i]) if i in moves else x for i, x in enumerate(leaves)]
             dyn_args, dyn_kwargs = jax.tree.unflatten(tree, leaves)
-        return executable(*dyn_args, **dyn_kwargs)
+        return compiled, dyn_args, dyn_kwargs, bool(moves)
 
     def _split_static(self, args, kwargs):
         """(dynamic positional args, dynamic kwargs, hashable static values)."""
@@ -299,3 +330,49 @@ class AutofixCompiled:
             leaves = [jax.device_put(x, moves[i]) if i in moves else x for i, x in enumerate(leaves)]
             args, kwargs = jax.tree.unflatten(tree, leaves)
         return self._compiled(*args, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# C++ dispatch. jax.jit checks a call's signature in C++ and only calls back into Python on a miss; the same
+# dispatcher serves shardfix's executables, so a cached call costs what a jax.jit call costs. Private JAX 0.10.2
+# internals (tests/test_jax_internals.py guards them); where they are missing, calls take the Python path.
+
+
+def _fast_dispatcher(fun, cache_miss, static_argnums, static_argnames):
+    if static_argnums is None:
+        return None
+    try:
+        from jax._src import tree_util
+        from jax._src.interpreters import pxla
+        from jax._src.lib import _jax
+        return _jax.pjit(getattr(fun, "__name__", "autofix"), None, cache_miss, static_argnums, static_argnames,
+                         pxla.JitGlobalCppCacheKeys(), tree_util.dispatch_registry, pxla.cc_shard_arg)
+    except (ImportError, AttributeError, TypeError):
+        return None
+
+
+def _fastpath_call(compiled: jax.stages.Compiled, dyn_args, dyn_kwargs):
+    """Run `compiled` once through JAX's compiled-call path; return (outputs, the data that lets the C++
+    dispatcher call it directly next time), or None (without running) where JAX wouldn't take the fast path."""
+    from jax._src import core, dtypes, stages, sharding_impls
+    from jax._src.interpreters import pxla
+    from jax._src.lib import xla_client as xc
+
+    executable = compiled._executable
+    if not (isinstance(executable, pxla.MeshExecutable) and isinstance(executable.unsafe_call, pxla.ExecuteReplicated)
+            and not executable.unsafe_call.has_unordered_effects and not executable.unsafe_call.has_host_callbacks
+            and not executable.unsafe_call.ordered_effects and not compiled._params.is_high):
+        return None
+    params = compiled._params._replace(const_args=executable.shard_const_args(compiled._params.const_args))
+    outs, out_flat, args_flat = stages.Compiled.call(params, *dyn_args, **dyn_kwargs)
+    out_flat, out_tree = pxla.reflatten_outputs_for_dispatch(params.out_tree, out_flat)
+    if not all(isinstance(x, xc.ArrayImpl) for x in out_flat) or getattr(executable, "_mut", None):
+        return None
+    in_shardings = [sharding_impls.physical_sharding(a, s)
+                    if a is not core.abstract_token and dtypes.issubdtype(a.dtype, dtypes.extended) else s
+                    for s, a in zip(executable._in_shardings, executable.in_avals)]
+    kept = [i in executable._kept_var_idx for i in range(len(params.const_args) + len(args_flat))]
+    data = pxla.MeshExecutableFastpathData(
+        executable.xla_executable, out_tree, in_shardings, executable._out_shardings, [o.aval for o in out_flat],
+        [o._committed for o in out_flat], kept, executable._dispatch_in_layouts, params.const_args)
+    return outs, data

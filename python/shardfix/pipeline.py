@@ -7,6 +7,7 @@ either one of ours (`fix-shardings{policy=drop}`) or handed to MLIR as text (`ca
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from jax._src.lib.mlir import ir, passmanager
@@ -46,6 +47,7 @@ class Pipeline:
         return ",".join(e.text for e in self.elements)
 
 
+@functools.lru_cache(maxsize=256)
 def parse_pipeline(text: str) -> Pipeline:
     """Split a comma-separated pipeline; `builtin.module(...)` around it is accepted and removed."""
     body, offset = text.strip(), len(text) - len(text.lstrip())
