@@ -40,11 +40,11 @@ class FixShardings(Pass):
         corrected: dict = {}
 
         def fix(site: ShardingSite):
-            where = Site(site.shape, site.bound_axes, site.manual_axes, not site.is_entry_boundary)
-            key = (site.attr, where)
-            if key not in corrected:
-                corrected[key] = self._correct(site.sharding, where, meshes)
-            outcome = corrected[key]
+            key = (site.attr, site.shape, site.bound_axes, site.manual_axes, site.is_entry_boundary)
+            outcome = corrected.get(key)
+            if outcome is None:
+                where = Site(site.shape, site.bound_axes, site.manual_axes, not site.is_entry_boundary)
+                outcome = corrected[key] = self._correct(site.sharding, where, meshes)
             if isinstance(outcome, CorrectionError):
                 raise PassError(f"{site.description}: {outcome}", site.loc)
             new, record = outcome

@@ -358,8 +358,30 @@ def walk_shardings(module: ir.Operation) -> list[ShardingSite]:
     """Every sharding in the module, in textual order: func arguments and results, `sdy.sharding` on ops, and the
     shardings of sdy ops (constraints, reshards, manual and named computations, data-flow edges, collectives)."""
     sites: list[ShardingSite] = []
-    _walk_block_ops(module.regions[0].blocks[0], frozenset(), sites)
+
+    def visit(op: ir.Operation):
+        # MLIR walks in C++ and hands over each op; only ops that can carry a sharding get a closer look.
+        name = op.name
+        if name == "func.func":
+            _func_sites(op, _enclosing_manual_axes(op), sites)
+        elif name.startswith("sdy.") or "sdy.sharding" in op.attributes:
+            own = manual_axes_of(op) if name == "sdy.manual_computation" else frozenset()
+            _op_sites(op, _enclosing_manual_axes(op), own, sites)
+        return ir.WalkResult.ADVANCE
+
+    module.walk(visit, ir.WalkOrder.PRE_ORDER)
     return sites
+
+
+def _enclosing_manual_axes(op: ir.Operation) -> frozenset[str]:
+    """The axes made manual by the sdy.manual_computation ops around `op`."""
+    axes: frozenset[str] = frozenset()
+    parent = op.parent
+    while parent is not None:
+        if parent.name == "sdy.manual_computation":
+            axes |= manual_axes_of(parent)
+        parent = parent.parent
+    return axes
 
 
 def function_boundary_shardings(module: ir.Operation) -> list[ShardingSite]:
@@ -380,19 +402,6 @@ def transform_shardings(module: ir.Operation, fn: Callable[[ShardingSite], Tenso
             site.replace(new)
             changed += 1
     return changed
-
-
-def _walk_block_ops(block, bound: frozenset[str], sites: list[ShardingSite]) -> None:
-    for opview in block.operations:
-        op = opview.operation
-        own_manual = manual_axes_of(op) if op.name == "sdy.manual_computation" else frozenset()
-        if op.name == "func.func":
-            _func_sites(op, bound, sites)
-        else:
-            _op_sites(op, bound, own_manual, sites)
-        for region in op.regions:
-            for inner in region.blocks:
-                _walk_block_ops(inner, bound | own_manual, sites)
 
 
 def _func_sites(fn: ir.Operation, bound, sites) -> None:
@@ -442,8 +451,8 @@ def _op_sites(op: ir.Operation, bound, own_manual, sites) -> None:
     attributes = op.attributes
     if op.name.startswith("sdy."):
         names = [attributes[i].name for i in range(len(attributes))]
-    else:  # other dialects' ops carry shardings only as `sdy.sharding`
-        names = ["sdy.sharding"] if "sdy.sharding" in attributes else []
+    else:  # other dialects' ops carry shardings only as `sdy.sharding` (the walk checked it is there)
+        names = ["sdy.sharding"]
     loc = functools.partial(_op_loc, op)
     for attr_name in names:
         attr = attributes[attr_name]

@@ -34,7 +34,7 @@ def patch_lowered(lowered: jax.stages.Lowered, pipeline: str = "fix-shardings",
         except ir.MLIRError:  # only a module the verifier rejects, which JAX does not produce; load it leniently
             patched, module = None, parse_module(lowered.as_text(debug_info=True), ctx, "<lowered>", lenient=True)
     before = _entry_shardings(module)
-    run_pipeline(module, parse_pipeline(pipeline), ctx, pass_ctx)
+    run_pipeline(module, parse_pipeline(pipeline), ctx, pass_ctx, verify_each=False)
     if not pass_ctx.report.fixes and not any(r.applied for r in pass_ctx.report.rings):
         return lowered, pass_ctx.report
     after = _entry_shardings(module)

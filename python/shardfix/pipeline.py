@@ -114,7 +114,8 @@ def _split_top_level(text: str, sep: str, offset: int):
     yield text[start:], offset + start + 1
 
 
-def build_pass_manager(pipeline: Pipeline, ctx: ir.Context, pass_ctx: PassContext) -> passmanager.PassManager:
+def build_pass_manager(pipeline: Pipeline, ctx: ir.Context, pass_ctx: PassContext,
+                       verify_each: bool = True) -> passmanager.PassManager:
     with ctx:
         pm = passmanager.PassManager("builtin.module")
         for element in pipeline.elements:
@@ -125,7 +126,7 @@ def build_pass_manager(pipeline: Pipeline, ctx: ir.Context, pass_ctx: PassContex
                 pm.add(element.text)
             except ValueError as e:
                 raise PipelineError(_mlir_pipeline_message(str(e), element.text), element.col) from None
-        pm.enable_verifier(True)
+        pm.enable_verifier(verify_each)
     return pm
 
 
@@ -145,14 +146,18 @@ def _mlir_pipeline_message(message: str, element: str) -> str:
     return first
 
 
-def run_pipeline(module: ir.Operation, pipeline: Pipeline, ctx: ir.Context, pass_ctx: PassContext) -> None:
-    """Run the pipeline on the module in place; failures raise LoadError with located diagnostics."""
+def run_pipeline(module: ir.Operation, pipeline: Pipeline, ctx: ir.Context, pass_ctx: PassContext,
+                 verify_each: bool = True) -> None:
+    """Run the pipeline on the module in place; failures raise LoadError with located diagnostics. The result
+    is verified after every pass, or (verify_each=False, cheaper for long pipelines) once at the end."""
     if not pipeline.elements:
         return
-    pm = build_pass_manager(pipeline, ctx, pass_ctx)
+    pm = build_pass_manager(pipeline, ctx, pass_ctx, verify_each)
     try:
         with ctx:
             pm.run(module)
+            if not verify_each:
+                module.verify()
     except ir.MLIRError as e:
         raise LoadError(diagnostics_of(e)) from None
     except PassError as e:
