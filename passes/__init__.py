@@ -94,6 +94,7 @@ def _convert(pass_name: str, key: str, kind, text: str):
 _REGISTRY = {
     "fix-shardings": "shardfix.passes.fix_shardings:FixShardings",
     "ring-reorder": "shardfix.passes.ring_reorder:RingReorder",
+    "hoist-permutations": "shardfix.passes.hoist_permutations:HoistPermutations",
 }
 
 

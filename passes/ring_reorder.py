@@ -13,7 +13,7 @@ from jaxlib.mlir.dialects import sdy
 
 from shardfix.ir import sharding_from_attr
 from shardfix.report import Remark, RingDecision
-from shardfix.ring import PERMUTATION_ATTR, REORDERED_ATTR, Ring, find_rings, permutation_module
+from shardfix.ring import REORDERED_ATTR, Ring, find_rings, insert_permutation, permutation_module
 
 from . import Pass, PassContext
 
@@ -112,16 +112,10 @@ def _insert_permutation(module, ring: Ring, index: int, dim: int, is_result: boo
     shaped = ir.RankedTensorType(value.type)
     text = permutation_module(ring.mesh_name, ring.mesh, sharding, tuple(shaped.shape), str(shaped.element_type),
                               dim, ring.axis, strategy, stripe, is_result, channel)
-    with module.context, region.location:
-        template = ir.Module.parse(text)
-        permute = next(op.operation for op in template.body.operations[1].regions[0].blocks[0].operations
-                       if op.operation.name == "sdy.manual_computation")
-        if is_result:
-            new = permute.clone(ip=ir.InsertionPoint.after(region)).operation
-            new.operands[0] = value
-            value.replace_all_uses_except(new.results[0], new)
-        else:
-            new = permute.clone(ip=ir.InsertionPoint(region)).operation
-            new.operands[0] = value
-            region.operands[index] = new.results[0]
+    point = ir.InsertionPoint.after(region) if is_result else ir.InsertionPoint(region)
+    new = insert_permutation(text, point, value, module.context, region.location)
+    if is_result:
+        value.replace_all_uses_except(new.results[0], new)
+    else:
+        region.operands[index] = new.results[0]
     return channel + 2

@@ -202,7 +202,7 @@ class AutofixFunction:
         mode = self._options.ring_reorder
         if mode != "off":
             strategy = "zigzag" if mode == "auto" else mode
-            pipeline += f",ring-reorder{{strategy={strategy}}}"
+            pipeline += f",ring-reorder{{strategy={strategy}}},hoist-permutations"
         return pipeline
 
     def _inner_jit(self, args, kwargs):

@@ -21,7 +21,9 @@ from .ir import SourceLoc, manual_axes_of, sharding_from_attr, source_loc
 from .sharding import DimSharding, Mesh, TensorSharding
 
 REORDERED_ATTR = "shardfix.ring_reorder"  # on a region already reordered (so the pass is idempotent)
-PERMUTATION_ATTR = "shardfix.sequence_permutation"  # on the permutations the pass inserts
+# On the permutations the pass inserts: {axis, dim, inverse, strategy, stripe}, what it takes to recognise them,
+# cancel them against each other, and build more of the same kind.
+PERMUTATION_ATTR = "shardfix.sequence_permutation"
 
 # Ops through which a region could see a token's place, or that move data by index or in device order.
 POSITION_OPS = {
@@ -272,6 +274,23 @@ def _type(shape, element: str) -> str:
     return f"tensor<{'x'.join(map(str, shape))}x{element}>" if shape else f"tensor<{element}>"
 
 
+def insert_permutation(text: str, point: ir.InsertionPoint, value: ir.Value, context: ir.Context,
+                       location: ir.Location) -> ir.Operation:
+    """Clone the manual computation of a `permutation_module` text at `point`, applied to `value`."""
+    with context, location:
+        template = ir.Module.parse(text)
+        template_op = next(op.operation for op in template.body.operations[1].regions[0].blocks[0].operations
+                           if op.operation.name == "sdy.manual_computation")
+        new = template_op.clone(ip=point).operation
+        # The clone still reads the template's argument: point it at `value` while the template is alive, and
+        # drop the handle to the template's op before the template itself (a handle outliving its module, or a
+        # use of a freed value, corrupts memory).
+        new.operands[0] = value
+        del template_op
+        del template
+    return new
+
+
 def permutation_module(mesh_name: str, mesh: Mesh, sharding: TensorSharding, shape: tuple[int, ...], element: str,
                        dim: int, axis: str, strategy: str, stripe: int, inverse: bool, channel: int) -> str:
     """Text of a module whose function applies the sequence permutation (or its inverse) to dim `dim` of a
@@ -285,12 +304,13 @@ def permutation_module(mesh_name: str, mesh: Mesh, sharding: TensorSharding, sha
     body = (_zigzag_body if strategy == "zigzag" else _striped_body)(mesh, axis, cp, local, element, dim, stripe,
                                                                      inverse, channel)
     manual = ", ".join(f'"{n}"' for n in mesh.axis_names)
-    kind = f"{strategy}-inverse" if inverse else strategy
+    params = (f'{{axis = "{axis}", dim = {dim} : i64, inverse = {str(inverse).lower()}, strategy = "{strategy}", '
+              f"stripe = {stripe} : i64}}")
     return (f"sdy.mesh @{mesh_name} = {mesh}\n"
             f"func.func @permute(%arg0: {g_type}) -> {g_type} {{\n"
             f"  %0 = sdy.manual_computation(%arg0) in_shardings=[{closed.body()}] out_shardings=[{closed.body()}] "
             f"manual_axes={{{manual}}} (%x: {l_type}) {{\n{body}"
-            f"  }} {{{PERMUTATION_ATTR} = \"{kind}\"}} : ({g_type}) -> {g_type}\n"
+            f"  }} {{{PERMUTATION_ATTR} = {params}}} : ({g_type}) -> {g_type}\n"
             f"  return %0 : {g_type}\n}}\n")
 
 

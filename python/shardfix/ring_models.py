@@ -127,3 +127,20 @@ def dense_causal_attention(q, k, v):
     n = q.shape[1]
     s = jnp.where(jnp.arange(n)[:, None] >= jnp.arange(n)[None, :], s, NEG)
     return jnp.einsum("bqk,bkd->bqd", jax.nn.softmax(s, axis=-1), v)
+
+
+def ring_transformer(mesh, layers: int, loss: bool = False, between=None, axis: str = "cp"):
+    """`layers` blocks of position-carrying ring attention plus an MLP, with residual adds; `between(x)` (if
+    given) runs on the activations between blocks. Returns f(x, pos, weights) -> activations, or the mean of their
+    squares with `loss`. weights: per layer (wq, wk, wv, wo, w1, w2)."""
+    attention = position_ring_attention(mesh, axis)
+
+    def f(x, pos, weights):
+        for wq, wk, wv, wo, w1, w2 in weights:
+            x = x + attention(x @ wq, x @ wk, x @ wv, pos, pos) @ wo
+            x = x + jnp.tanh(x @ w1) @ w2
+            if between is not None:
+                x = between(x)
+        return jnp.mean(x ** 2) if loss else x
+
+    return f

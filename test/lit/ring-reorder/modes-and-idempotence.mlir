@@ -12,7 +12,7 @@
 sdy.mesh @mesh = <["cp"=2]>
 
 // FORCE: ring: {{.*}}: axis "cp", zigzag: applied (1 operand(s) reordered, 1 result(s) restored (mode=force: safety analysis skipped))
-// FORCE: shardfix.sequence_permutation = "zigzag"
+// FORCE: shardfix.sequence_permutation = {axis = "cp", dim = 0 : i64, inverse = false, strategy = "zigzag"
 // AGAIN: ring: {{.*}}: axis "cp", zigzag: not applied (already reordered (zigzag))
 func.func @ring(%arg0: tensor<8xf32>) -> tensor<8xf32> {
   %0 = sdy.manual_computation(%arg0) in_shardings=[<@mesh, [{"cp"}]>] out_shardings=[<@mesh, [{"cp"}]>] manual_axes={"cp"} (%x: tensor<4xf32>) {

@@ -12,10 +12,10 @@ sdy.mesh @mesh = <["dp"=2, "cp"=4]>
 // CHECK-NEXT:   %[[T:.*]] = "stablehlo.all_to_all"(%[[S]]) <{channel_handle = #stablehlo.channel_handle<handle = 2, type = 1>, concat_dimension = 1 : i64, replica_groups = dense<{{\[}}[0, 1, 2, 3], [4, 5, 6, 7]]> : tensor<2x4xi64>, split_count = 4 : i64, split_dimension = 2 : i64}> : (tensor<1x4x4x1xf32>) -> tensor<1x16x1x1xf32>
 // CHECK-NEXT:   %[[Y:.*]] = stablehlo.reshape %[[T]] : (tensor<1x16x1x1xf32>) -> tensor<1x16xf32>
 // CHECK-NEXT:   sdy.return %[[Y]]
-// CHECK-NEXT: } {shardfix.sequence_permutation = "striped"}
+// CHECK-NEXT: } {shardfix.sequence_permutation = {axis = "cp", dim = 1 : i64, inverse = false, strategy = "striped", stripe = 1 : i64}}
 // CHECK:      {shardfix.ring_reorder = "striped{stripe=1}"}
 // CHECK:        "stablehlo.all_to_all"({{.*}}concat_dimension = 2 : i64{{.*}}split_dimension = 1 : i64}> : (tensor<1x16x1x1xf32>) -> tensor<1x4x4x1xf32>
-// CHECK:      } {shardfix.sequence_permutation = "striped-inverse"}
+// CHECK:      } {shardfix.sequence_permutation = {axis = "cp", dim = 1 : i64, inverse = true, strategy = "striped", stripe = 1 : i64}}
 
 // STRIPE2: stablehlo.reshape %{{.*}} : (tensor<1x16xf32>) -> tensor<1x2x4x2xf32>
 // STRIPE2: {shardfix.ring_reorder = "striped{stripe=2}"}

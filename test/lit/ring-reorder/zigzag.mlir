@@ -17,14 +17,14 @@ sdy.mesh @mesh = <["cp"=4]>
 // CHECK-NEXT:   %[[HI:.*]] = stablehlo.concatenate %[[P2]], %[[P1]], dim = 0
 // CHECK-NEXT:   %[[Y:.*]] = stablehlo.select %[[EVEN]], %[[LO]], %[[HI]]
 // CHECK-NEXT:   sdy.return %[[Y]]
-// CHECK-NEXT: } {shardfix.sequence_permutation = "zigzag"}
+// CHECK-NEXT: } {shardfix.sequence_permutation = {axis = "cp", dim = 0 : i64, inverse = false, strategy = "zigzag", stripe = 1 : i64}}
 // CHECK:      %[[R:.*]] = sdy.manual_computation(%[[P]], %{{.*}}, %arg2)
 // CHECK:      } {shardfix.ring_reorder = "zigzag"}
 // CHECK:      %[[I:.*]] = sdy.manual_computation(%[[R]])
 // CHECK:        %[[E:.*]] = stablehlo.select %{{.*}}, %{{.*}}, %{{.*}} : tensor<i1>, tensor<2x8xf32>
 // CHECK:        "stablehlo.collective_permute"(%[[E]]) {{.*}} source_target_pairs = dense<{{\[}}[0, 0], [1, 3], [2, 1], [3, 2]]>
 // CHECK:        "stablehlo.collective_permute"({{.*}} source_target_pairs = dense<{{\[}}[0, 3], [1, 0], [2, 2], [3, 1]]>
-// CHECK:      } {shardfix.sequence_permutation = "zigzag-inverse"}
+// CHECK:      } {shardfix.sequence_permutation = {axis = "cp", dim = 0 : i64, inverse = true, strategy = "zigzag", stripe = 1 : i64}}
 // CHECK-NEXT: return %[[I]]
 // REPORT: ring: {{.*}}zigzag.mlir:[[# @LINE + 2]]:8: axis "cp", zigzag: applied (2 operand(s) reordered, 1 result(s) restored)
 func.func @ring(%q: tensor<16x8xf32>, %pos: tensor<16xi32>, %w: tensor<8x8xf32>) -> tensor<16x8xf32> {

@@ -1,0 +1,28 @@
+"""hoist-permutations: after ring-reorder, cancel inverse/forward permutation pairs across token-wise code, hoist
+the remaining permutations to the function inputs and sink the inverses to its outputs (or drop them before
+order-independent reductions)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from jax._src.lib.mlir import ir
+
+from shardfix.hoist import Mover
+from shardfix.report import Remark
+
+from . import Pass, PassContext
+from .ring_reorder import _next_channel
+
+
+@dataclass(frozen=True)
+class HoistPermutations(Pass):
+    name: ClassVar[str] = "hoist-permutations"
+    description: ClassVar[str] = ("one sequence permutation per program: cancel and hoist ring-reorder's "
+                                  "permutations across token-wise code")
+
+    def apply(self, module: ir.Operation, ctx: PassContext) -> None:
+        motion = Mover(module, _next_channel(module)).run()
+        for message, loc in motion.remarks:
+            ctx.report.remarks.append(Remark(self.name, message, loc))

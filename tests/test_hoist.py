@@ -1,0 +1,77 @@
+"""hoist-permutations on 8 CPU devices: the permutations an N-layer ring transformer needs don't grow with N, and
+the results stay those of the program without shardfix; what can't be moved stays, and is reported."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from shardfix import autofix_shardings
+from shardfix.hlo import collective_bytes
+from shardfix.lowering import patch_lowered
+from shardfix.ring_models import ring_transformer
+
+MESH = jax.make_mesh((2, 4), ("dp", "cp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+B, S, H = 2, 32, 16
+
+
+def inputs(layers, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((B, S, H)).astype(np.float32)
+    pos = np.broadcast_to(np.arange(S, dtype=np.int32), (B, S)).copy()
+    weights = [[(rng.standard_normal((H, H)) * 0.2).astype(np.float32) for _ in range(6)] for _ in range(layers)]
+    return x, pos, weights
+
+
+def added_permutes(lowered, patched) -> int:
+    """Collectives in the compiled program that the pipeline added (the ring's own permutes are in both)."""
+    before, after = (collective_bytes(x.compile().as_text()) for x in (lowered, patched))
+    count = lambda c: len(c.get("collective-permute", [])) + len(c.get("all-to-all", []))  # noqa: E731
+    return count(after) - count(before)
+
+
+@pytest.mark.parametrize("loss", [False, True], ids=["activations", "mean-loss"])
+@pytest.mark.parametrize("strategy", ["zigzag", "striped"])
+def test_permutations_do_not_grow_with_layers(loss, strategy):
+    per_layer, hoisted = {}, {}
+    for layers in (1, 2, 4, 8):
+        args = inputs(layers)
+        lowered = jax.jit(ring_transformer(MESH, layers, loss)).lower(*args)
+        reordered, _ = patch_lowered(lowered, f"ring-reorder{{strategy={strategy}}}")
+        moved, report = patch_lowered(lowered, f"ring-reorder{{strategy={strategy}}},hoist-permutations")
+        assert report.remarks == []
+        per_layer[layers] = reordered.as_text().count("shardfix.sequence_permutation")
+        hoisted[layers] = added_permutes(lowered, moved)
+        expected = np.asarray(lowered.compile()(*args))
+        np.testing.assert_allclose(np.asarray(moved.compile()(*args)), expected, atol=2e-5, rtol=2e-5)
+    assert per_layer == {n: 6 * n for n in (1, 2, 4, 8)}  # q, k, v, q_pos, k_pos in and the output out, per layer
+    assert len(set(hoisted.values())) == 1, hoisted  # the same for every depth
+    # x and pos permuted once at the input; activations restored once at the output, a mean loss not at all
+    permutes_per_tensor = 2 if strategy == "zigzag" else 1
+    assert hoisted[1] == permutes_per_tensor * (2 if loss else 3)
+
+
+@pytest.mark.parametrize("between, blocker", [
+    (lambda x: jnp.flip(x, axis=1), "func.call' to '@_flip"),  # JAX wraps flip and cumsum in private functions
+    (lambda x: jnp.cumsum(x, axis=1), "func.call' to '@cumsum"),
+    (lambda x: x.reshape(B, S * H).reshape(B, S, H), "stablehlo.reshape"),
+])
+def test_blockers_keep_results(between, blocker):
+    args = inputs(2)
+    lowered = jax.jit(ring_transformer(MESH, 2, between=between)).lower(*args)
+    moved, report = patch_lowered(lowered, "ring-reorder,hoist-permutations")
+    messages = [r.message for r in report.remarks]
+    assert f"an inverse zigzag permutation stops at '{blocker}'" in " ".join(messages), messages
+    assert moved.as_text().count("shardfix.sequence_permutation") == 5  # x, pos in; around the blocker; out
+    np.testing.assert_allclose(np.asarray(moved.compile()(*args)), np.asarray(lowered.compile()(*args)),
+                               atol=2e-5, rtol=2e-5)
+
+
+def test_decorator_hoists():
+    args = inputs(4)
+    f = autofix_shardings(ring_transformer(MESH, 4), ring_reorder="zigzag")
+    lowered = f.lower(*args)
+    assert len(lowered.rings) == 4 and all(r.applied for r in lowered.rings)
+    assert lowered.as_text().count("shardfix.sequence_permutation") == 3
+    np.testing.assert_allclose(np.asarray(f(*args)), np.asarray(jax.jit(ring_transformer(MESH, 4))(*args)),
+                               atol=2e-5, rtol=2e-5)
