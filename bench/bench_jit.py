@@ -52,6 +52,7 @@ def cached_calls() -> str:
 
 
 def first_call() -> str:
+    from shardfix.jit import default_pipeline
     from shardfix.lowering import patch_lowered
 
     mesh = mesh_2x4()
@@ -66,7 +67,7 @@ def first_call() -> str:
             lowered = jitted.lower(*args)
             t_lower = time.perf_counter() - start
             start = time.perf_counter()
-            patched, report = patch_lowered(lowered, "fix-shardings,ring-reorder")
+            patched, report = patch_lowered(lowered, default_pipeline())
             t_pipe = time.perf_counter() - start
             assert report.fixes
             start = time.perf_counter()
@@ -76,8 +77,11 @@ def first_call() -> str:
         rows.append(f"| MLP stack, {layers} layers, width ~250 (2 mod 4) over tp=4 | {t_lower * 1e3:.0f} | {t_pipe * 1e3:.1f} "
                     f"| {t_compile * 1e3:.0f} | {t_pipe / t_compile * 100:.1f}% |")
     return ("## First call: shardfix's pipeline vs XLA compile time (goal: at most 3%)\n\n"
-            "Pipeline = copy the lowered module, fix-shardings + ring-reorder, print and re-parse for XLA. Medians "
-            "of 3 first calls, each on a module not compiled before.\n\n"
+            "Pipeline = what the decorator runs: copy the lowered module, fix-shardings, ring-reorder, "
+            "hoist-permutations, verify. Medians of 3 first calls, each on a module not compiled before. Measured "
+            "alone, the same pipeline on the 64-layer module takes about 2.2 ms; right after XLA has compiled "
+            "another module it takes about 5.5 ms (cold memory, not CPU contention: a pause doesn't help), and that "
+            "is what a first call meets.\n\n"
             + "\n".join(rows) + "\n")
 
 

@@ -23,6 +23,6 @@ class HoistPermutations(Pass):
                                   "permutations across token-wise code")
 
     def apply(self, module: ir.Operation, ctx: PassContext) -> None:
-        motion = Mover(module, _next_channel(module)).run()
+        motion = Mover(module, _next_channel).run()
         for message, loc in motion.remarks:
             ctx.report.remarks.append(Remark(self.name, message, loc))

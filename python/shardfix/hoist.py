@@ -202,8 +202,8 @@ class Motion:
 class Mover:
     """Moves the permutations of one module until nothing changes."""
 
-    def __init__(self, module: ir.Operation, channel: int):
-        self.module, self.channel = module, channel
+    def __init__(self, module: ir.Operation, next_channel):
+        self.module, self._next_channel, self._channel = module, next_channel, None
         self.meshes: dict[str, Mesh] = module_meshes(module)
         self.motion = Motion([])
         self._said: set = set()
@@ -324,9 +324,11 @@ class Mover:
         shape = _shape(value)
         sharding = _derive_sharding(like, _shape(like.source), shape, dim, mesh)
         element = str(ir.ShapedType(value.type).element_type)
+        if self._channel is None:  # found only when a permutation is built: scanning the module costs a walk
+            self._channel = self._next_channel(self.module)
         text = permutation_module(like.kind.mesh_name, mesh, sharding, tuple(shape), element, dim, like.kind.axis,
-                                  like.kind.strategy, like.kind.stripe, inverse, self.channel)
-        self.channel += 2
+                                  like.kind.strategy, like.kind.stripe, inverse, self._channel)
+        self._channel += 2
         return text
 
     def _say(self, perm: Perm, op: ir.Operation, why: Blocked) -> None:

@@ -32,6 +32,15 @@ RING_MODES = ("auto", "off", "zigzag", "striped")
 ON_FIX = ("warn", "log", "error", "ignore")
 
 
+def default_pipeline(policy: str = "subaxis", ring_reorder: str = "auto") -> str:
+    """The passes autofix_shardings runs on a lowered module."""
+    pipeline = f"fix-shardings{{policy={policy}}}"
+    if ring_reorder != "off":
+        strategy = "zigzag" if ring_reorder == "auto" else ring_reorder
+        pipeline += f",ring-reorder{{strategy={strategy}}},hoist-permutations"
+    return pipeline
+
+
 class ShardingFixError(ValueError):
     """Raised with `on_fix="error"` when shardfix would have changed a sharding."""
 
@@ -198,12 +207,7 @@ class AutofixFunction:
         return AutofixLowered(patched, fixes, report.rings)
 
     def _pipeline(self) -> str:
-        pipeline = f"fix-shardings{{policy={self._options.policy}}}"
-        mode = self._options.ring_reorder
-        if mode != "off":
-            strategy = "zigzag" if mode == "auto" else mode
-            pipeline += f",ring-reorder{{strategy={strategy}}},hoist-permutations"
-        return pipeline
+        return default_pipeline(self._options.policy, self._options.ring_reorder)
 
     def _inner_jit(self, args, kwargs):
         return self._corrected_jit(args, kwargs)[1]
