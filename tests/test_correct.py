@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from shardfix.correct import CorrectionError, Site, correct_sharding
 from shardfix.sharding import Mesh, parse_tensor_sharding, shard_count
-from strategies import AXIS_NAMES, meshes, tensor_shardings
+from strategies import meshes, tensor_shardings
 
 DP_MP = {"mesh": Mesh((("dp", 2), ("mp", 4)))}
 

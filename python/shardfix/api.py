@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from jax.sharding import NamedSharding
 
 from .correct import Site, correct_sharding
 from .sharding import UNCONSTRAINED, Mesh, TensorSharding, from_spec_entries, to_spec_entries

@@ -14,8 +14,8 @@ import tempfile
 from dataclasses import dataclass, field
 
 from . import __version__
-from .ir import Diagnostic, LoadError, SourceLoc, make_context, parse_module
-from .pipeline import PassContext, Pipeline, PipelineError, parse_pipeline, run_pipeline
+from .ir import Diagnostic, LoadError, make_context, parse_module
+from .pipeline import PassContext, Pipeline, PipelineError, build_pass_manager, parse_pipeline, run_pipeline
 from .report import Report
 from .sharding import parse_mesh_spec
 
@@ -104,7 +104,6 @@ class OptMain:
             raise UsageError("--target-mesh is applied by fix-shardings; add it to the pipeline (-p fix-shardings)")
         name, source = self._read(args.input)
         ctx = make_context(args.allow_unregistered_dialect)
-        from .pipeline import build_pass_manager
         build_pass_manager(pipeline, ctx, pass_ctx)  # reject unknown MLIR passes before reading any module
 
         chunks = _split(source, args.split_input_file)

@@ -41,7 +41,7 @@ def _init(q):
     return zero + NEG, zero, q * 0
 
 
-def _ring(axis, cp):
+def _ring(cp):
     return [(i, (i + 1) % cp) for i in range(cp)]
 
 
@@ -55,7 +55,7 @@ def position_ring_attention(mesh, axis: str = "cp", batch_axis: str | None = "dp
         def step(_, carry):
             acc, k, v, k_pos = carry
             acc = _merge(acc, _block(q, k, v, q_pos, k_pos))
-            k, v, k_pos = (jax.lax.ppermute(t, axis, _ring(axis, cp)) for t in (k, v, k_pos))
+            k, v, k_pos = (jax.lax.ppermute(t, axis, _ring(cp)) for t in (k, v, k_pos))
             return acc, k, v, k_pos
 
         (m, l, o), *_ = jax.lax.fori_loop(0, cp, step, (init, k, v, k_pos))
@@ -90,7 +90,7 @@ def tile_skipping_ring_attention(mesh, axis: str = "cp", batch_axis: str | None 
                 counts.append(jnp.broadcast_to(count, q.shape[:1] + (half,)))
             acc = tuple(jnp.concatenate([p[i] for p in parts], axis=1) for i in range(3))
             per_step.append(jnp.concatenate(counts, axis=1))
-            k, v, k_pos = (jax.lax.ppermute(t, axis, _ring(axis, cp)) for t in (k, v, k_pos))
+            k, v, k_pos = (jax.lax.ppermute(t, axis, _ring(cp)) for t in (k, v, k_pos))
         m, l, o = acc
         return o / l[..., None], jnp.stack(per_step, axis=-1)
 
@@ -113,7 +113,7 @@ def axis_index_ring_attention(mesh, axis: str = "cp", batch_axis: str | None = "
             src = (me - s) % cp
             k_pos = jnp.broadcast_to(src * n + jnp.arange(n), q.shape[:2])
             acc = _merge(acc, _block(q, k, v, q_pos, k_pos))
-            k, v = (jax.lax.ppermute(t, axis, _ring(axis, cp)) for t in (k, v))
+            k, v = (jax.lax.ppermute(t, axis, _ring(cp)) for t in (k, v))
             return acc, k, v
 
         (m, l, o), *_ = jax.lax.fori_loop(0, cp, step, (init, k, v))
