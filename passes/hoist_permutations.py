@@ -11,9 +11,9 @@ from jax._src.lib.mlir import ir
 
 from shardfix.hoist import Mover
 from shardfix.report import Remark
+from shardfix.ring import next_channel_handle
 
 from . import Pass, PassContext
-from .ring_reorder import _next_channel
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,6 @@ class HoistPermutations(Pass):
                                   "permutations across token-wise code")
 
     def apply(self, module: ir.Operation, ctx: PassContext) -> None:
-        motion = Mover(module, _next_channel).run()
+        motion = Mover(module, next_channel_handle).run()
         for message, loc in motion.remarks:
             ctx.report.remarks.append(Remark(self.name, message, loc))

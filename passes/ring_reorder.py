@@ -4,7 +4,6 @@ so (mode=force)."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -13,7 +12,8 @@ from jaxlib.mlir.dialects import sdy
 
 from shardfix.ir import sharding_from_attr
 from shardfix.report import Remark, RingDecision
-from shardfix.ring import REORDERED_ATTR, Ring, find_rings, insert_permutation, permutation_module
+from shardfix.ring import (REORDERED_ATTR, Ring, find_rings, insert_permutation, next_channel_handle,
+                           permutation_module)
 
 from . import Pass, PassContext
 
@@ -40,7 +40,7 @@ class RingReorder(Pass):
             if plan is None:
                 ctx.report.rings.append(RingDecision(ring.axis, self._strategy_name, False, why, ring.loc))
                 continue
-            channel = channel or _next_channel(module)
+            channel = channel or next_channel_handle(module)
             for index, dim, is_result in plan:
                 channel = _insert_permutation(module, ring, index, dim, is_result, self.strategy, self.stripe,
                                               channel)
@@ -88,19 +88,6 @@ class RingReorder(Pass):
             more = f" (and {len(ring.problems) - 2} more)" if len(ring.problems) > 2 else ""
             return "not provably safe: " + "; ".join(ring.problems[:2]) + more, None
         return "", plan
-
-
-def _next_channel(module: ir.Operation) -> int:
-    """A channel handle above every one the module uses."""
-    handles = [0]
-
-    def visit(op):
-        if "channel_handle" in op.attributes:
-            handles.extend(int(h) for h in re.findall(r"handle = (\d+)", str(op.attributes["channel_handle"])))
-        return ir.WalkResult.ADVANCE
-
-    module.walk(visit)
-    return max(handles) + 1
 
 
 def _insert_permutation(module, ring: Ring, index: int, dim: int, is_result: bool, strategy: str, stripe: int,

@@ -11,13 +11,14 @@ every shard (the notes' three conditions, made checkable on the IR).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
 from jax._src.lib.mlir import ir
 from jaxlib.mlir.dialects import sdy
 
-from .ir import SourceLoc, manual_axes_of, sharding_from_attr, source_loc
+from .ir import SourceLoc, manual_axes_of, mesh_from_attr, sharding_from_attr, source_loc
 from .sharding import DimSharding, Mesh, TensorSharding
 
 REORDERED_ATTR = "shardfix.ring_reorder"  # on a region already reordered (so the pass is idempotent)
@@ -183,7 +184,6 @@ def _judge(region: ir.Operation, facts: _Facts, meshes: dict) -> Ring:
         list(sdy.TensorShardingPerValueAttr(region.attributes["out_shardings"]).shardings)
     mesh_ref = sharding_from_attr(shardings[0]).mesh if shardings else None
     if isinstance(mesh_ref, str):
-        from .ir import mesh_from_attr
         mesh_name, mesh = mesh_ref, mesh_from_attr(meshes[mesh_ref].attributes["mesh"])
     else:
         mesh_name, mesh = None, mesh_ref
@@ -250,6 +250,19 @@ def ring_axis_of(pairs: np.ndarray, mesh: Mesh) -> str | None:
     if len(pairs) != math.prod(shape) or len(set(pairs[:, 0].tolist())) != len(pairs):
         return None  # not every device takes part exactly once
     return mesh.axes[k][0]
+
+
+def next_channel_handle(module: ir.Operation) -> int:
+    """A channel handle above every one the module uses."""
+    handles = [0]
+
+    def visit(op):
+        if "channel_handle" in op.attributes:
+            handles.extend(int(h) for h in re.findall(r"handle = (\d+)", str(op.attributes["channel_handle"])))
+        return ir.WalkResult.ADVANCE
+
+    module.walk(visit)
+    return max(handles) + 1
 
 
 # ---------------------------------------------------------------------------------------------------------------
