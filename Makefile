@@ -1,18 +1,32 @@
-# Each target builds .venv from nothing on first use (pinned jax/jaxlib 0.10.2 and the test tools).
-PYTHON ?= python3
-VENV := .venv
+# Each target builds its virtual environment from nothing on first use.
+#   make test          the suite on the newest JAX the machine's newest Python (3.12+) allows (requirements.txt)
+#   make test-oldest   the suite on the oldest supported JAX, 0.10.2, on Python 3.11 (requirements-oldest.txt),
+#                      with the clients pinned to that JAX (ejkernel)
+# Override PYTHON, VENV or REQUIREMENTS to test another combination.
+
+NEWEST_PYTHON := $(shell for v in 3.13 3.12; do \
+    for p in python$$v $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/$$v*/bin/python$$v 2>/dev/null); do \
+      $$p -c 'import sys' >/dev/null 2>&1 && { echo $$p; exit 0; }; \
+    done; done; echo python3)
+OLDEST_PYTHON := $(shell for p in python3.11 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.11*/bin/python3.11 2>/dev/null); do \
+      $$p -c 'import sys' >/dev/null 2>&1 && { echo $$p; exit 0; }; done; echo python3)
+
+PYTHON ?= $(NEWEST_PYTHON)
+VENV ?= .venv
+REQUIREMENTS ?= requirements.txt
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 export XLA_FLAGS := --xla_force_host_platform_device_count=8
 export JAX_PLATFORMS := cpu
 
-.PHONY: demo test pytest lit bench clean
+.PHONY: demo test test-oldest pytest lit bench clean
 
-$(STAMP): pyproject.toml requirements.txt
+$(STAMP): pyproject.toml $(REQUIREMENTS)
+	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -r requirements.txt
+	$(BIN)/pip install --quiet -r $(REQUIREMENTS)
 	$(BIN)/pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
@@ -21,14 +35,17 @@ demo: $(STAMP)
 
 test: pytest lit
 
+test-oldest:
+	$(MAKE) test PYTHON=$(OLDEST_PYTHON) VENV=.venv-oldest REQUIREMENTS=requirements-oldest.txt
+
 pytest: $(STAMP)
 	$(BIN)/python -m pytest -q tests
 
 lit: $(STAMP)
-	$(BIN)/lit -sv test/lit
+	$(BIN)/lit -sv test/lit --param venv=$(VENV)
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info python/*.egg-info
+	rm -rf .venv .venv-oldest build *.egg-info python/*.egg-info

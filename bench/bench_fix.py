@@ -61,8 +61,8 @@ def unfixed_vs_fixed() -> str:
     import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    from shardfix.hlo import pad_count
-    from shardfix.lowering import patch_lowered
+    from support.hlo import pad_count
+    from shardfix.jit.lowering import patch_lowered
 
     mesh = mesh_2x4()
     rows = ["| case | variant | pads in HLO | peak memory per device (KiB) | run time (ms) | time ratio fixed/unfixed |",

@@ -11,9 +11,9 @@ def main() -> str:
     import jax
     import numpy as np
 
-    from shardfix.hlo import collective_bytes
-    from shardfix.lowering import patch_lowered
-    from shardfix.ring_models import ring_transformer
+    from support.hlo import collective_bytes
+    from shardfix.jit.lowering import patch_lowered
+    from support.ring_models import ring_transformer
 
     mesh = jax.make_mesh((2, 4), ("dp", "cp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
     rows = ["| layers | sequence x hidden | variant | permutations in the module | permutation bytes per device "

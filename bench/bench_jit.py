@@ -52,8 +52,8 @@ def cached_calls() -> str:
 
 
 def first_call() -> str:
-    from shardfix.jit import default_pipeline
-    from shardfix.lowering import patch_lowered
+    from shardfix.jit.decorator import default_pipeline
+    from shardfix.jit.lowering import patch_lowered
 
     mesh = mesh_2x4()
     rows = ["| model | jax lower (ms) | shardfix pipeline (ms) | XLA compile (ms) | pipeline / compile |",

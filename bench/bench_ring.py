@@ -30,9 +30,9 @@ def balance(tiles: np.ndarray, cp: int, layout: str) -> tuple[list[float], float
 def main() -> str:
     import jax
 
-    from shardfix.hlo import collective_bytes
-    from shardfix.lowering import patch_lowered
-    from shardfix.ring_models import dense_causal_attention, tile_skipping_ring_attention
+    from support.hlo import collective_bytes
+    from shardfix.jit.lowering import patch_lowered
+    from support.ring_models import dense_causal_attention, tile_skipping_ring_attention
 
     rows = ["| cp | layout | per-step max/mean work | critical path / ideal | tiles computed | permutation bytes "
             "moved per device | one local shard (bytes) | max error vs dense |",

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The models the benchmarks measure are the test suite's (tests/support).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
 
 def interleaved(a, b, rounds: int = 7, warmup: int = 1) -> tuple[float, float]:

@@ -13,6 +13,7 @@ import sys
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -20,8 +21,8 @@ import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 from shardfix import autofix_shardings, correct_spec  # noqa: E402
-from shardfix.hlo import pad_count  # noqa: E402
-from shardfix.ring_models import (axis_index_ring_attention, dense_causal_attention,  # noqa: E402
+from support.hlo import pad_count  # noqa: E402
+from support.ring_models import (axis_index_ring_attention, dense_causal_attention,  # noqa: E402
                                   position_ring_attention)
 
 HERE = os.path.dirname(os.path.abspath(__file__))

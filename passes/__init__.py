@@ -13,7 +13,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from shardfix.ir import SourceLoc
+from shardfix.locations import SourceLoc
 from shardfix.report import Report
 from shardfix.sharding import Mesh
 

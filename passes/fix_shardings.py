@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from jax._src.lib.mlir import ir
+from jaxlib.mlir import ir
 
 from shardfix.correct import CorrectionError, Site, correct_sharding, resolve_mesh
 from shardfix.ir import (ShardingSite, manual_axes_of, mesh_to_attr, module_meshes, source_loc,

@@ -7,11 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from jax._src.lib.mlir import ir
+from jaxlib.mlir import ir
 
-from shardfix.hoist import Mover
+from shardfix.ring.hoist import Mover
 from shardfix.report import Remark
-from shardfix.ring import next_channel_handle
+from shardfix.ring.permutation import next_channel_handle
 
 from . import Pass, PassContext
 

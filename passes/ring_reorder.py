@@ -7,13 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from jax._src.lib.mlir import ir
+from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import sdy
 
 from shardfix.ir import sharding_from_attr
 from shardfix.report import Remark, RingDecision
-from shardfix.ring import (REORDERED_ATTR, Ring, find_rings, insert_permutation, next_channel_handle,
-                           permutation_module)
+from shardfix.ring.detect import Ring, find_rings
+from shardfix.ring.permutation import (REORDERED_ATTR, insert_permutation, next_channel_handle,
+                                       permutation_module)
 
 from . import Pass, PassContext
 

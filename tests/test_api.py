@@ -5,7 +5,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from shardfix import correct_spec, get_corrected_named_sharding
-from shardfix.api import from_named_sharding, to_named_sharding
+from shardfix.jit.specs import from_named_sharding, to_named_sharding
 from shardfix.sharding import parse_tensor_sharding
 
 

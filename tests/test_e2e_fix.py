@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from shardfix.hlo import pad_count as pads
-from shardfix.lowering import patch_lowered
+from support.hlo import pad_count as pads
+from shardfix.jit.lowering import patch_lowered
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from shardfix import autofix_shardings
-from shardfix.hlo import collective_bytes
-from shardfix.lowering import patch_lowered
-from shardfix.ring_models import ring_transformer
+from support.hlo import collective_bytes
+from shardfix.jit.lowering import patch_lowered
+from support.ring_models import ring_transformer
 
 MESH = jax.make_mesh((2, 4), ("dp", "cp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
 B, S, H = 2, 32, 16

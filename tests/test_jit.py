@@ -10,6 +10,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from shardfix import ShardingFixError, ShardingFixWarning, autofix_shardings
+from shardfix.jit import _jax
 
 MESH = jax.make_mesh((2, 4), ("dp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
 X = (np.arange(48, dtype=np.float32).reshape(6, 8) / 10.0)
@@ -170,8 +171,8 @@ def test_cached_calls_take_the_compiled_fast_path():
     f = autofix_shardings(model, on_fix="ignore")
     misses = []
     original = f._cache_miss
-    f._dispatch = None if f._dispatch is None else __import__("shardfix.jit", fromlist=["_fast_dispatcher"]) \
-        ._fast_dispatcher(model, lambda *a, **k: misses.append(1) or original(*a, **k), [], [])
+    f._dispatch = None if f._dispatch is None else _jax.cpp_dispatcher(
+        model, lambda *a, **k: misses.append(1) or original(*a, **k), [], [])
     for _ in range(5):
         out = f(jnp.asarray(X), jnp.asarray(W))
     np.testing.assert_allclose(np.asarray(out), reference(X, W), rtol=1e-6)

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from shardfix import autofix_shardings
-from shardfix.hlo import collective_bytes
-from shardfix.lowering import patch_lowered
-from shardfix.ring_models import (axis_index_ring_attention, dense_causal_attention, position_ring_attention,
+from support.hlo import collective_bytes
+from shardfix.jit.lowering import patch_lowered
+from support.ring_models import (axis_index_ring_attention, dense_causal_attention, position_ring_attention,
                                   tile_skipping_ring_attention)
 
 MESHES = {"dp2xcp4": ((2, 4), 32), "cp8": ((1, 8), 64)}

@@ -14,9 +14,9 @@ import tempfile
 from dataclasses import dataclass, field
 
 from . import __version__
-from .ir import Diagnostic, LoadError, make_context, parse_module
+from .ir import LoadError, make_context, parse_module
 from .pipeline import PassContext, Pipeline, PipelineError, build_pass_manager, parse_pipeline, run_pipeline
-from .report import Report
+from .report import Diagnostic, Report
 from .sharding import parse_mesh_spec
 
 PROG = "shardfix-opt"

@@ -10,12 +10,14 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from jax._src.lib.mlir import ir, passmanager
+from jaxlib.mlir import ir, passmanager
 
 from shardfix import passes as registry
 from shardfix.passes import OptionError, Pass, PassContext, PassError
 
-from .ir import Diagnostic, LoadError, SourceLoc, diagnostics_of
+from .ir import LoadError, diagnostics_of
+from .locations import SourceLoc
+from .report import Diagnostic
 
 
 class PipelineError(ValueError):

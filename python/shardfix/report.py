@@ -1,11 +1,31 @@
-"""Records of what the passes did (Fix, Remark, RingDecision) and their text and JSON renderings."""
+"""Records of what the passes did (Fix, Remark, RingDecision), diagnostics, the warning and error users see, and
+their text and JSON renderings. Pure: imports neither MLIR nor JAX."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
 
-from .ir import Diagnostic, SourceLoc
+from .locations import SourceLoc
+
+
+class ShardingFixWarning(UserWarning):
+    """shardfix changed a sharding (the message says where, why, and from what to what)."""
+
+
+class ShardingFixError(ValueError):
+    """Raised with `on_fix="error"` when shardfix would have changed a sharding."""
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    severity: str  # "error" | "warning" | "remark" | "note"
+    message: str
+    loc: SourceLoc = SourceLoc()
+
+    def render(self, fallback: str = "") -> str:
+        where = str(self.loc) if self.loc.file else fallback
+        return f"{where}: {self.severity}: {self.message}" if where else f"{self.severity}: {self.message}"
 
 
 @dataclass(frozen=True)

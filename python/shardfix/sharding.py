@@ -369,6 +369,23 @@ def parse_sharding_per_value(text: str) -> ShardingPerValue:
     return _whole(text, read)
 
 
+def parse_manual_axes(text: str) -> tuple[str, ...]:
+    """Read `#sdy<manual_axes{"a", "b"}>` or `{"a", "b"}` (a manual computation's manual axes)."""
+    text = text.strip()
+    for prefix in ("#sdy<manual_axes", "manual_axes"):
+        if text.startswith(prefix):
+            text = text[len(prefix):].strip()
+            if text.endswith(">") and prefix.startswith("#"):
+                text = text[:-1]
+            break
+
+    def read(r: _Reader) -> tuple[str, ...]:
+        r.expect("{")
+        return tuple(r.separated("}", r.string))
+
+    return _whole(text, read)
+
+
 def read_tensor_sharding_at(text: str, pos: int) -> tuple[TensorSharding, int]:
     """Read one bare `<...>` tensor sharding starting at `pos`; returns it and the offset just past it."""
     r = _Reader(text, pos)

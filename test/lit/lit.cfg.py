@@ -12,7 +12,7 @@ config.test_source_root = os.path.dirname(os.path.abspath(__file__))
 config.test_exec_root = os.path.join(config.test_source_root, "Output")
 
 root = os.path.dirname(os.path.dirname(config.test_source_root))
-venv_bin = os.path.join(root, ".venv", "bin")
+venv_bin = os.path.join(root, lit_config.params.get("venv", ".venv"), "bin")
 python = os.path.join(venv_bin, "python") if os.path.exists(os.path.join(venv_bin, "python")) else sys.executable
 
 config.substitutions.append(("%opt", f"{python} {os.path.join(root, 'tools', 'opt')}"))

@@ -7,12 +7,8 @@ from typing import TYPE_CHECKING, Sequence
 if TYPE_CHECKING:
     from jax.sharding import NamedSharding
 
-from .correct import Site, correct_sharding
-from .sharding import UNCONSTRAINED, Mesh, TensorSharding, from_spec_entries, to_spec_entries
-
-
-class ShardingFixWarning(UserWarning):
-    """shardfix changed a sharding (the message says where, why, and from what to what)."""
+from ..correct import Site, correct_sharding
+from ..sharding import UNCONSTRAINED, Mesh, TensorSharding, from_spec_entries, to_spec_entries
 
 
 def _mesh_model(mesh) -> Mesh:

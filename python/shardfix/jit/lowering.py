@@ -1,22 +1,21 @@
-"""JAX glue: run a pipeline on a copy of a `jax.stages.Lowered`'s module and get a Lowered that compiles it.
+"""Run a pipeline on a copy of a `jax.stages.Lowered`'s module and get a Lowered that compiles the patched module.
 
-Uses private fields of jax 0.10.2 (`Lowered._lowering`, its `_hlo` and `compile_args`); tests/test_jax_internals.py
-fails loudly if they move. JAX's own cached module is never edited: the pipeline runs on a re-parsed copy.
+JAX's own cached module is never edited: the pipeline runs on a bytecode copy.
 """
 
 from __future__ import annotations
 
-import copy
 import io
 
 import jax
-from jax._src.lib.mlir import ir
 from jax.sharding import NamedSharding
+from jaxlib.mlir import ir
 
-from .api import to_named_sharding
-from .ir import function_boundary_shardings, make_context, parse_module
-from .pipeline import PassContext, parse_pipeline, run_pipeline
-from .report import Report
+from ..ir import function_boundary_shardings, make_context, parse_module
+from ..pipeline import PassContext, parse_pipeline, run_pipeline
+from ..report import Report
+from . import _jax
+from .specs import to_named_sharding
 
 
 def patch_lowered(lowered: jax.stages.Lowered, pipeline: str = "fix-shardings",
@@ -56,25 +55,18 @@ def _entry_shardings(module: ir.Operation) -> dict:
 
 
 def _relowered(lowered, patched: ir.Module, before: dict, after: dict) -> jax.stages.Lowered:
-    new = copy.copy(lowered._lowering)
-    new._hlo = patched
-    new._executable = None
-    args = dict(new.compile_args)
-    for key, name in (("arg", "in_shardings"), ("result", "out_shardings")):
-        current = list(args[name])
-        for (kind, index), sharding in after.items():
-            if kind == key and before.get((kind, index)) != sharding and index < len(current):
-                mesh = getattr(current[index], "mesh", None) or _any_mesh(args)
-                current[index] = to_named_sharding(sharding, mesh)
-        args[name] = tuple(current)
-    new.compile_args = args
-    return jax.stages.Lowered(new, lowered.args_info, lowered.out_tree, no_kwargs=lowered._no_kwargs,
-                              in_types=lowered._in_types, out_types=lowered._out_types)
+    in_shardings, out_shardings = _jax.compile_shardings(lowered)
+    shardings = {"arg": list(in_shardings), "result": list(out_shardings)}
+    mesh = _any_mesh(in_shardings + out_shardings)
+    for (kind, index), sharding in after.items():
+        current = shardings[kind]
+        if before.get((kind, index)) != sharding and index < len(current):
+            current[index] = to_named_sharding(sharding, getattr(current[index], "mesh", None) or mesh)
+    return _jax.relowered(lowered, patched, tuple(shardings["arg"]), tuple(shardings["result"]))
 
 
-def _any_mesh(compile_args: dict):
-    for name in ("in_shardings", "out_shardings"):
-        for s in compile_args[name]:
-            if isinstance(s, NamedSharding):
-                return s.mesh
-    raise ValueError("no mesh to express a changed entry sharding with")
+def _any_mesh(shardings: tuple):
+    for s in shardings:
+        if isinstance(s, NamedSharding):
+            return s.mesh
+    return None

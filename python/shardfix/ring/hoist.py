@@ -14,12 +14,13 @@ import math
 import re
 from dataclasses import dataclass
 
-from jax._src.lib.mlir import ir
+from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import sdy
 
-from .ir import SourceLoc, module_meshes, sharding_from_attr, source_loc
-from .ring import PERMUTATION_ATTR, insert_permutation, permutation_module
-from .sharding import AxisRef, DimSharding, Mesh, TensorSharding
+from ..ir import module_meshes, sharding_from_attr, source_loc
+from ..locations import SourceLoc
+from ..sharding import AxisRef, DimSharding, Mesh, TensorSharding
+from .permutation import PERMUTATION_ATTR, insert_permutation, permutation_module
 
 ELEMENTWISE = {f"stablehlo.{name}" for name in (
     "abs add and atan2 cbrt ceil clamp compare complex convert cosine divide exponential exponential_minus_one floor "
