@@ -9,6 +9,7 @@ from typing import ClassVar, Literal
 
 from jaxlib.mlir import ir
 
+from shardfix.locations import SourceLoc
 from shardfix.report import Remark, RingDecision
 from shardfix.ring.detect import RingRegion
 from shardfix.ring.permutation import REORDERED_ATTR, insert_permutation, next_channel_handle, permutation_module
@@ -42,14 +43,15 @@ class RingReorder(Pass):
         channel = None
         for group in groups.values():
             problems = {id(v): self._problem(v) for v in group}
-            blocking = next(((v, why) for v in group if (why := problems[id(v)])), None)
+            blocking = next(((v, problems[id(v)]) for v in group if problems[id(v)][0]), None)
             if blocking is not None:
-                first, why = blocking
+                first, (why, _) = blocking
                 for v in group:
-                    reason = problems[id(v)] or (f"reordered together with the ring region at {first.ring.loc or '?'}"
-                                                 f", which is not: {why}")
-                    loc = v.loc if (v is first and v.loc) else v.ring.loc
-                    ctx.report.rings.append(RingDecision(v.ring.axis, self._strategy_name, False, reason, loc))
+                    reason, loc = problems[id(v)]
+                    if not reason:
+                        reason = f"reordered together with the ring region at {first.ring.loc or '?'}, which is not: {why}"
+                    ctx.report.rings.append(RingDecision(v.ring.axis, self._strategy_name, False, reason,
+                                                         loc or v.ring.loc))
                 continue
             for v in group:
                 channel = channel or next_channel_handle(module)
@@ -60,19 +62,19 @@ class RingReorder(Pass):
     def _strategy_name(self) -> str:
         return self.strategy if self.strategy == "zigzag" else f"striped{{stripe={self.stripe}}}"
 
-    def _problem(self, v: Verdict) -> str:
-        """Why this region can't be reordered (empty when it can)."""
+    def _problem(self, v: Verdict) -> tuple[str, SourceLoc | None]:
+        """Why this region can't be reordered (empty when it can), and where to point the user."""
         region = v.ring.region
         if REORDERED_ATTR in region.attributes:
-            return f"already reordered ({ir.StringAttr(region.attributes[REORDERED_ATTR]).value})"
+            return f"already reordered ({ir.StringAttr(region.attributes[REORDERED_ATTR]).value})", None
         if v.ring.structure:
-            return "; ".join(v.ring.structure)
+            return "; ".join(v.ring.structure), None
         if self.mode == "auto" and not v.proved:
-            return "not provably safe: " + v.why
+            return "not provably safe: " + v.why, v.loc or None
         if self.mode == "force" and not v.sequence_operands:
             v.sequence_operands, v.sequence_results = _force_plan(v.ring)
             if not v.sequence_operands:
-                return f"no operand is sharded on the ring axis \"{v.ring.axis}\" along a sequence dim"
+                return f"no operand is sharded on the ring axis \"{v.ring.axis}\" along a sequence dim", None
         cp = v.ring.cp
         unit = 2 * cp if self.strategy == "zigzag" else cp * cp * self.stripe
         for index, dim in list(v.sequence_operands.items()) + list(v.sequence_results.items()):
@@ -80,10 +82,12 @@ class RingReorder(Pass):
             length = ir.ShapedType(value.type).get_dim_size(dim)
             if length % unit:
                 need = "2*cp" if self.strategy == "zigzag" else "cp*cp*stripe"
-                return f"sequence length {length} is not a multiple of {need} = {unit}"
+                return f"sequence length {length} is not a multiple of {need} = {unit}", None
         if self.mode == "auto":
-            return unit_problem(v, self.strategy, self.stripe) or ""
-        return ""
+            problem = unit_problem(v, self.strategy, self.stripe)
+            if problem is not None:
+                return f"not provably safe with {self._strategy_name}: {problem[0]}", problem[1]
+        return "", None
 
     def _rewrite(self, module, v: Verdict, channel: int) -> int:
         ring, region = v.ring, v.ring.region

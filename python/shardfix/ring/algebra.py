@@ -323,6 +323,8 @@ def cov_prefix(engine: Engine, op, before: Coverage, after: Coverage, message: s
 
 def covs_equal(engine: Engine, op, a: Coverage, b: Coverage, message: str) -> bool:
     a, b = engine.canonical_cov(a), engine.canonical_cov(b)
+    if cov_ops.normal(a) == cov_ops.normal(b):
+        return True
     return len(a.parts) == len(b.parts) and all(cells_equal(engine, op, x, y, message)
                                                 for x, y in zip(a.parts, b.parts))
 
@@ -485,9 +487,11 @@ def _aligned_broadcast(engine: Engine, op, s: Data, t: Data) -> None:
 def concatenate(engine: Engine, op, values: list[Data], dim: int, out) -> Data:
     values = [try_complete(engine, v) for v in values]
     if any(v.agg is not None for v in values):
-        aggs = {(v.agg.op, v.agg.term, v.agg.score, v.agg.cov, v.agg.shift_cov) for v in values}
+        aggs = {(v.agg.op, v.agg.term, v.agg.score, cov_ops.normal(engine.canonical_cov(v.agg.cov)),
+                 cov_ops.normal(engine.canonical_cov(v.agg.shift_cov))) if v.agg is not None else None
+                for v in values}
         if len(aggs) != 1:
-            engine.refuse("concatenates different aggregates", op)
+            engine.refuse("concatenates aggregates that folded in different blocks", op)
     roles = [v.dims[dim] for v in values]
     others = []
     for v in values:
@@ -723,7 +727,16 @@ def shift_value(value: Data, direction: int) -> Data:
     """The value one ring step later: every block it holds is one step further behind (or ahead)."""
     axes = tuple((k, Axis(a.hop + direction, a.offset)) for k, a in value.axes)
     elements = tuple((var, shift_value(e, direction)) for var, e in value.elements)
-    return value.with_(axes=axes, elements=elements)
+    agg = value.agg
+    if agg is not None and agg.home is None:
+        # an aggregate over blocks named by their ring step from this device (no home tokens to be relative to)
+        agg = Agg(agg.op, None, agg.term, _shift_cov(agg.cov, direction), agg.score, agg.shift_cov)
+    return value.with_(axes=axes, elements=elements, agg=agg)
+
+
+def _shift_cov(cov: Coverage, direction: int) -> Coverage:
+    return Coverage(tuple(Cells(p.hop + direction, p.start, p.size, p.vars) if isinstance(p, Cells) else p
+                          for p in cov.parts))
 
 
 def all_reduce(engine: Engine, op):

@@ -28,15 +28,23 @@ _DEBUG = bool(os.environ.get("SHARDFIX_RING_DEBUG"))
 
 
 class Refusal(Exception):
-    """The analysis met something it can't prove keeps the results: the op and why."""
+    """The analysis met something it can't prove keeps the results: the op and why, and the calls that led to it
+    (an op inside a library function is placed at the user's call of that function)."""
 
-    def __init__(self, message: str, op: ir.Operation | None = None):
+    def __init__(self, message: str, op: ir.Operation | None = None, calls: tuple = ()):
         super().__init__(message)
         self.op = op
+        self.calls = calls
 
     @property
     def loc(self) -> SourceLoc:
-        return op_loc(self.op) if self.op is not None else SourceLoc()
+        if self.op is None:
+            return SourceLoc()
+        for candidate in (self.op,) + tuple(reversed(self.calls)):
+            loc = op_loc(candidate)
+            if loc.file:
+                return loc
+        return op_loc(self.op)
 
     def describe(self) -> str:
         if self.op is None:
@@ -103,6 +111,7 @@ class Obligation:
     b: object
     op: ir.Operation | None
     message: str
+    calls: tuple = ()
 
 
 @dataclass
@@ -113,10 +122,11 @@ class State:
     funcs: dict[str, ir.Operation]
     fns: FnTable = field(default_factory=FnTable)
     rewrites: dict = field(default_factory=dict)  # (op, operand) -> Rewrite
-    units: set = field(default_factory=set)  # (tokens, alignment) pairs that must stay whole under the permutation
+    units: dict = field(default_factory=dict)  # (tokens, alignment) that must stay whole -> the op relying on it
     obligations: list[Obligation] = field(default_factory=list)
     call_memo: dict = field(default_factory=dict)
     calling: list = field(default_factory=list)
+    call_ops: list = field(default_factory=list)  # the func.call ops being analysed, outermost first
     unknown_vars: set = field(default_factory=set)  # loop-carried quantities being solved for
     directions: set = field(default_factory=set)  # +1 / -1: the ring directions seen
     carried: dict = field(default_factory=dict)  # id of a loop-carried placeholder -> (loop op, index)
@@ -155,13 +165,13 @@ class Engine:
         if _DEBUG and op is not None:
             for i, v in enumerate(op.operands):
                 print(f"  operand {i}: {self.env.get(v)}")
-        raise Refusal(message, op)
+        raise Refusal(message, op, tuple(self.state.call_ops))
 
     def scope_for(self, shape) -> Scope:
         return self.scope.with_dims(shape)
 
     def defer(self, kind: str, a, b, op, message: str) -> None:
-        self.state.obligations.append(Obligation(kind, a, b, op, message))
+        self.state.obligations.append(Obligation(kind, a, b, op, message, tuple(self.state.call_ops)))
 
     def cov_root(self, var):
         """The representative of a coverage unknown among those assumed equal to it."""
@@ -213,19 +223,22 @@ class Engine:
         if memo is not None:  # the same call analysed before: its results, and what it recorded, again
             results, rewrites, units, obligations = memo
             state.rewrites.update(rewrites)
-            state.units.update(units)
+            for key, where in units.items():
+                state.units.setdefault(key, where)
             state.obligations.extend(obligations)
             return results
-        before_rewrites, before_units, before_obligations = dict(state.rewrites), set(state.units), \
+        before_rewrites, before_units, before_obligations = dict(state.rewrites), dict(state.units), \
             len(state.obligations)
         state.calling.append(callee_name)
+        state.call_ops.append(op)
         try:
             inner = Engine(state, self.scope)
             results = inner.run_block(callee.regions[0].blocks[0], args)
         finally:
             state.calling.pop()
+            state.call_ops.pop()
         recorded = {k: v for k, v in state.rewrites.items() if k not in before_rewrites}
-        state.call_memo[key] = (results, recorded, state.units - before_units,
+        state.call_memo[key] = (results, recorded, {k: v for k, v in state.units.items() if k not in before_units},
                                 state.obligations[before_obligations:])
         return results
 
@@ -295,7 +308,7 @@ class Engine:
         if previous is not None and previous.unit != unit:
             self.refuse("reads one value as positions of two different unit sizes", op)
         self.state.rewrites[rewrite.key()] = rewrite
-        self.state.units.add((unit, unit))
+        self.state.units.setdefault((unit, unit), (op, tuple(self.state.call_ops)))
         return gpos(expr, unit)
 
     # -- index values as data ------------------------------------------------------------------------------------

@@ -179,3 +179,19 @@ def _within(parts, scope: Scope, block: int) -> bool:
 
 __all__ = ["EMPTY", "cell", "disjoint", "families_disjoint", "family_self_disjoint", "fresh_var", "is_complete",
            "over_iterations", "substitute"]
+
+
+def normal(cov: Coverage) -> tuple:
+    """A canonical form of a coverage for comparing: each family's bound variables renamed by position, parts
+    sorted (two loops that fold in the same blocks give the same form)."""
+    out = []
+    for part in cov.parts:
+        if isinstance(part, CoverageVar):
+            out.append(str(part))
+            continue
+        mapping = {v: Aff.of(Var(f"@{i}")) for i, (v, _, _) in enumerate(part.vars)}
+        renamed = Cells(part.hop.substitute(mapping), part.start.substitute(mapping), part.size,
+                        tuple((mapping[v].terms[0][0], lo.substitute(mapping), hi.substitute(mapping))
+                              for v, lo, hi in part.vars))
+        out.append(str(renamed))
+    return tuple(sorted(out))

@@ -21,7 +21,7 @@ from jaxlib.mlir import ir
 
 from . import coverage as cov_ops
 from .algebra import agg_fn, cov_prefix, covs_equal, same_axis, try_complete, with_agg
-from .analysis import _DEBUG, Engine, Obligation
+from .analysis import _DEBUG, Engine, Obligation, Refusal
 from .dims import shape
 from .symbolic import Aff, Node, Scope, Var, bounds
 from .values import CONST, EMPTY, Agg, Axis, Cells, Coverage, CoverageVar, Data, Index, Stack, Tok, canonical
@@ -168,7 +168,7 @@ class _Plan:
 
 
 def _snapshot(state):
-    return (dict(state.rewrites), set(state.units), list(state.obligations), set(state.unknown_vars),
+    return (dict(state.rewrites), dict(state.units), list(state.obligations), set(state.unknown_vars),
             set(state.directions), dict(state.cov_alias))
 
 
@@ -393,10 +393,10 @@ def _discharge(engine: Engine, solution: dict, first: int) -> None:
     for ob in state.obligations[first:]:
         a, b = _subst(ob.a, solution, engine), _subst(ob.b, solution, engine)
         if _mentions_unknown(a, state) or _mentions_unknown(b, state, exclude=solution):
-            kept.append(Obligation(ob.kind, a, b, ob.op, ob.message))
+            kept.append(Obligation(ob.kind, a, b, ob.op, ob.message, ob.calls))
             continue
         if not _holds(engine, ob.kind, a, b):
-            engine.refuse(ob.message + (f" ({a} vs {b})" if _DEBUG else ""), ob.op)
+            raise Refusal(ob.message + (f" ({a} vs {b})" if _DEBUG else ""), ob.op, ob.calls)
     state.obligations[:] = kept
 
 
@@ -654,7 +654,7 @@ def _check_predicate(engine: Engine, op, selector, units) -> None:
                 if not isinstance(p, Cells) or p.vars or not _inside(engine, op, p.hop, p.start, p.size, units):
                     engine.refuse("skips blocks by a predicate of tokens outside the two units it skips", op)
     for hop, offset, size in units:
-        engine.state.units.add((size, _alignment(offset)))
+        engine.state.units.setdefault((size, _alignment(offset)), (op, tuple(engine.state.call_ops)))
 
 
 def _gpos_nodes(expr: Aff):

@@ -33,7 +33,7 @@ class Verdict:
     length: int = 0  # global sequence length
     block: int = 0  # local tokens per device
     rewrites: list = field(default_factory=list)
-    units: set = field(default_factory=set)
+    units: dict = field(default_factory=dict)  # (tokens, alignment) -> (op, calls) that relies on it
     group: int = 0
 
 
@@ -148,11 +148,12 @@ def _prove_region(r: RingRegion, funcs, verdict: Verdict, produced: dict, member
     try:
         results = engine.run_block(body, args)
         if state.obligations:
-            raise Refusal(state.obligations[0].message, state.obligations[0].op)
+            first = state.obligations[0]
+            raise Refusal(first.message, first.op, first.calls)
     except Refusal as refusal:
         raise _GroupRefusal(refusal, r) from None
     verdict.rewrites = list(state.rewrites.values())
-    verdict.units = set(state.units)
+    verdict.units = dict(state.units)
     _check_results(r, engine, results, outs, verdict, produced, members)
 
 
@@ -234,20 +235,22 @@ def _check_sequence_result(r: RingRegion, engine: Engine, value, dim: int, block
         _refuse_result(r, f"{where} depends on how many loop iterations ran, not only on tokens", value)
 
 
-def unit_problem(verdict: Verdict, strategy: str, stripe: int) -> str | None:
-    """Why the units the region's positions and skips rely on would be split by the permutation (None: fine)."""
+def unit_problem(verdict: Verdict, strategy: str, stripe: int) -> tuple[str, SourceLoc] | None:
+    """Why the units of tokens the region's positions and skips rely on would be split by the permutation, and the
+    op relying on them (None: they stay whole)."""
     block = verdict.block
-    cp = verdict.ring.cp
-    for unit, alignment in sorted(verdict.units):
-        if strategy == "zigzag":
-            if block % 2 or (block // 2) % unit:
-                return (f"a unit of {unit} tokens would straddle the two zigzag halves of the {block}-token block "
-                        f"(the half is {block / 2:g} tokens)")
-        else:
-            if stripe % unit:
-                return f"a unit of {unit} tokens is not a whole part of the {stripe}-token stripe"
-        if alignment % unit:
-            return f"a unit of {unit} tokens starts at offsets that are not multiples of {unit}"
+    for (unit, alignment), (op, calls) in sorted(verdict.units.items(), key=lambda t: t[0]):
+        why = None
+        if strategy == "zigzag" and (block % 2 or (block // 2) % unit):
+            why = (f"reads positions of units of {unit} tokens, which would straddle the two zigzag halves of the "
+                   f"{block}-token block (the half is {block / 2:g} tokens)")
+        elif strategy == "striped" and stripe % unit:
+            why = f"reads positions of units of {unit} tokens, which are not a whole part of the {stripe}-token stripe"
+        elif alignment % unit:
+            why = f"reads positions of units of {unit} tokens that start at offsets not multiples of {unit}"
+        if why is not None:
+            refusal = Refusal(why, op, calls)
+            return refusal.describe(), refusal.loc
     return None
 
 
