@@ -82,9 +82,11 @@ def model_inputs(mesh, layers: int, length: int, batch: int = 2, d_model: int = 
     weights = []
     for i in range(layers):
         ks = jax.random.split(jax.random.fold_in(key, i), 4)
+        # scaled so that activations stay of order one through the residual stack (float32 stays accurate)
         w = {name: jax.random.normal(ks[j], (d_model, heads, head_dim), jnp.float32) / np.sqrt(d_model)
              for j, name in enumerate(("wq", "wk", "wv"))}
-        w["wo"] = jax.random.normal(ks[3], (heads, head_dim, d_model), jnp.float32) / np.sqrt(heads * head_dim)
+        w["wo"] = jax.random.normal(ks[3], (heads, head_dim, d_model), jnp.float32) / np.sqrt(heads * head_dim
+                                                                                               * layers)
         weights.append(w)
     x = jax.random.normal(jax.random.fold_in(key, 1 << 20), (batch, length, d_model), jnp.float32)
     weights = jax.device_put(weights, NamedSharding(mesh, P()))

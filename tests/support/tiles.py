@@ -39,6 +39,9 @@ def with_skip_log(body, mesh, in_specs, out_specs, entries: int):
 
 def instrumented(lowered, placeholder: int = -1):
     """A copy of `lowered` whose ring region writes its skip log into result `placeholder` of the region."""
+    import jax
+    if not isinstance(lowered, jax.stages.Lowered):
+        lowered = lowered._lowered  # an autofix_shardings lower() that wraps JAX's
     ctx = make_context()
     buffer = io.BytesIO()
     lowered.compiler_ir("stablehlo").operation.write_bytecode(buffer)

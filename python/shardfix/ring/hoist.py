@@ -27,7 +27,7 @@ from ..locations import SourceLoc
 from ..sharding import AxisRef, DimSharding, Mesh, TensorSharding
 from .dims import shape as _shape
 from .permutation import PERMUTATION_ATTR, Permutations
-from .rules import REDUCED, Blocked, carriers, moves
+from .rules import REDUCED, Blocked, carriers, moves, reduced_with
 
 
 @dataclass(frozen=True)
@@ -177,6 +177,7 @@ class Mover:
             return False
         perm.result.replace_all_uses_with(first.result)
         self._erase(body, perm)
+        body.queue.append(first)  # its source may have no other use left: it may move now
         return True
 
     def _sink(self, body: _Function, inv: Perm) -> None:
@@ -189,7 +190,8 @@ class Mover:
                 continue  # at the function's output, at a region's input, or inside another region: it stays
             try:
                 dim = moves(user, use.operand_number, inv.dim)
-                operand_dims = {use.operand_number: inv.dim} if dim == REDUCED else carriers(user, dim)
+                operand_dims = {use.operand_number: inv.dim, **reduced_with(user, use.operand_number, inv.dim)} \
+                    if dim == REDUCED else carriers(user, dim)
                 self._check_sizes(user, operand_dims, inv.kind)
             except Blocked as why:
                 self._say(inv, user, why)

@@ -607,12 +607,24 @@ def _moves_reduce(op, operand: int, dim: int):
 
 @moves_rule("stablehlo.dot_general")
 def _moves_dot(op, operand: int, dim: int):
-    numbers = dot_dims(op)
-    side = "lhs" if operand == 0 else "rhs"
-    if dim in numbers[f"{side}_batch"] or dim in numbers[f"{side}_contract"]:
-        raise Blocked("contracts or batches over the sequence dim")
+    """A batch dim stays token-wise (when the other side is in the same order, see `carriers`); a contracted one
+    is summed away, which the order doesn't change when the other side's paired dim is in the same order too
+    (`reduced_with`): the weight gradient of a layer sums over the tokens of its activations and cotangents."""
+    if dim in dot_dims(op)["lhs_contract" if operand == 0 else "rhs_contract"]:
+        return REDUCED
     lhs, rhs = dot_result_dims(op)
     return (lhs if operand == 0 else rhs)[dim]
 
 
-__all__ = ["Blocked", "OpRule", "REDUCED", "RULES", "apply_rule", "carriers", "moves", "rule", "Stack", "Axis"]
+def reduced_with(op: ir.Operation, operand: int, dim: int) -> dict[int, int]:
+    """Where `moves` says REDUCED: the other operands' dims reduced together with dim `dim` of operand `operand`,
+    which must then be in the same order."""
+    if op.name != "stablehlo.dot_general":
+        return {}
+    numbers = dot_dims(op)
+    mine, other = ("lhs", "rhs") if operand == 0 else ("rhs", "lhs")
+    return {1 - operand: numbers[f"{other}_contract"][numbers[f"{mine}_contract"].index(dim)]}
+
+
+__all__ = ["Blocked", "OpRule", "REDUCED", "RULES", "apply_rule", "carriers", "moves", "reduced_with", "rule", "Stack",
+           "Axis"]

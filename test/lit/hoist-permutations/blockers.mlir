@@ -27,29 +27,6 @@ func.func @reversed(%x: tensor<8x4xf32>) -> tensor<8x4xf32> {
 
 sdy.mesh @mesh = <["cp"=2]>
 
-func.func @contracts_sequence(%x: tensor<8x4xf32>) -> tensor<8x4xf32> {
-  // expected-remark @+1 {{ring-reorder: axis "cp", zigzag: applied}}
-  %r1 = sdy.manual_computation(%x) in_shardings=[<@mesh, [{"cp"}, {}]>] out_shardings=[<@mesh, [{"cp"}, {}]>] manual_axes={"cp"} (%l1: tensor<4x4xf32>) {
-    %p1 = "stablehlo.collective_permute"(%l1) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, source_target_pairs = dense<[[0, 1], [1, 0]]> : tensor<2x2xi64>}> : (tensor<4x4xf32>) -> tensor<4x4xf32>
-    %s1 = stablehlo.maximum %l1, %p1 : tensor<4x4xf32>
-    sdy.return %s1 : tensor<4x4xf32>
-  } : (tensor<8x4xf32>) -> tensor<8x4xf32>
-  // expected-remark @+1 {{an inverse zigzag permutation stops at 'stablehlo.dot_general': it contracts or batches over the sequence dim}}
-  %g = stablehlo.dot_general %r1, %r1, contracting_dims = [0] x [0] : (tensor<8x4xf32>, tensor<8x4xf32>) -> tensor<4x4xf32>
-  %b = stablehlo.dot_general %r1, %g, contracting_dims = [1] x [0] : (tensor<8x4xf32>, tensor<4x4xf32>) -> tensor<8x4xf32>
-  // expected-remark @+1 {{ring-reorder: axis "cp", zigzag: applied}}
-  %r2 = sdy.manual_computation(%b) in_shardings=[<@mesh, [{"cp"}, {}]>] out_shardings=[<@mesh, [{"cp"}, {}]>] manual_axes={"cp"} (%l2: tensor<4x4xf32>) {
-    %p2 = "stablehlo.collective_permute"(%l2) <{channel_handle = #stablehlo.channel_handle<handle = 2, type = 1>, source_target_pairs = dense<[[0, 1], [1, 0]]> : tensor<2x2xi64>}> : (tensor<4x4xf32>) -> tensor<4x4xf32>
-    %s2 = stablehlo.maximum %l2, %p2 : tensor<4x4xf32>
-    sdy.return %s2 : tensor<4x4xf32>
-  } : (tensor<8x4xf32>) -> tensor<8x4xf32>
-  return %r2 : tensor<8x4xf32>
-}
-
-// -----
-
-sdy.mesh @mesh = <["cp"=2]>
-
 func.func @merges_sequence(%x: tensor<8x4xf32>) -> tensor<8x4xf32> {
   // expected-remark @+1 {{ring-reorder: axis "cp", zigzag: applied}}
   %r1 = sdy.manual_computation(%x) in_shardings=[<@mesh, [{"cp"}, {}]>] out_shardings=[<@mesh, [{"cp"}, {}]>] manual_axes={"cp"} (%l1: tensor<4x4xf32>) {
