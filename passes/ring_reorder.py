@@ -13,6 +13,7 @@ from typing import ClassVar, Literal
 
 from jaxlib.mlir import ir
 
+from shardfix.ir import manual_axes_of
 from shardfix.locations import SourceLoc
 from shardfix.report import Remark, RingDecision
 from shardfix.ring.detect import RingRegion
@@ -144,7 +145,7 @@ def _insert(permutations: Permutations, ring: RingRegion, index: int, dim: int, 
     sharding = (ring.out_shardings() if is_result else ring.in_shardings())[index]
     point = ir.InsertionPoint.after(region) if is_result else ir.InsertionPoint(region)
     new = permutations.insert(point, value, ring.mesh_name, ring.mesh, sharding, dim, ring.axis, strategy, stripe,
-                              inverse=is_result)
+                              inverse=is_result, manual_axes=tuple(sorted(manual_axes_of(region))))
     if is_result:
         value.replace_all_uses_except(new.results[0], new)
     else:

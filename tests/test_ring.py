@@ -5,6 +5,7 @@ permutation moves at most one local shard per device and gathers nothing."""
 import jax
 import numpy as np
 import pytest
+from jaxlib.mlir import ir
 
 from shardfix import autofix_shardings
 from support import ring_models
@@ -102,3 +103,32 @@ def test_decorator_reorders_and_reports(setup):
                                atol=1e-5, rtol=1e-5)
     off = autofix_shardings(position_ring_attention(mesh), ring_reorder="off").lower(q, k, v, pos, pos)
     assert off.rings == [] and "shardfix.ring_reorder" not in off.as_text()
+
+
+@pytest.mark.parametrize("groups, expected", [
+    ('dense<[[0, 4], [1, 5], [2, 6], [3, 7]]> : tensor<4x2xi64>', [[0, 4], [1, 5], [2, 6], [3, 7]]),
+    ('#stablehlo.replica_group_mesh_axes<mesh = @m, axes = [#stablehlo.axis_ref<name = "cp">]>',
+     [[0, 1, 2, 3], [4, 5, 6, 7]]),
+    ('#stablehlo.replica_group_mesh_axes<mesh = @m, axes = [#stablehlo.axis_ref<name = "dp">]>',
+     [[0, 4], [1, 5], [2, 6], [3, 7]]),
+    ('#stablehlo.replica_group_mesh_axes<mesh = @m, axes = [#stablehlo.axis_ref<name = "cp">, '
+     '#stablehlo.axis_ref<name = "dp">]>', [[0, 4, 1, 5, 2, 6, 3, 7]]),
+])
+def test_replica_groups_in_both_spellings(groups, expected):
+    """Collectives name their groups either as partition ids or (newer JAX) as axes of an sdy.mesh; both read the
+    same; without the mesh it names, the mesh-axes form is not read at all (the collective is then refused)."""
+    from shardfix.ir.context import make_context
+    from shardfix.ring.detect import module_meshes, replica_groups
+    text = ('module {\n  sdy.mesh @m = <["dp"=2, "cp"=4]>\n'
+            '  func.func @main(%arg0: tensor<4xf32>) -> tensor<4xf32> {\n'
+            '    %0 = "stablehlo.all_reduce"(%arg0) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, '
+            f'replica_groups = {groups}, use_global_device_ids}}> ({{\n'
+            '    ^bb0(%a: tensor<f32>, %b: tensor<f32>):\n'
+            '      %s = stablehlo.add %a, %b : tensor<f32>\n      stablehlo.return %s : tensor<f32>\n'
+            '    }) : (tensor<4xf32>) -> tensor<4xf32>\n    return %0 : tensor<4xf32>\n  }\n}\n')
+    with make_context():
+        module = ir.Module.parse(text)
+        op = module.body.operations[1].regions[0].blocks[0].operations[0]
+        assert replica_groups(op.attributes["replica_groups"], module_meshes(module.operation)).tolist() == expected
+        if groups.startswith("#"):
+            assert replica_groups(op.attributes["replica_groups"], {}) is None

@@ -61,19 +61,28 @@ def test_forward_and_gradients_reordered_and_exact(mesh, data, name, manual, str
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["fori", "scan"])
-def test_permutation_moves_one_shard_and_gathers_nothing(mesh, data, name):
-    q, k, v, _ = data
-    attention = ring_kernels.sharded(kernel(name), mesh)
+@pytest.mark.parametrize("strategy", ["auto", "striped"])
+@pytest.mark.parametrize("manual", ["full", "partial"])
+def test_permutation_moves_one_shard_and_gathers_nothing(mesh, data, manual, strategy):
+    """q, k, v reordered and the output restored, each moving at most one local shard a device: zigzag as two
+    half shards; striped as one all_to_all (a quarter of it staying home), or, where the region leaves the batch
+    axis to propagation, as three quarter-shard collective_permutes (an all_to_all there would be gathered)."""
+    q, k, v, _ = [jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("dp", "cp")))
+                  for x in data]
+    attention = ring_kernels.sharded(kernel("scan"), mesh, partial=manual == "partial")
     before = collective_bytes(jax.jit(attention).lower(q, k, v).compile().as_text())
-    after = collective_bytes(autofix_shardings(attention).lower(q, k, v).compile().as_text())
-    assert "all-gather" not in after and "all-to-all" not in after
+    after = collective_bytes(autofix_shardings(attention, ring_reorder=strategy).lower(q, k, v).compile().as_text())
+    assert "all-gather" not in after
     added = sorted(after.get("collective-permute", []))
     for b in before.get("collective-permute", []):
         added.remove(b)
-    # q, k, v reordered and the output restored: two half shards each
     shard = q.nbytes // 8
-    assert added == [shard // 2] * 8
+    if strategy == "auto":
+        assert (added, after.get("all-to-all")) == ([shard // 2] * 8, None)
+    elif manual == "full":
+        assert (added, after.get("all-to-all")) == ([], [shard] * 4)
+    else:
+        assert (added, after.get("all-to-all")) == ([shard // 4] * 12, None)
 
 
 def test_function_shared_with_a_region_left_alone_is_copied(mesh, data):

@@ -159,6 +159,8 @@ def try_complete(engine: Engine, value: Data) -> Data:
 
 def combine(engine: Engine, op, values: list[Data]) -> Data:
     out = shape(op.results[0])
+    if op.name == "stablehlo.multiply" and any(v.agg is None and engine.fns.constant(v.fn) == 0.0 for v in values):
+        return _const_data(engine, 0.0, out)  # anything times zero, a running aggregate too (finite numbers)
     completed = [try_complete(engine, v) for v in values]
     if any(v.agg is not None for v in completed):
         # merges see the aggregates as they are (a running max that just became complete is still the max the
@@ -693,8 +695,9 @@ def _pairs(op) -> np.ndarray:
     return np.array(ir.DenseIntElementsAttr(op.attributes["source_target_pairs"])).reshape(-1, 2)
 
 
-def _groups(op) -> np.ndarray:
-    return np.array(ir.DenseIntElementsAttr(op.attributes["replica_groups"]))
+def _groups(engine: Engine, op) -> np.ndarray | None:
+    from .detect import replica_groups
+    return replica_groups(op.attributes["replica_groups"], engine.state.shared.meshes)
 
 
 def collective_permute(engine: Engine, op):
@@ -742,7 +745,7 @@ def _shift_cov(cov: Coverage, direction: int) -> Coverage:
 def all_reduce(engine: Engine, op):
     from .detect import ring_group_kind
     ins = [engine.get(v) for v in op.operands]
-    kind = ring_group_kind(_groups(op), engine.ring)
+    kind = ring_group_kind(_groups(engine, op), engine.ring)
     from .dims import reducer
     combiner = reducer(op)
     results = []
@@ -785,7 +788,7 @@ def all_reduce(engine: Engine, op):
 def other_collective(engine: Engine, op):
     from .detect import ring_group_kind
     ins = [engine.as_data(v, op, i) for i, v in enumerate(engine.get(x) for x in op.operands)]
-    kind = ring_group_kind(_groups(op), engine.ring) if "replica_groups" in op.attributes else None
+    kind = ring_group_kind(_groups(engine, op), engine.ring) if "replica_groups" in op.attributes else None
     if kind != "other" or any(not v.is_invariant for v in ins):
         engine.refuse("moves data in device order", op)
     return [Data(shape(r), tuple(FREE if n > 1 else CONST for n in shape(r)), (),

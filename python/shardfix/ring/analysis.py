@@ -132,6 +132,7 @@ class Shared:
     fns: FnTable = field(default_factory=FnTable)
     call_memo: dict = field(default_factory=dict)
     keep_alive: list = field(default_factory=list)  # placeholders whose ids key `State.carried`
+    meshes: dict = field(default_factory=dict)  # the module's sdy.mesh symbols, for collectives that name one
 
 
 @dataclass
@@ -436,6 +437,9 @@ def index_to_data(engine: Engine, value: Index, op) -> Data:
         axes.append((key, Axis(coord.hop, offset.scale(unit))))
         return ("pos", key, unit)
 
+    if value.expr.is_const:  # a number, whichever way it was written (an integer constant converted, say)
+        return Data(tuple(value.shape), tuple(CONST for _ in value.shape), (),
+                    engine.fns.intern(("const", repr(float(value.expr.const)))))
     canon = visit(value.expr)
     dims = [CONST if d is None else d for d in dims]
     fn = engine.fns.intern(("index", canon), frozenset(depends))

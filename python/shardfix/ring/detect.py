@@ -4,6 +4,7 @@ the facts about that axis the analysis needs, and which collectives move data al
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,12 +49,16 @@ def module_funcs(module: ir.Operation) -> dict[str, ir.Operation]:
             for op in module.regions[0].blocks[0].operations if op.operation.name == "func.func"}
 
 
+def module_meshes(module: ir.Operation) -> dict[str, Mesh]:
+    return {ir.StringAttr(op.operation.attributes["sym_name"]).value: mesh_from_attr(op.operation.attributes["mesh"])
+            for op in module.regions[0].blocks[0].operations if op.operation.name == "sdy.mesh"}
+
+
 def find_ring_regions(module: ir.Operation) -> list[RingRegion]:
     """Every manual computation with collective_permutes in it (directly, in loops or in called functions), with
     its ring axis; permutations shardfix inserted are not rings."""
     funcs = module_funcs(module)
-    meshes = {ir.StringAttr(op.operation.attributes["sym_name"]).value: mesh_from_attr(op.operation.attributes["mesh"])
-              for op in module.regions[0].blocks[0].operations if op.operation.name == "sdy.mesh"}
+    meshes = module_meshes(module)
     permute_cache: dict[str, list] = {}
     regions = []
     for region in _ops_named(module, "sdy.manual_computation"):
@@ -163,10 +168,38 @@ def ring_direction(pairs: np.ndarray, ring) -> int | None:
     return 1 if step[0] == 1 else -1
 
 
-def ring_group_kind(groups: np.ndarray, ring) -> str | None:
+_MESH_AXES_GROUPS = re.compile(r'#stablehlo\.replica_group_mesh_axes<mesh = @([^,\s]+), axes = \[(.*)\]>')
+_AXIS_REF = re.compile(r'#stablehlo\.axis_ref<name = "([^"]+)"([^>]*)>')
+
+
+def replica_groups(attr: ir.Attribute, meshes: dict[str, Mesh]) -> np.ndarray | None:
+    """The partition ids of each replica group of a collective: the dense form as written, the mesh-axes form (a
+    group per combination of the other axes, members in the order of the named axes) expanded over the devices
+    of its sdy.mesh. None for a form this cannot read (sub-axes, an unknown mesh or axis)."""
+    try:
+        return np.array(ir.DenseIntElementsAttr(attr))
+    except ValueError:
+        pass
+    match = _MESH_AXES_GROUPS.fullmatch(str(attr))
+    if match is None or match.group(1) not in meshes:
+        return None
+    mesh = meshes[match.group(1)]
+    refs = _AXIS_REF.findall(match.group(2))
+    names = [name for name, rest in refs]
+    if any(rest.strip() for _, rest in refs) or len(set(names)) != len(names) or \
+            any(not mesh.has_axis(n) for n in names):
+        return None
+    ids = np.array(mesh.device_ids if mesh.device_ids is not None else range(mesh.size))
+    ids = ids.reshape([size for _, size in mesh.axes])
+    grouped = [mesh.axis_index(n) for n in names]
+    ids = np.moveaxis(ids, grouped, list(range(ids.ndim - len(grouped), ids.ndim)))
+    return ids.reshape(-1, math.prod(mesh.axis_size(n) for n in names))
+
+
+def ring_group_kind(groups: np.ndarray | None, ring) -> str | None:
     """"other" when every replica group keeps one position along the ring axis (a collective over other axes),
     "ring" when every group holds whole rings, None otherwise."""
-    if groups.size == 0:
+    if groups is None or groups.size == 0:
         return None
     position = (groups // ring.stride) % ring.cp
     if (position == position[:, :1]).all():

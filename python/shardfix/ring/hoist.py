@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import sdy
 
-from ..ir import module_meshes, sharding_from_attr, source_loc
+from ..ir import manual_axes_of, module_meshes, sharding_from_attr, source_loc
 from ..locations import SourceLoc
 from ..sharding import AxisRef, DimSharding, Mesh, TensorSharding
 from .dims import shape as _shape
@@ -51,6 +51,7 @@ class Perm:
     dim: int
     inverse: bool
     sharding: TensorSharding
+    manual_axes: tuple[str, ...] = ()
     erased: bool = False
 
     @property
@@ -72,7 +73,7 @@ def perm_of(op: ir.Operation) -> Perm | None:
     length = ir.ShapedType(op.operands[0].type).get_dim_size(dim)
     kind = Kind(ir.StringAttr(params["strategy"]).value, ir.IntegerAttr(params["stripe"]).value,
                 ir.StringAttr(params["axis"]).value, sharding.mesh, length)
-    return Perm(op, kind, dim, ir.BoolAttr(params["inverse"]).value, sharding)
+    return Perm(op, kind, dim, ir.BoolAttr(params["inverse"]).value, sharding, tuple(sorted(manual_axes_of(op))))
 
 
 @dataclass
@@ -294,7 +295,7 @@ class Mover:
         mesh = self.meshes[like.kind.mesh_name]
         sharding = _derive_sharding(like, list(_shape(like.source)), list(_shape(value)), dim, mesh)
         return self.permutations.insert(point, value, like.kind.mesh_name, mesh, sharding, dim, like.kind.axis,
-                                        like.kind.strategy, like.kind.stripe, inverse)
+                                        like.kind.strategy, like.kind.stripe, inverse, like.manual_axes)
 
     def _say(self, perm: Perm, op: ir.Operation, why: Blocked) -> None:
         key = (str(perm.kind), perm.inverse, op.name, str(why), str(source_loc(op.location)))
@@ -317,6 +318,7 @@ def _owner(value: ir.Value) -> ir.Operation | None:
 def _derive_sharding(like: Perm, like_shape: list[int], shape: list[int], dim: int, mesh: Mesh) -> TensorSharding:
     """The sharding of a new permutation: the ring axis on the sequence dim, and the axes `like` has on the dims
     that sit at the same distance from its sequence dim with the same size (batch dims, say) where they divide."""
+    partial = len(like.manual_axes) < len(mesh.axes)  # the other axes left to propagation: dims stay open
     dims = []
     for j, size in enumerate(shape):
         i = like.dim + (j - dim)
@@ -327,5 +329,5 @@ def _derive_sharding(like: Perm, like_shape: list[int], shape: list[int], dim: i
             axes = like.sharding.dims[i].axes
             if size % math.prod(a.size_in(mesh) for a in axes):
                 axes = ()
-        dims.append(DimSharding(axes))
+        dims.append(DimSharding(axes, not partial))
     return TensorSharding(like.kind.mesh_name, tuple(dims))

@@ -77,15 +77,16 @@ class Permutations:
 
     def insert(self, point: ir.InsertionPoint, value: ir.Value, mesh_name: str, mesh: Mesh,
                sharding: TensorSharding, dim: int, axis: str, strategy: str, stripe: int,
-               inverse: bool) -> ir.Operation:
+               inverse: bool, manual_axes: tuple[str, ...] | None = None) -> ir.Operation:
         """The permutation (or its inverse) of `value` along `dim`, inserted at `point`."""
         shaped = ir.RankedTensorType(value.type)
         element = str(shaped.element_type)
-        key = (mesh_name, mesh, sharding, tuple(shaped.shape), element, dim, axis, strategy, stripe, inverse)
+        key = (mesh_name, mesh, sharding, tuple(shaped.shape), element, dim, axis, strategy, stripe, inverse,
+               manual_axes)
         found = self._templates.get(key)
         if found is None:
             text = permutation_module(mesh_name, mesh, sharding, tuple(shaped.shape), element, dim, axis, strategy,
-                                      stripe, inverse, channel=1)
+                                      stripe, inverse, channel=1, manual_axes=manual_axes)
             with self.module.context:
                 template = ir.Module.parse(text)
             template_op = next(op.operation for op in template.body.operations[1].regions[0].blocks[0].operations
@@ -105,18 +106,24 @@ class Permutations:
 
 
 def permutation_module(mesh_name: str, mesh: Mesh, sharding: TensorSharding, shape: tuple[int, ...], element: str,
-                       dim: int, axis: str, strategy: str, stripe: int, inverse: bool, channel: int) -> str:
+                       dim: int, axis: str, strategy: str, stripe: int, inverse: bool, channel: int,
+                       manual_axes: tuple[str, ...] | None = None) -> str:
     """Text of a module whose function applies the sequence permutation (or its inverse) to dim `dim` of a
-    tensor with `sharding`, as one manual computation over all mesh axes."""
+    tensor with `sharding`, as one manual computation over `manual_axes` (default: all mesh axes). Over some axes
+    only (next to a partial-manual region), the other axes stay free for propagation to place, as in the region."""
     cp = mesh.axis_size(axis)
-    closed = TensorSharding(mesh_name, tuple(DimSharding(d.axes) for d in sharding.dims))
+    manual_axes = tuple(n for n in mesh.axis_names if manual_axes is None or n in manual_axes)
+    free = tuple(n for n in mesh.axis_names if n not in manual_axes)
+    # all manual: every dim closed; else each dim as the region has it (open dims stay open)
+    dims = tuple(DimSharding(d.axes, d.is_closed or not free) for d in sharding.dims)
+    closed = TensorSharding(mesh_name, dims)
     local = list(shape)
     for i, d in enumerate(closed.dims):
-        local[i] //= math.prod(a.size_in(mesh) for a in d.axes)
+        local[i] //= math.prod(a.size_in(mesh) for a in d.axes if a.name in manual_axes)
     g_type, l_type = _type(shape, element), _type(local, element)
     body = (_zigzag_body if strategy == "zigzag" else _striped_body)(mesh, axis, cp, local, element, dim, stripe,
-                                                                     inverse, channel)
-    manual = ", ".join(f'"{n}"' for n in mesh.axis_names)
+                                                                     inverse, channel, mesh_name, free)
+    manual = ", ".join(f'"{n}"' for n in manual_axes)
     params = (f'{{axis = "{axis}", dim = {dim} : i64, inverse = {str(inverse).lower()}, strategy = "{strategy}", '
               f"stripe = {stripe} : i64}}")
     return (f"sdy.mesh @{mesh_name} = {mesh}\n"
@@ -135,21 +142,31 @@ def _halves(local, dim, element):
     return _type(half, element), starts, ends
 
 
-def _ring_parity(mesh: Mesh, axis: str, cp: int) -> str:
-    """Lines computing %even: whether this device's position along the ring axis is even."""
+def _ring_parity(mesh: Mesh, axis: str, cp: int, mesh_name: str, free: tuple[str, ...]) -> str:
+    """Lines computing %even: whether this device's position along the ring axis is even. The partition id is
+    read where every mesh axis is manual: inside a manual computation over the `free` axes, if any (as JAX reads
+    `axis_index` in a partial-manual region)."""
     stride = math.prod(size for _, size in mesh.axes[mesh.axis_index(axis) + 1:])
-    return ("    %pid = stablehlo.partition_id : tensor<ui32>\n"
-            f"    %stride = stablehlo.constant dense<{stride}> : tensor<ui32>\n"
-            f"    %cp = stablehlo.constant dense<{cp}> : tensor<ui32>\n"
-            "    %two = stablehlo.constant dense<2> : tensor<ui32>\n"
-            "    %zero = stablehlo.constant dense<0> : tensor<ui32>\n"
-            "    %q = stablehlo.divide %pid, %stride : tensor<ui32>\n"
-            "    %r = stablehlo.remainder %q, %cp : tensor<ui32>\n"
-            "    %parity = stablehlo.remainder %r, %two : tensor<ui32>\n"
-            "    %even = stablehlo.compare EQ, %parity, %zero, UNSIGNED : (tensor<ui32>, tensor<ui32>) -> tensor<i1>\n")
+    indent = "      " if free else "    "
+    even = "%e" if free else "%even"
+    lines = ("%pid = stablehlo.partition_id : tensor<ui32>",
+             f"%stride = stablehlo.constant dense<{stride}> : tensor<ui32>",
+             f"%cp = stablehlo.constant dense<{cp}> : tensor<ui32>",
+             "%two = stablehlo.constant dense<2> : tensor<ui32>",
+             "%zero = stablehlo.constant dense<0> : tensor<ui32>",
+             "%q = stablehlo.divide %pid, %stride : tensor<ui32>",
+             "%r = stablehlo.remainder %q, %cp : tensor<ui32>",
+             "%parity = stablehlo.remainder %r, %two : tensor<ui32>",
+             f"{even} = stablehlo.compare EQ, %parity, %zero, UNSIGNED : (tensor<ui32>, tensor<ui32>) -> tensor<i1>")
+    text = "".join(f"{indent}{line}\n" for line in lines)
+    if not free:
+        return text
+    names = ", ".join(f'"{n}"' for n in free)
+    return (f"    %even = sdy.manual_computation() in_shardings=[] out_shardings=[<@{mesh_name}, []>] "
+            f"manual_axes={{{names}}} () {{\n{text}      sdy.return %e : tensor<i1>\n    }} : () -> tensor<i1>\n")
 
 
-def _zigzag_body(mesh, axis, cp, local, element, dim, stripe, inverse, channel) -> str:
+def _zigzag_body(mesh, axis, cp, local, element, dim, stripe, inverse, channel, mesh_name, free) -> str:
     """Each device holds two half shards; two one-to-one collective_permutes move them, a select orders them.
 
     Forward: chunk c (2 per device, contiguous) goes to device c if c < cp else 2cp-1-c. The first permute moves
@@ -161,7 +178,8 @@ def _zigzag_body(mesh, axis, cp, local, element, dim, stripe, inverse, channel) 
     l_type = _type(local, element)
     home = lambda c: c if c < cp else 2 * cp - 1 - c  # noqa: E731  (the device of chunk c in zigzag order)
     lines = [f"    %a = stablehlo.slice %x [{first}] : ({l_type}) -> {h_type}\n",
-             f"    %b = stablehlo.slice %x [{second}] : ({l_type}) -> {h_type}\n", _ring_parity(mesh, axis, cp)]
+             f"    %b = stablehlo.slice %x [{second}] : ({l_type}) -> {h_type}\n",
+             _ring_parity(mesh, axis, cp, mesh_name, free)]
     permute = ('    %{out} = "stablehlo.collective_permute"(%{src}) <{{channel_handle = #stablehlo.channel_handle'
                '<handle = {handle}, type = 1>, source_target_pairs = {pairs}}}> : ({t}) -> {t}\n')
     if not inverse:
@@ -186,7 +204,7 @@ def _zigzag_body(mesh, axis, cp, local, element, dim, stripe, inverse, channel) 
     return "".join(lines)
 
 
-def _striped_body(mesh, axis, cp, local, element, dim, stripe, inverse, channel) -> str:
+def _striped_body(mesh, axis, cp, local, element, dim, stripe, inverse, channel, mesh_name, free) -> str:
     """One all_to_all: a device's contiguous block, seen as (rows, cp, stripe), sends column e to device e."""
     rows = local[dim] // (cp * stripe)  # the local block is rows * cp * stripe tokens
     split_shape = local[:dim] + [rows, cp, stripe] + local[dim + 1:]
@@ -195,6 +213,10 @@ def _striped_body(mesh, axis, cp, local, element, dim, stripe, inverse, channel)
     a, b = (_type(split_shape, element), _type(gathered_shape, element))
     src_type, dst_type = (b, a) if inverse else (a, b)
     split_dim, concat_dim = (dim, dim + 1) if inverse else (dim + 1, dim)
+    if free:
+        shapes = (gathered_shape, split_shape) if inverse else (split_shape, gathered_shape)
+        return _exchange_by_permutes(mesh, axis, cp, element, l_type, *shapes, split_dim, concat_dim, mesh_name,
+                                     free)
     groups = ring_groups(mesh, axis)
     return (f"    %s = stablehlo.reshape %x : ({l_type}) -> {src_type}\n"
             f'    %t = "stablehlo.all_to_all"(%s) <{{channel_handle = #stablehlo.channel_handle<handle = {channel}, '
@@ -203,3 +225,69 @@ def _striped_body(mesh, axis, cp, local, element, dim, stripe, inverse, channel)
             f"{split_dim} : i64}}> : ({src_type}) -> {dst_type}\n"
             f"    %y = stablehlo.reshape %t : ({dst_type}) -> {l_type}\n"
             f"    sdy.return %y : {l_type}\n")
+
+
+def _exchange_by_permutes(mesh, axis, cp, element, l_type, src, dst, split_dim, concat_dim, mesh_name, free) -> str:
+    """The all_to_all of `_striped_body` as cp - 1 collective_permutes, for a manual computation that leaves some
+    mesh axes free (XLA would gather an all_to_all's operand over them). Piece j of a device's block (along
+    `split_dim`) goes to ring position j; the pieces received line up by source along `concat_dim`. With c the
+    device's ring position: rotate the pieces by c, send the t-th to c + t, then rotate what came back by -c."""
+    piece = list(src)
+    k = src[split_dim] // cp
+    piece[split_dim] = k
+    width = piece[concat_dim]  # a received piece's extent along concat_dim
+    doubled_src, doubled_dst = list(src), list(dst)
+    doubled_src[split_dim] *= 2
+    doubled_dst[concat_dim] *= 2
+    s_type, d_type, p_type = _type(src, element), _type(dst, element), _type(piece, element)
+    ds_type, dd_type = _type(doubled_src, element), _type(doubled_dst, element)
+    zero = "%c0"
+    lines = [f"    %s = stablehlo.reshape %x : ({l_type}) -> {s_type}\n", _ring_position(mesh, axis, cp, mesh_name, free),
+             f"    {zero} = stablehlo.constant dense<0> : tensor<i32>\n",
+             f"    %k = stablehlo.constant dense<{k}> : tensor<i32>\n",
+             f"    %w = stablehlo.constant dense<{width}> : tensor<i32>\n",
+             f"    %ncp = stablehlo.constant dense<{cp}> : tensor<i32>\n",
+             f"    %ss = stablehlo.concatenate %s, %s, dim = {split_dim} : ({s_type}, {s_type}) -> {ds_type}\n",
+             "    %o1 = stablehlo.multiply %pos, %k : tensor<i32>\n"]
+    starts = ", ".join("%o1" if i == split_dim else zero for i in range(len(src)))
+    lines.append(f"    %rot = stablehlo.dynamic_slice %ss, {starts}, sizes = [{', '.join(map(str, src))}] : "
+                 f"({ds_type}, {', '.join(['tensor<i32>'] * len(src))}) -> {s_type}\n")
+    received = []
+    for t in range(cp):
+        bounds = ", ".join(f"{t * k}:{(t + 1) * k}" if i == split_dim else f"0:{n}" for i, n in enumerate(src))
+        lines.append(f"    %p{t} = stablehlo.slice %rot [{bounds}] : ({s_type}) -> {p_type}\n")
+        if t == 0:
+            received.append("%p0")
+            continue
+        lines.append(f'    %r{t} = "stablehlo.collective_permute"(%p{t}) <{{channel_handle = '
+                     f"#stablehlo.channel_handle<handle = {t}, type = 1>, source_target_pairs = "
+                     f"{_pairs(mesh, axis, lambda r, t=t: (r + t) % cp)}}}> : ({p_type}) -> {p_type}\n")
+        received.append(f"%r{t}")
+    order = [received[0]] + received[:0:-1]  # by source, starting from this device: c, c + 1, ...
+    lines.append(f"    %z = stablehlo.concatenate {', '.join(order)}, dim = {concat_dim} : "
+                 f"({', '.join([p_type] * cp)}) -> {d_type}\n")
+    lines.append(f"    %zz = stablehlo.concatenate %z, %z, dim = {concat_dim} : ({d_type}, {d_type}) -> {dd_type}\n")
+    lines.append("    %back = stablehlo.subtract %ncp, %pos : tensor<i32>\n")
+    lines.append("    %wrap = stablehlo.remainder %back, %ncp : tensor<i32>\n")
+    lines.append("    %o2 = stablehlo.multiply %wrap, %w : tensor<i32>\n")
+    starts = ", ".join("%o2" if i == concat_dim else zero for i in range(len(dst)))
+    lines.append(f"    %u = stablehlo.dynamic_slice %zz, {starts}, sizes = [{', '.join(map(str, dst))}] : "
+                 f"({dd_type}, {', '.join(['tensor<i32>'] * len(dst))}) -> {d_type}\n")
+    lines.append(f"    %y = stablehlo.reshape %u : ({d_type}) -> {l_type}\n")
+    lines.append(f"    sdy.return %y : {l_type}\n")
+    return "".join(lines)
+
+
+def _ring_position(mesh: Mesh, axis: str, cp: int, mesh_name: str, free: tuple[str, ...]) -> str:
+    """Lines computing %pos (i32): this device's position along the ring axis, read where every axis is manual."""
+    stride = math.prod(size for _, size in mesh.axes[mesh.axis_index(axis) + 1:])
+    lines = ("%pid = stablehlo.partition_id : tensor<ui32>",
+             f"%stride = stablehlo.constant dense<{stride}> : tensor<ui32>",
+             f"%size = stablehlo.constant dense<{cp}> : tensor<ui32>",
+             "%q = stablehlo.divide %pid, %stride : tensor<ui32>",
+             "%r = stablehlo.remainder %q, %size : tensor<ui32>",
+             "%i = stablehlo.convert %r : (tensor<ui32>) -> tensor<i32>")
+    names = ", ".join(f'"{n}"' for n in free)
+    text = "".join(f"      {line}\n" for line in lines)
+    return (f"    %pos = sdy.manual_computation() in_shardings=[] out_shardings=[<@{mesh_name}, []>] "
+            f"manual_axes={{{names}}} () {{\n{text}      sdy.return %i : tensor<i32>\n    }} : () -> tensor<i32>\n")

@@ -16,7 +16,7 @@ from jaxlib.mlir import ir
 
 from ..locations import SourceLoc
 from .analysis import Engine, Refusal, RingInfo, Shared, State
-from .detect import RingRegion, axis_strides, find_ring_regions, module_funcs
+from .detect import RingRegion, axis_strides, find_ring_regions, module_funcs, module_meshes
 from .dims import shape
 from .symbolic import Aff, Scope
 from .values import CONST, FREE, Axis, Data, Index, Stack, Tok, canonical
@@ -56,7 +56,7 @@ def prove_rings(module: ir.Operation, analyse: bool = True) -> list[Verdict]:
     # One naming of functions and one memo of analysed calls for the whole module: regions that call the same
     # functions with the same abstract operands (the layers of a model) are analysed once. Operands are named by
     # their place in their group, so equal names never meet across groups, which share no values.
-    shared = Shared()
+    shared = Shared(meshes=module_meshes(module))
     for index, group in enumerate(groups):
         for r in group:
             verdicts[id(r.region)].group = index
