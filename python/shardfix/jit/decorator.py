@@ -29,6 +29,9 @@ from .lowering import patch_lowered
 from .stages import AutofixLowered
 
 logger = logging.getLogger("shardfix")
+# The trace-time hooks go in as soon as the decorator exists, so that JAX functions user code takes by reference
+# later (a closure over jax.lax.with_sharding_constraint, say) are the hooked ones.
+tracing.install()
 RING_MODES = ("auto", "off", "zigzag", "striped")
 ON_FIX = ("warn", "log", "error", "ignore")
 

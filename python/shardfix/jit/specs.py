@@ -7,6 +7,7 @@ partitions (one entry per dimension) are corrected.
 from __future__ import annotations
 
 import math
+import re
 from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
@@ -72,6 +73,7 @@ def repair_spec(spec, mesh, shape: Sequence[int] | None, policy: str, *,
     sharding = from_spec_entries(entries, "mesh")
     meshes = {"mesh": model_mesh}
     fixed, reasons = correct_sharding(sharding, Site(site_shape, allow_subaxes=False), meshes, policy)
+    reasons = [Reason(r.code, spec_words(r.detail)) for r in reasons]
     if any(r.code == "indivisible" for r in reasons):
         reasons += _sub_axis_fallback(sharding, site_shape, meshes, policy, fixed, model_mesh)
     fixed_entries = list(to_spec_entries(fixed))
@@ -79,6 +81,23 @@ def repair_spec(spec, mesh, shape: Sequence[int] | None, policy: str, *,
     if not reasons:
         return spec, []
     return with_partitions(spec, fixed_entries), reasons
+
+
+_MESH_TEXT = re.compile(r'<\[((?:"[^"]*"=\d+(?:, )?)*)\]>')
+_DIM_TEXT = re.compile(r'\{((?:"[^"]*"(?:, )?)*)(\?)?\}')
+_NAME_TEXT = re.compile(r'"([^"]*)"')
+
+
+def spec_words(detail: str) -> str:
+    """A correction-core detail in PartitionSpec words: dims `{"tp"}`, `{"dp", "tp"}`, `{}`, `{?}` become 'tp',
+    ('dp', 'tp'), None, UNCONSTRAINED; a mesh `<["dp"=2, "tp"=4]>` becomes (dp=2, tp=4); axis names take quotes."""
+    def dim(match: re.Match) -> str:
+        names = [f"'{n}'" for n in _NAME_TEXT.findall(match.group(1))]
+        if match.group(2):
+            return "UNCONSTRAINED"
+        return "None" if not names else names[0] if len(names) == 1 else f"({', '.join(names)})"
+    detail = _MESH_TEXT.sub(lambda m: "(" + m.group(1).replace('"', "") + ")", detail)
+    return _NAME_TEXT.sub(r"'\1'", _DIM_TEXT.sub(dim, detail))
 
 
 def _sub_axis_fallback(sharding: TensorSharding, shape: tuple, meshes: dict, policy: str, fixed: TensorSharding,

@@ -25,6 +25,7 @@ import contextlib
 import contextvars
 import itertools
 import threading
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 from ..correct import POLICIES
@@ -48,6 +49,9 @@ class Repairs:
         self.used_leniency = False
         self._memo: dict = {}  # (mesh, spec, shape, divisibility) -> (repaired spec, reasons)
         self._api_of: dict = {}  # spec of an out_sharding= -> the API it was given to
+        # Names repaired before the shape was known (an out_sharding= being canonicalized), by (repaired spec,
+        # location): the fix is recorded with its shape when the value's type is made, else when the session ends.
+        self._names_only: dict = {}
         self._calls: dict = {}  # (fix, user frame id, instruction) -> that frame
 
     def repair(self, sharding: Any, shape: tuple | None, api: str, divisibility: bool = True) -> Any:
@@ -67,13 +71,18 @@ class Repairs:
         if outcome is None:
             outcome = self._memo[key] = repair_spec(spec, mesh, shape, self.policy, divisibility=divisibility)
         fixed, reasons = outcome
-        if shape is None:  # an out_sharding= being canonicalized: its type is made later, with the shape
+        if shape is None:
             self._api_of[fixed] = api
+            if reasons:
+                call = caller_frame(2)
+                # Keyed by the repaired spec object, which JAX keeps in the sharding it builds: another spec that
+                # happens to be equal is another fix.
+                self._names_only.setdefault((id(fixed), user_loc(call)),
+                                            _NamesOnly(api, spec, fixed, reasons, mesh, call))
         else:
-            api = self._api_of.get(spec, api)
+            self._record_with_shape(self._api_of.get(spec, api), shape, spec, fixed, reasons, mesh)
         if not reasons:
             return sharding
-        self._record(api, shape, spec, fixed, reasons, mesh)
         if isinstance(sharding, PartitionSpec):
             return fixed
         return NamedSharding(mesh, fixed, memory_kind=sharding.memory_kind)
@@ -81,15 +90,32 @@ class Repairs:
     def lenient(self) -> None:
         self.used_leniency = True
 
-    def _record(self, api: str, shape, before, after, reasons, mesh) -> None:
-        """Record a fix once per call of the user's code: JAX may apply one spec several times while tracing one
-        call (abstract evaluation, then JVP), and those are one fix."""
+    def close(self) -> None:
+        """Record the names-only repairs whose value never showed its shape."""
+        for names in self._names_only.values():
+            if not names.recorded:
+                self._record(self._fix(names.api, None, names.before, names.after, names.reasons, names.mesh,
+                                       names.call), names.call)
+
+    def _record_with_shape(self, api: str, shape: tuple, spec, fixed, reasons, mesh) -> None:
         call = caller_frame(3)
-        loc = user_loc(call)
+        earlier = self._names_only.get((id(spec), user_loc(call))) if self._names_only else None
+        if earlier is not None:  # one fix from what the user wrote to what the value got
+            earlier.recorded = True
+            self._record(self._fix(api, shape, earlier.before, fixed, earlier.reasons + reasons, mesh, call), call)
+        elif reasons:
+            self._record(self._fix(api, shape, spec, fixed, reasons, mesh, call), call)
+
+    @staticmethod
+    def _fix(api: str, shape, before, after, reasons, mesh, call) -> Fix:
         model = mesh_model(mesh)
         where = api if shape is None else f"{api} (shape {shape})"
-        fix = Fix("trace", where, loc, tuple((r.code, r.detail) for r in reasons), str(before), str(after),
-                  shard_count(spec_to_model(before), model), shard_count(spec_to_model(after), model))
+        return Fix("trace", where, user_loc(call), tuple((r.code, r.detail) for r in reasons), str(before), str(after),
+                   shard_count(spec_to_model(before), model), shard_count(spec_to_model(after), model))
+
+    def _record(self, fix: Fix, call) -> None:
+        """Record a fix once per call of the user's code: JAX may apply one spec several times while tracing one
+        call (abstract evaluation, then JVP), and those are one fix."""
         key = (fix, id(call), getattr(call, "f_lasti", None))
         if key in self._calls:
             return
@@ -98,6 +124,17 @@ class Repairs:
         while session is not None:
             session.fixes.append(fix)
             session = session.parent
+
+
+@dataclass
+class _NamesOnly:
+    api: str
+    before: Any
+    after: Any
+    reasons: list
+    mesh: Any
+    call: Any
+    recorded: bool = False
 
 
 def user_loc(call=None) -> SourceLoc:
@@ -167,6 +204,7 @@ def repairing(policy: str = "subaxis", *, complete: bool = True, isolated: bool 
             yield session
     finally:
         _active.reset(token)
+        session.close()
         if session.used_leniency:
             _jax.forget_lenient_specs()
         if complete and not isolated and session.fixes:
