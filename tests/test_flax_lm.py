@@ -244,3 +244,17 @@ def test_report(run):
     expected += [(f"{__file__}:{line(marker)}", *entry) for marker, *entry in (EXPLICIT if explicit else AUTO)]
     got = [(f.location, f.reason, f.before, f.after, f.count) for f in lowered.fixes]
     assert sorted(got) == sorted(expected)
+
+
+@pytest.mark.parametrize("explicit", [True, False], ids=["explicit", "auto"])
+def test_plain_jit_rejects_the_same_program(state, explicit):
+    boxed, params, opt_state, tokens = state
+    param_specs, opt_specs = specs(boxed, opt_state)
+    step = make_step(LM(explicit=explicit), param_specs)
+    unknown = re.escape("Resource axis: fsdp of P('fsdp', 'tp', None) is not found in mesh: ('dp', 'tp').")
+    with jax.set_mesh(mesh_of(explicit)), nn.logical_axis_rules(RULES):
+        with pytest.raises(ValueError, match=unknown):  # the boundary
+            jax.jit(step, in_shardings=(param_specs, opt_specs, P("dp")),
+                    out_shardings=(param_specs, opt_specs, P())).trace(params, opt_state, tokens)
+        with pytest.raises(ValueError, match=unknown):  # the parameters' placement inside
+            jax.jit(step).trace(params, opt_state, tokens)
