@@ -51,6 +51,7 @@ class Repairs:
         self._api_of: dict = {}  # spec of an out_sharding= -> the API it was given to
         # Names repaired before the shape was known (an out_sharding= being canonicalized), by (repaired spec,
         # location): the fix is recorded with its shape when the value's type is made, else when the session ends.
+        # The repaired spec object is held here, so its id stays its own.
         self._names_only: dict = {}
         self._calls: dict = {}  # (fix, user frame id, instruction) -> that frame
 
@@ -93,15 +94,16 @@ class Repairs:
     def close(self) -> None:
         """Record the names-only repairs whose value never showed its shape."""
         for names in self._names_only.values():
-            if not names.recorded:
-                self._record(self._fix(names.api, None, names.before, names.after, names.reasons, names.mesh,
-                                       names.call), names.call)
+            self._record(self._fix(names.api, None, names.before, names.after, names.reasons, names.mesh,
+                                   names.call), names.call)
+        self._names_only.clear()
 
     def _record_with_shape(self, api: str, shape: tuple, spec, fixed, reasons, mesh) -> None:
         call = caller_frame(3)
-        earlier = self._names_only.get((id(spec), user_loc(call))) if self._names_only else None
-        if earlier is not None:  # one fix from what the user wrote to what the value got
-            earlier.recorded = True
+        # The first value typed with a names-repaired spec is the one the user's call made (later ones inherit
+        # its sharding): one fix from what the user wrote to what that value got.
+        earlier = self._names_only.pop((id(spec), user_loc(call)), None) if self._names_only else None
+        if earlier is not None:
             self._record(self._fix(api, shape, earlier.before, fixed, earlier.reasons + reasons, mesh, call), call)
         elif reasons:
             self._record(self._fix(api, shape, spec, fixed, reasons, mesh, call), call)
@@ -134,7 +136,6 @@ class _NamesOnly:
     reasons: list
     mesh: Any
     call: Any
-    recorded: bool = False
 
 
 def user_loc(call=None) -> SourceLoc:
