@@ -106,7 +106,7 @@ def _correct_tree(spec_tree, values, mesh, what: str, names: tuple[str, ...], po
     try:
         full = jax.tree.broadcast(spec_tree, values, is_leaf=_is_spec)
     except ValueError:
-        raise ValueError(_mismatch(spec_tree, values, what, names)) from None
+        raise ValueError(f"{loc}: {_mismatch(spec_tree, values, what, names)}") from None
     paths_specs = jax.tree_util.tree_flatten_with_path(full, is_leaf=_is_spec)[0]
     shapes = [getattr(v, "shape", ()) for v in jax.tree.leaves(values)]
     corrected = [_correct_leaf(spec, tuple(shape), mesh, f"{what}{jax.tree_util.keystr(path)}", policy, loc, fixes)
