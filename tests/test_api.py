@@ -67,7 +67,7 @@ def test_repair_spec_says_what_a_sub_axis_would_have_kept(dp_mp):
     fixed, reasons = repair_spec(P("mp", None), dp_mp, (6, 8), "subaxis")
     assert fixed == P(None, None)
     assert [(r.code, r.detail) for r in reasons] == [
-        ("indivisible", 'dim 0 of size 6 is not divisible by {"mp"} (size 4); now {} (size 1)'),
+        ("indivisible", "dim 0 of size 6 is not divisible by 'mp' (size 4); now None (size 1)"),
         ("indivisible", 'dim 0: the subaxis policy would keep the sub-axis {"mp":(1)2} ("mp":(1)2 is 2 of mp\'s 4 '
                         'devices), which a PartitionSpec can\'t hold; kept the longest dividing prefix of axes '
                         'instead (none)'),

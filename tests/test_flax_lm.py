@@ -201,8 +201,7 @@ BOUNDARY = [
     ("unknown-axis,indivisible", "P('tp', 'fsdp')", "P(None, None)", 4),  # the embedding
     ("indivisible", "P('dp',)", "P(None, None)", 1),  # the batch
 ]
-# Under Explicit axes every spec is repaired while tracing (PartitionSpec notation). A jitted library function (the
-# einsums) is traced once per distinct call, so its fix counts one.
+# Under Explicit axes every spec is repaired while tracing (PartitionSpec notation), once per call (per layer).
 EXPLICIT = [
     ("parameters", "unknown-axis,indivisible", "P('fsdp', 'tp', None)", "P(None, None, None)", 1),
     ("parameters", "unknown-axis,indivisible", "P('tp', None, 'fsdp')", "P(None, None, None)", 1),
@@ -214,7 +213,7 @@ EXPLICIT = [
     ("heads (explicit)", "indivisible", "P('dp', None, 'tp', None)", "P(None, None, None, None)", 2),
     ("too long", "rank-mismatch,indivisible", "P('dp', 'tp', None, None, None)", "P(None, None, None, None)", 2),
     ("flax constraint", "indivisible", "P('dp', None, 'tp')", "P(None, None, 'tp')", 2),
-    ("contraction", "unknown-axis,indivisible", "P('dp', None, 'fsdp')", "P(None, None, None)", 1),
+    ("contraction", "unknown-axis,indivisible", "P('dp', None, 'fsdp')", "P(None, None, None)", 2),
     ("logits (explicit)", "indivisible", "P('dp', None, 'tp')", "P(None, None, None)", 1),
 ]
 # Under Auto axes JAX rejects only unknown axes and over-long specs while tracing; the indivisible constraints reach

@@ -49,10 +49,14 @@ class Repairs:
         self.used_leniency = False
         self._memo: dict = {}  # (mesh, spec, shape, divisibility) -> (repaired spec, reasons)
         self._api_of: dict = {}  # spec of an out_sharding= -> the API it was given to
-        # Names repaired before the shape was known (an out_sharding= being canonicalized), by (repaired spec,
-        # location): the fix is recorded with its shape when the value's type is made, else when the session ends.
-        # The repaired spec object is held here, so its id stays its own.
-        self._names_only: dict = {}
+        # An out_sharding= is canonicalized (axis names repaired) before its value's type is made with the shape.
+        # Each canonicalized spec waits here, by (spec object, location), for the first value typed with it: that
+        # value is the user's call's, and one fix goes from what the user wrote to what the value got (else the
+        # names-only fix is recorded when the session ends). Later values typed with the same spec object inherit
+        # the sharding that call made and record nothing. The spec objects are held, so their ids stay theirs.
+        self._awaiting_shape: dict = {}
+        self._typed: dict = {}  # id -> spec object, for the specs whose first value is typed
+        self._typed_fix: dict = {}  # (spec id, location) -> the fix recorded when its first value was typed
         self._calls: dict = {}  # (fix, user frame id, instruction) -> that frame
 
     def repair(self, sharding: Any, shape: tuple | None, api: str, divisibility: bool = True) -> Any:
@@ -74,12 +78,10 @@ class Repairs:
         fixed, reasons = outcome
         if shape is None:
             self._api_of[fixed] = api
-            if reasons:
-                call = caller_frame(2)
-                # Keyed by the repaired spec object, which JAX keeps in the sharding it builds: another spec that
-                # happens to be equal is another fix.
-                self._names_only.setdefault((id(fixed), user_loc(call)),
-                                            _NamesOnly(api, spec, fixed, reasons, mesh, call))
+            call = caller_frame(2)
+            loc = user_loc(call)
+            self._awaiting_shape.setdefault((id(fixed), loc), _Canonicalized(api, spec, fixed, reasons, mesh, call,
+                                                                            loc))
         else:
             self._record_with_shape(self._api_of.get(spec, api), shape, spec, fixed, reasons, mesh)
         if not reasons:
@@ -92,27 +94,41 @@ class Repairs:
         self.used_leniency = True
 
     def close(self) -> None:
-        """Record the names-only repairs whose value never showed its shape."""
-        for names in self._names_only.values():
-            self._record(self._fix(names.api, None, names.before, names.after, names.reasons, names.mesh,
-                                   names.call), names.call)
-        self._names_only.clear()
+        """Record the canonicalized specs whose value JAX never typed here: where the same call typed a value with
+        that spec before (a jitted library function traced once, its trace reused by a later call), the same fix
+        as then; else the names-only fix."""
+        for (spec_id, loc), names in self._awaiting_shape.items():
+            fix = self._typed_fix.get((spec_id, loc))
+            if fix is None and names.reasons:
+                fix = self._fix(names.api, None, names.before, names.after, names.reasons, names.mesh, names.call,
+                                loc)
+            if fix is not None:
+                self._record(fix, names.call)
+        self._awaiting_shape.clear()
 
     def _record_with_shape(self, api: str, shape: tuple, spec, fixed, reasons, mesh) -> None:
         call = caller_frame(3)
-        # The first value typed with a names-repaired spec is the one the user's call made (later ones inherit
-        # its sharding): one fix from what the user wrote to what that value got.
-        earlier = self._names_only.pop((id(spec), user_loc(call)), None) if self._names_only else None
-        if earlier is not None:
-            self._record(self._fix(api, shape, earlier.before, fixed, earlier.reasons + reasons, mesh, call), call)
-        elif reasons:
+        if self._awaiting_shape or self._typed:
+            loc = user_loc(call)
+            canonicalized = self._awaiting_shape.pop((id(spec), loc), None)
+            if canonicalized is not None:
+                self._typed[id(spec)] = spec
+                reasons = canonicalized.reasons + reasons
+                if reasons:
+                    fix = self._typed_fix[(id(spec), loc)] = self._fix(api, shape, canonicalized.before, fixed,
+                                                                        reasons, mesh, call, loc)
+                    self._record(fix, call)
+                return
+            if id(spec) in self._typed:
+                return
+        if reasons:
             self._record(self._fix(api, shape, spec, fixed, reasons, mesh, call), call)
 
     @staticmethod
-    def _fix(api: str, shape, before, after, reasons, mesh, call) -> Fix:
+    def _fix(api: str, shape, before, after, reasons, mesh, call, loc: SourceLoc | None = None) -> Fix:
         model = mesh_model(mesh)
         where = api if shape is None else f"{api} (shape {shape})"
-        return Fix("trace", where, user_loc(call), tuple((r.code, r.detail) for r in reasons), str(before), str(after),
+        return Fix("trace", where, loc or user_loc(call), tuple((r.code, r.detail) for r in reasons), str(before), str(after),
                    shard_count(spec_to_model(before), model), shard_count(spec_to_model(after), model))
 
     def _record(self, fix: Fix, call) -> None:
@@ -129,13 +145,14 @@ class Repairs:
 
 
 @dataclass
-class _NamesOnly:
+class _Canonicalized:
     api: str
     before: Any
     after: Any
     reasons: list
     mesh: Any
     call: Any
+    loc: SourceLoc
 
 
 def user_loc(call=None) -> SourceLoc:
