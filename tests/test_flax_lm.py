@@ -12,9 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jax.sharding import AxisType, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 
 from shardfix import ShardingFixWarning, autofix_shardings
+from support.training import expected_report, mesh_of, report_rows
 
 VOCAB, EMBED, HEADS, HEAD_DIM, MLP, LAYERS, LENGTH = 50257, 12, 6, 2, 16, 2, 8
 # Logical axis -> mesh axis. "fsdp" is an axis of another mesh: this one has only dp and tp.
@@ -136,11 +137,6 @@ def train(step, params, opt_state, tokens):
     return params, losses
 
 
-def mesh_of(explicit: bool):
-    return jax.make_mesh((2, 4), ("dp", "tp")) if explicit else \
-        jax.make_mesh((2, 4), ("dp", "tp"), axis_types=(AxisType.Auto,) * 2)
-
-
 @pytest.fixture(scope="module")
 def state():
     return initial_state()
@@ -175,10 +171,6 @@ def test_trains_like_the_unsharded_reference(run, reference):
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
     for got, want in zip(jax.tree.leaves(params), jax.tree.leaves(ref_params)):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
-
-
-def line(marker: str) -> int:
-    return next(i for i, text in enumerate(open(__file__), 1) if text.rstrip().endswith("# " + marker))
 
 
 def test_every_fix_is_reported_once_at_a_line_of_this_file(run):
@@ -238,11 +230,7 @@ AUTO = [
 
 def test_report(run):
     explicit, lowered, _, _ = run
-    step_line = next(i for i, text in enumerate(open(__file__), 1) if "def train_step(" in text)
-    expected = [(f"{__file__}:{step_line}", *entry) for entry in BOUNDARY]
-    expected += [(f"{__file__}:{line(marker)}", *entry) for marker, *entry in (EXPLICIT if explicit else AUTO)]
-    got = [(f.location, f.reason, f.before, f.after, f.count) for f in lowered.fixes]
-    assert sorted(got) == sorted(expected)
+    assert report_rows(lowered.fixes) == expected_report(__file__, BOUNDARY, EXPLICIT if explicit else AUTO)
 
 
 @pytest.mark.parametrize("explicit", [True, False], ids=["explicit", "auto"])

@@ -12,9 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jax.sharding import AxisType, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 
 from shardfix import ShardingFixWarning, autofix_shardings
+from support.training import expected_report, mesh_of, report_rows
 
 FEATURES, HIDDEN, CLASSES = 16, 6, 50257
 PARAM_SPECS = {"w1": P("fsdp", "tp"), "b1": P("tp", None), "w2": P(None, "tp")}  # b1: one entry too many
@@ -72,11 +73,6 @@ def train(step, params, opt_state, x, labels):
     return params, losses
 
 
-def mesh_of(explicit: bool):
-    return jax.make_mesh((2, 4), ("dp", "tp")) if explicit else \
-        jax.make_mesh((2, 4), ("dp", "tp"), axis_types=(AxisType.Auto,) * 2)
-
-
 @pytest.fixture(scope="module")
 def reference():
     return train(jax.jit(make_step(None)), *initial_state())
@@ -108,10 +104,6 @@ def test_trains_like_the_unsharded_reference(run, reference):
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
     for name in params:
         np.testing.assert_allclose(np.asarray(params[name]), np.asarray(ref_params[name]), rtol=1e-5, atol=1e-7)
-
-
-def line(marker: str) -> int:
-    return next(i for i, text in enumerate(open(__file__), 1) if text.rstrip().endswith("# " + marker))
 
 
 BOUNDARY = [  # at the step's def line: each parameter spec counts the parameter and its momentum, in and out
@@ -148,10 +140,7 @@ def test_report(run):
     with jax.set_mesh(mesh_of(explicit)), warnings.catch_warnings():
         warnings.simplefilter("ignore", ShardingFixWarning)
         fixes = step.lower(*initial_state()).fixes
-    step_line = next(i for i, text in enumerate(open(__file__), 1) if "def train_step(" in text)
-    expected = [(f"{__file__}:{step_line}", *entry) for entry in BOUNDARY]
-    expected += [(f"{__file__}:{line(marker)}", *entry) for marker, *entry in (EXPLICIT if explicit else AUTO)]
-    assert sorted((f.location, f.reason, f.before, f.after, f.count) for f in fixes) == sorted(expected)
+    assert report_rows(fixes) == expected_report(__file__, BOUNDARY, EXPLICIT if explicit else AUTO)
     assert len(told) == 2 and all(w.filename == __file__ for w in told)  # one warning per compile, at the call
 
 
