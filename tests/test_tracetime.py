@@ -232,3 +232,19 @@ def test_decorator_under_an_outer_jit_repairs_and_tells():
     np.testing.assert_allclose(float(value), 2 * np.tanh(x @ w).sum(), rtol=1e-6)
     told = [w for w in told if issubclass(w.category, ShardingFixWarning)]
     assert len(told) == 1 and told[0].lineno == test_decorator_under_an_outer_jit_repairs_and_tells.__code__.co_firstlineno + 5
+
+
+def test_nested_decorated_function_reports_into_the_outer_one():
+    inner = autofix_shardings(lambda x: jnp.tanh(x) * 2, in_shardings=P("tp"), mesh=EXPLICIT)
+
+    def outer(x):
+        return jax.sharding.reshard(inner(x), P("dp", "fsdp")).sum()  # the outer fix
+
+    with jax.set_mesh(EXPLICIT), warnings.catch_warnings(record=True) as told:
+        warnings.simplefilter("always")
+        lowered = autofix_shardings(outer).lower(X)
+    told = [w for w in told if issubclass(w.category, ShardingFixWarning)]
+    assert len(told) == 1  # the outer function's, covering both
+    assert sorted((f.site, f.before, f.after) for f in lowered.fixes) == [
+        ("in_shardings[0] (shape (6, 8))", "P('tp',)", "P(None, None)"),
+        ("reshard (shape (6, 8))", "P('dp', 'fsdp')", "P('dp', None)")]

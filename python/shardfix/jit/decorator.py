@@ -19,9 +19,8 @@ from typing import Any, Callable
 import jax
 
 from ..correct import POLICIES
-from ..locations import SourceLoc
+from ..locations import SourceLoc, user_stacklevel
 from ..pipeline import PassContext
-from ..locations import user_stacklevel
 from ..report import Fix, ShardingFixError, ShardingFixWarning, merge_fixes, render_fixes
 from . import _jax, tracing
 from .boundary import UNSPECIFIED, Boundary, check_mesh, corrected_jit
@@ -213,10 +212,11 @@ class AutofixFunction:
         autofix_shardings the fixes go to its report; else they are told here."""
         with tracing.repairing(self._options.policy) as repairs:
             boundary = self._corrected_jit(args, kwargs)
+            repairs.add(boundary.fixes)
             out = boundary.jitted(*args, **kwargs)
         if repairs.parent is None:
-            _tell(merge_fixes(boundary.fixes + repairs.fixes), self._options.on_fix,
-                  getattr(self._fun, "__name__", "function"), user_stacklevel())
+            _tell(merge_fixes(repairs.fixes), self._options.on_fix, getattr(self._fun, "__name__", "function"),
+                  user_stacklevel())
         return out
 
     def _corrected_jit(self, args, kwargs) -> Boundary:

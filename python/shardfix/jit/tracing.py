@@ -93,6 +93,13 @@ class Repairs:
     def lenient(self) -> None:
         self.used_leniency = True
 
+    def add(self, fixes: list[Fix]) -> None:
+        """Record fixes made elsewhere (a nested function's boundary, say) in this session and those around it."""
+        session = self
+        while session is not None:
+            session.fixes.extend(fixes)
+            session = session.parent
+
     def close(self) -> None:
         """Record the canonicalized specs whose value JAX never typed here: where the same call typed a value with
         that spec before (a jitted library function traced once, its trace reused by a later call), the same fix
@@ -128,8 +135,8 @@ class Repairs:
     def _fix(api: str, shape, before, after, reasons, mesh, call, loc: SourceLoc | None = None) -> Fix:
         model = mesh_model(mesh)
         where = api if shape is None else f"{api} (shape {shape})"
-        return Fix("trace", where, loc or user_loc(call), tuple((r.code, r.detail) for r in reasons), str(before), str(after),
-                   shard_count(spec_to_model(before), model), shard_count(spec_to_model(after), model))
+        return Fix("trace", where, loc or user_loc(call), tuple((r.code, r.detail) for r in reasons), str(before),
+                   str(after), shard_count(spec_to_model(before), model), shard_count(spec_to_model(after), model))
 
     def _record(self, fix: Fix, call) -> None:
         """Record a fix once per call of the user's code: JAX may apply one spec several times while tracing one
@@ -138,10 +145,7 @@ class Repairs:
         if key in self._calls:
             return
         self._calls[key] = call  # holding the frame keeps its id from being reused by a later call
-        session = self
-        while session is not None:
-            session.fixes.append(fix)
-            session = session.parent
+        self.add([fix])
 
 
 @dataclass
