@@ -21,6 +21,7 @@ before: hooks are installed once and stand aside, and JAX's trace and compilatio
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import itertools
@@ -55,6 +56,7 @@ class Repairs:
         # names-only fix is recorded when the session ends). Later values typed with the same spec object inherit
         # the sharding that call made and record nothing. The spec objects are held, so their ids stay theirs.
         self._awaiting_shape: dict = {}
+        self._awaiting_ids: collections.Counter = collections.Counter()  # spec id -> entries awaiting its shape
         self._typed: dict = {}  # id -> spec object, for the specs whose first value is typed
         self._typed_fix: dict = {}  # (spec id, location) -> the fix recorded when its first value was typed
         self._calls: dict = {}  # (fix, user frame id, instruction) -> that frame
@@ -80,8 +82,9 @@ class Repairs:
             self._api_of[fixed] = api
             call = caller_frame(2)
             loc = user_loc(call)
-            self._awaiting_shape.setdefault((id(fixed), loc), _Canonicalized(api, spec, fixed, reasons, mesh, call,
-                                                                            loc))
+            if (id(fixed), loc) not in self._awaiting_shape:
+                self._awaiting_shape[(id(fixed), loc)] = _Canonicalized(api, spec, fixed, reasons, mesh, call, loc)
+                self._awaiting_ids[id(fixed)] += 1
         else:
             self._record_with_shape(self._api_of.get(spec, api), shape, spec, fixed, reasons, mesh)
         if not reasons:
@@ -112,13 +115,18 @@ class Repairs:
             if fix is not None:
                 self._record(fix, names.call)
         self._awaiting_shape.clear()
+        self._awaiting_ids.clear()
 
     def _record_with_shape(self, api: str, shape: tuple, spec, fixed, reasons, mesh) -> None:
+        awaited = self._awaiting_ids[id(spec)] > 0 or id(spec) in self._typed
+        if not (awaited or reasons):
+            return  # the common case, valid and not canonicalized here: no stack walk
         call = caller_frame(3)
-        if self._awaiting_shape or self._typed:
+        if awaited:
             loc = user_loc(call)
             canonicalized = self._awaiting_shape.pop((id(spec), loc), None)
             if canonicalized is not None:
+                self._awaiting_ids[id(spec)] -= 1
                 self._typed[id(spec)] = spec
                 reasons = canonicalized.reasons + reasons
                 if reasons:
