@@ -97,7 +97,8 @@ def test_unreduced_and_reduced_survive_every_helper(dp_mp, spec, shape, expected
 
 
 def test_named_sharding_round_trip():
-    dp_mp = jax.make_mesh((2, 4), ("dp", "mp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)  # UNCONSTRAINED needs Auto
+    # UNCONSTRAINED needs Auto axes
+    dp_mp = jax.make_mesh((2, 4), ("dp", "mp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
     named = NamedSharding(dp_mp, P(("dp", "mp"), None, P.UNCONSTRAINED))
     model = from_named_sharding(named, rank=4)
     assert model.body() == '<@mesh, [{"dp", "mp"}, {}, {?}, {}]>'

@@ -231,7 +231,8 @@ def test_decorator_under_an_outer_jit_repairs_and_tells():
         value = jax.jit(lambda x, w: f(x, w) * 2)(x, w)  # the outer call
     np.testing.assert_allclose(float(value), 2 * np.tanh(x @ w).sum(), rtol=1e-6)
     told = [w for w in told if issubclass(w.category, ShardingFixWarning)]
-    assert len(told) == 1 and told[0].lineno == test_decorator_under_an_outer_jit_repairs_and_tells.__code__.co_firstlineno + 5
+    call_line = test_decorator_under_an_outer_jit_repairs_and_tells.__code__.co_firstlineno + 5
+    assert len(told) == 1 and told[0].lineno == call_line
 
 
 def test_nested_decorated_function_reports_into_the_outer_one():

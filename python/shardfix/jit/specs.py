@@ -59,9 +59,10 @@ def repair_spec(spec, mesh, shape: Sequence[int] | None, policy: str, *,
                 divisibility: bool = True) -> tuple["PartitionSpec", list[Reason]]:
     """`spec` made valid for an array of `shape` on `mesh` (a Mesh or AbstractMesh), and the reasons.
 
-    Unknown and duplicate axes are dropped, the spec gets one entry per dimension, and with `divisibility` each indivisible dim is corrected by `policy`. A
-    PartitionSpec holds no sub-axes: where the policy would keep one, the longest dividing prefix is kept and a
-    reason says so. `shape=None` (not known) corrects axis names only and keeps the spec's length.
+    Unknown and duplicate axes are dropped, the spec gets one entry per dimension, and with `divisibility` each
+    indivisible dim is corrected by `policy`. A PartitionSpec holds no sub-axes: where the policy would keep one,
+    the longest dividing prefix is kept and a reason says so. `shape=None` (not known) corrects axis names only
+    and keeps the spec's length. Reasons are in PartitionSpec words; a valid spec comes back as the same object.
     """
     model_mesh = mesh_model(mesh)
     entries = list(partitions(spec))  # PartitionSpec itself keeps unreduced/reduced axes out of its partitions
