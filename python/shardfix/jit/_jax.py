@@ -120,6 +120,16 @@ def fastpath_call(compiled: jax.stages.Compiled, dyn_args, dyn_kwargs):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Inlining (jaxlib's registered `inline` pass inlines nothing in JAX's dialect setup; its own helper does).
+
+
+def inline_call(call: ir.Operation, callee: ir.Operation) -> list:
+    """Inline one func.call of `callee` at its place; returns the values that replace the call's results."""
+    from jaxlib.mlir._mlir_libs import _jax_mlir_ext
+    with ir.InsertionPoint(call):
+        return list(_jax_mlir_ext.inlined_func_call(callee, list(call.operands), call.location))
+
+
 # Trace-time spec checks. JAX checks sharding specs while it traces (unknown axes, rank, divisibility of explicit
 # shardings, jit in/out shardings), before any module exists. `install_spec_hooks` wraps the functions where those
 # checks happen. Each wrapper asks `active()` for the repair session of the current context and, when there is none,
