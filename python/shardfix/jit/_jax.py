@@ -130,6 +130,7 @@ def inline_call(call: ir.Operation, callee: ir.Operation) -> list:
         return list(_jax_mlir_ext.inlined_func_call(callee, list(call.operands), call.location))
 
 
+# ---------------------------------------------------------------------------------------------------------------
 # Trace-time spec checks. JAX checks sharding specs while it traces (unknown axes, rank, divisibility of explicit
 # shardings, jit in/out shardings), before any module exists. `install_spec_hooks` wraps the functions where those
 # checks happen. Each wrapper asks `active()` for the repair session of the current context and, when there is none,
