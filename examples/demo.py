@@ -1,15 +1,18 @@
-"""`make demo`: a small transformer block on 8 simulated CPU devices with the shardings people really get wrong.
+"""`make demo`: a small transformer block on 8 simulated CPU devices with the shardings people really get wrong,
+on the mesh `jax.make_mesh` makes by default (Explicit axes):
 
-- vocab 50257 over tp=4 (the logits constraint XLA would silently pad),
-- batch 1 over dp=2 (the activations constraint),
-- a spec written for another mesh, naming an axis this mesh lacks ("fsdp"),
-and a .mlir file with shardings the sdy verifier rejects, repaired by tools/opt. Results are checked against the
-unsharded reference.
+- vocab 50257 over tp=4 (the logits' out_sharding),
+- batch 1 over dp=2 (the activations' reshard and the batch's in_sharding),
+- a spec written for another mesh, naming an axis this mesh lacks ("fsdp").
+Plain jax.jit rejects the block while tracing; @autofix_shardings repairs it, says so in a warning, and matches the
+unsharded reference. Then a causal ring attention, and a .mlir file with shardings the sdy verifier rejects,
+repaired by tools/opt.
 """
 
 import os
 import subprocess
 import sys
+import warnings
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -18,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from shardfix import autofix_shardings, correct_spec  # noqa: E402
 from support.hlo import pad_count  # noqa: E402
@@ -29,43 +32,54 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 VOCAB, HIDDEN, FFN, SEQ, BATCH = 50257, 64, 256, 16, 1
 
 
-def make_block(mesh, constrain: bool):
-    wsc = jax.lax.with_sharding_constraint if constrain else (lambda x, _: x)
-    spec = NamedSharding(mesh, P("dp", None, "tp"))
-
+def make_block(sharded: bool):
     def block(tokens, embed, w1, w2):
-        x = wsc(embed[tokens], spec)                  # batch 1 over dp=2
-        h = wsc(jax.nn.gelu(x @ w1), spec)
-        x = x + h @ w2
-        logits = wsc(x @ embed.T, spec)               # vocab 50257 over tp=4
+        x = embed[tokens]
+        if sharded:
+            x = jax.sharding.reshard(x, P("dp", None, "fsdp"))  # batch 1 over dp=2; no fsdp axis here
+        x = x + jax.nn.gelu(x @ w1) @ w2
+        if sharded:  # vocab 50257 over tp=4
+            logits = jnp.einsum("bsh,vh->bsv", x, embed, out_sharding=P("dp", None, "tp"))
+        else:
+            logits = jnp.einsum("bsh,vh->bsv", x, embed)
         logp = jax.nn.log_softmax(logits, axis=-1)
         return -jnp.mean(jnp.take_along_axis(logp, tokens[..., None], axis=-1))
     return block
 
 
 def main() -> int:
-    mesh = jax.make_mesh((2, 4), ("dp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    mesh = jax.make_mesh((2, 4), ("dp", "tp"))  # Explicit axes, jax.make_mesh's default
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, VOCAB, (BATCH, SEQ)).astype(np.int32)
     embed = (rng.standard_normal((VOCAB, HIDDEN)) * 0.02).astype(np.float32)
     w1 = (rng.standard_normal((HIDDEN, FFN)) * 0.05).astype(np.float32)
     w2 = (rng.standard_normal((FFN, HIDDEN)) * 0.05).astype(np.float32)
-
-    print("== 1. A spec written for another mesh, corrected by hand (correct_spec)")
-    print(f"   P('fsdp', 'tp') for w1 {w1.shape} -> {correct_spec(w1.shape, P('fsdp', 'tp'), mesh)}")
-
-    print("\n== 2. @autofix_shardings in place of @jax.jit, given those specs as they are (the fixes it reports)")
+    args = (tokens, embed, w1, w2)
     in_shardings = (P("dp"), P("tp", None), P("fsdp", "tp"), None)   # batch 1 over dp, 50257 rows over tp, no fsdp
-    step = autofix_shardings(make_block(mesh, True), mesh=mesh, in_shardings=in_shardings, on_fix="ignore")
-    lowered = step.lower(tokens, embed, w1, w2)
-    for fix in lowered.fixes:
-        print(f"   {fix.location}: {fix.site}: {fix.before} -> {fix.after} [{fix.reason}]")
-    pads = pad_count(lowered.compile().as_text())
-    loss = float(step(tokens, embed, w1, w2))
-    reference = float(jax.jit(make_block(mesh, False))(tokens, embed, w1, w2))
-    print(f"   compiled HLO pads after the fix: {pads}")
-    print(f"   loss sharded+fixed {loss:.6f}  unsharded reference {reference:.6f}")
-    ok = abs(loss - reference) <= 1e-5 * max(1.0, abs(reference)) and pads == 0
+
+    print("== 1. Plain jax.jit rejects the block while tracing, before any module exists")
+    with jax.set_mesh(mesh):
+        try:
+            jax.jit(make_block(True), in_shardings=in_shardings)(*args)
+            ok = False
+        except ValueError as error:
+            print(f"   {type(error).__name__}: {str(error).splitlines()[0]}")
+            ok = True
+
+    print("\n== 2. @autofix_shardings in place of @jax.jit repairs it where JAX checks it; the warning you see:")
+    step = autofix_shardings(make_block(True), in_shardings=in_shardings)
+    with jax.set_mesh(mesh), warnings.catch_warnings(record=True) as told:
+        warnings.simplefilter("always")
+        loss = float(step(*args))
+        pads = pad_count(step.lower(*args).compile().as_text())
+    shown = told[0]
+    print("   " + warnings.formatwarning(shown.message, shown.category, os.path.relpath(shown.filename),
+                                        shown.lineno, None).strip().replace("\n", "\n   "))
+    reference = float(jax.jit(make_block(False))(*args))
+    print(f"   compiled HLO pads: {pads}; loss sharded+repaired {loss:.6f}  unsharded reference {reference:.6f}")
+    ok &= abs(loss - reference) <= 1e-5 * max(1.0, abs(reference)) and pads == 0
+    print(f"   the same specs, corrected by hand (correct_spec): P('fsdp', 'tp') for w1 {w1.shape} -> "
+          f"{correct_spec(w1.shape, P('fsdp', 'tp'), mesh)}")
 
     print("\n== 3. Causal ring attention (shard_map + ppermute over cp=4, positions carried as data)")
     ring_mesh = jax.make_mesh((2, 4), ("dp", "cp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)

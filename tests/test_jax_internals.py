@@ -60,3 +60,80 @@ def test_cpp_dispatch_internals():
     for name in ("unsafe_call", "xla_executable", "_in_shardings", "_out_shardings", "in_avals", "_kept_var_idx",
                  "_dispatch_in_layouts", "shard_const_args"):
         assert hasattr(executable, name), f"MeshExecutable.{name} moved"
+
+
+# -- trace-time spec checks (shardfix/jit/_jax.py, section "trace-time spec checks") ------------------------------
+# One test per function the hooks wrap: it exists under that name, takes the parameters the wrapper relies on, and
+# every module that binds it by name now holds the wrapper (shardfix.jit.tracing.install rebinds them).
+
+import inspect  # noqa: E402
+import sys  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+def _parameters(function) -> list[str]:
+    return list(inspect.signature(getattr(function, "__wrapped__", function)).parameters)
+
+
+def _hooked(module, name: str, first_parameters: list[str]):
+    from shardfix.jit import tracing
+    tracing.install()
+    wrapper = getattr(module, name, None)
+    assert wrapper is not None, f"{module.__name__}.{name} moved"
+    original = getattr(wrapper, "__wrapped__", None)
+    assert original is not None, f"{module.__name__}.{name} is not the shardfix wrapper"
+    assert _parameters(original)[:len(first_parameters)] == first_parameters, f"{module.__name__}.{name} changed"
+    stale = [m.__name__ for m in list(sys.modules.values())
+             if isinstance(getattr(m, "__dict__", None), dict) and any(v is original for v in vars(m).values())]
+    assert not stale, f"{name} is still bound unwrapped in {stale}"
+    return original
+
+
+@pytest.mark.parametrize("module, name, parameters", [
+    ("named_sharding", "_check_unique_resources", ["pspec", "arg_name"]),
+    ("named_sharding", "_check_mesh_resource_axis", ["mesh", "pspec"]),
+    ("sharding_impls", "canonicalize_sharding", ["sharding", "api_name"]),
+    ("core", "get_sharding", ["sharding", "shape"]),
+    ("pjit", "with_sharding_constraint", ["x", "shardings"]),
+    ("pjit", "reshard", ["xs", "out_shardings"]),
+    ("api", "device_put", ["x", "device"]),
+    ("pjit", "pjit_check_aval_sharding", ["shardings", "flat_avals", "names", "what_aval", "allow_uneven_sharding"]),
+])
+def test_spec_check_hooked(module, name, parameters):
+    import importlib
+    _hooked(importlib.import_module(f"jax._src.{module}"), name, parameters)
+
+
+@pytest.mark.parametrize("name, avals, index", [("_process_in_axis_resources", "in_avals", 4),
+                                                ("_check_and_canonicalize_out_shardings", "out_avals", 5)])
+def test_jit_boundary_canonicalization_hooked(name, avals, index):
+    """The wrapper calls JAX's uncached function (`__wrapped__` of util.cache) and finds the avals by position."""
+    from jax._src import pjit
+    original = _hooked(pjit, name, [])
+    uncached = getattr(original, "__wrapped__", None)
+    assert uncached is not None, f"pjit.{name} is no longer a util.cache"
+    assert _parameters(uncached).index(avals) == index
+
+
+def test_spec_check_cache_and_contexts():
+    from jax._src import config, mesh as mesh_lib, named_sharding, source_info_util, traceback_util
+    assert callable(named_sharding.check_pspec.cache_clear)  # cleared after lenient construction
+    assert "include_in_jit_key" in inspect.signature(config.int_state).parameters
+    assert "include_in_trace_context" in inspect.signature(config.int_state).parameters
+    assert hasattr(mesh_lib.thread_resources.env, "physical_mesh") and callable(mesh_lib.get_abstract_mesh)
+    assert hasattr(jax.make_mesh((2, 4), ("a", "b")).abstract_mesh, "are_all_axes_explicit")
+    assert callable(traceback_util.register_exclusion) and callable(source_info_util.register_exclusion)
+    frames = list(source_info_util.user_frames(source_info_util.current().traceback))
+    assert frames and frames[0].file_name == __file__ and frames[0].start_line > 0
+
+
+def test_spec_check_session_key_separates_caches():
+    """The session's config state is part of JAX's trace context: the same jax.jit object traces again inside."""
+    from jax._src import config
+    from shardfix.jit import _jax, tracing
+    tracing.install()
+    outside = config.trace_context()
+    with _jax.repair_key(12345):
+        assert config.trace_context() != outside
+    assert config.trace_context() == outside

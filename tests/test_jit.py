@@ -65,8 +65,8 @@ def test_boundary_shardings_corrected_and_reported():
     with pytest.warns(ShardingFixWarning, match="changed 3 sharding"):
         lowered = f.lower(X, W)
     assert [(fx.site, fx.before, fx.after, fx.reason) for fx in lowered.fixes] == [
-        ("in_shardings[0] (shape (6, 8))", "P('dp', 'sp')", "P('dp',)", "unknown-axis"),
-        ("out_shardings (shape (6, 8))", "P('tp',)", "P()", "indivisible"),
+        ("in_shardings[0] (shape (6, 8))", "P('dp', 'sp')", "P('dp', None)", "unknown-axis"),
+        ("out_shardings (shape (6, 8))", "P('tp',)", "P(None, None)", "indivisible"),
         ("'sdy.sharding_constraint' sharding", '<@mesh, [{"tp"}, {}]>', '<@mesh, [{"tp":(1)2}, {}]>', "indivisible"),
     ]
     assert 'sdy.sharding_constraint %' in lowered.as_text() and '{"tp":(1)2}' in lowered.as_text()
@@ -77,7 +77,7 @@ def test_boundary_shardings_corrected_and_reported():
     placed = jax.device_put(X, NamedSharding(MESH, P(None, "tp")))
     out = compiled(placed, W)
     np.testing.assert_allclose(np.asarray(out), reference(X, W), rtol=1e-6)
-    assert out.sharding.spec == P()
+    assert out.sharding.spec == P(None, None)
 
 
 def test_nothing_said_when_nothing_changed():
@@ -102,7 +102,7 @@ def test_wrapping_a_jitted_function_takes_its_options():
     jitted = jax.jit(model, in_shardings=(NamedSharding(MESH, P("tp")), None))
     f = autofix_shardings(jitted, on_fix="ignore")
     lowered = f.lower(X, W)
-    assert ("in_shardings[0] (shape (6, 8))", "P('tp',)", "P()") in [(x.site, x.before, x.after) for x in lowered.fixes]
+    assert ("in_shardings[0] (shape (6, 8))", "P('tp',)", "P(None, None)") in [(x.site, x.before, x.after) for x in lowered.fixes]
     np.testing.assert_allclose(np.asarray(f(X, W)), reference(X, W), rtol=1e-6)
 
 
@@ -132,10 +132,10 @@ def test_mesh_from_context_and_from_arguments():
     f = autofix_shardings(lambda x: x + 1, in_shardings=P("tp"), on_fix="ignore")
     with jax.set_mesh(MESH):
         lowered = f.lower(X)
-    assert [(x.before, x.after) for x in lowered.fixes] == [("P('tp',)", "P()")]
+    assert [(x.before, x.after) for x in lowered.fixes] == [("P('tp',)", "P(None, None)")]
     g = autofix_shardings(lambda x: x + 1, in_shardings=P(("dp", "tp")), on_fix="ignore")
     lowered = g.lower(jax.device_put(np.ones((12, 8), np.float32), NamedSharding(MESH, P("dp"))))
-    assert [(x.before, x.after) for x in lowered.fixes] == [("P(('dp', 'tp'),)", "P('dp',)")]
+    assert [(x.before, x.after) for x in lowered.fixes] == [("P(('dp', 'tp'),)", "P('dp', None)")]
     with pytest.raises(ValueError, match="no mesh to apply it to"):
         autofix_shardings(lambda x: x, in_shardings=P("tp")).lower(X)
 

@@ -31,7 +31,7 @@ def test_two_processes_match_one(tmp_path):
                for i in range(2)]
     logs = [w.communicate(timeout=300)[0] for w in workers]
     assert [w.returncode for w in workers] == [0, 0], "\n----\n".join(logs)
-    assert "fixes: [('in_shardings[0] (shape (6, 8))', \"P('dp',)\")" in logs[0]
+    assert "fixes: [('in_shardings[0] (shape (6, 8))', \"P('dp', None)\")" in logs[0]
 
     mesh = jax.make_mesh((2, 4), ("dp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
     single = autofix_shardings(model(mesh), mesh=mesh, in_shardings=(P("dp", "sp"), P()), on_fix="ignore")(X, W)

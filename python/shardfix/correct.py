@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
-from .sharding import AxisRef, DimSharding, Mesh, TensorSharding
+from .sharding import AxisRef, DimSharding, Mesh, TensorSharding, describe_sub_axis
 
 POLICIES = ("subaxis", "prefix", "drop")
 
@@ -182,8 +182,9 @@ def _divisible_dim(dim: DimSharding, n: int | None, index: int, mesh: Mesh, site
     new = DimSharding(tuple(manual + kept), dim.is_closed, dim.priority)
     before = "{" + ", ".join(map(str, dim.axes)) + "}"
     after = "{" + ", ".join(map(str, new.axes)) + "}"
+    words = "".join(f"; {a} is {describe_sub_axis(a, mesh)}" for a in new.axes if a.is_sub_axis)
     reasons.append(Reason("indivisible", f"dim {index} of size {n} is not divisible by {before} (size {total}); "
-                                         f"now {after} (size {math.prod(a.size_in(mesh) for a in new.axes)})"))
+                                         f"now {after} (size {math.prod(a.size_in(mesh) for a in new.axes)}{words})"))
     return new
 
 

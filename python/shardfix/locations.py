@@ -10,7 +10,10 @@ Pure: imports neither MLIR nor JAX.
 
 from __future__ import annotations
 
+import functools
 import os
+import sys
+import sysconfig
 from dataclasses import dataclass
 
 
@@ -176,14 +179,16 @@ def _read(r: _Reader, frames: list[Frame], names: list[str], function: str) -> N
 
 _OWN_DIR = os.path.dirname(os.path.abspath(__file__))
 _LIBRARY_MARKERS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
+_STDLIB_DIRS = tuple(sorted({os.path.abspath(sysconfig.get_paths()[key]) + os.sep for key in ("stdlib", "platstdlib")}))
 
 
+@functools.lru_cache(maxsize=4096)
 def is_library_file(path: str) -> bool:
-    """Installed libraries (JAX, Flax, ...), Python itself and shardfix: never the line a user wrote."""
+    """Installed libraries (JAX, Flax, ...), Python's standard library and shardfix: never the line a user wrote."""
     if not path or path.startswith("<frozen"):
         return True
     absolute = os.path.abspath(path)
-    if absolute.startswith(_OWN_DIR + os.sep):
+    if absolute.startswith((_OWN_DIR + os.sep,) + _STDLIB_DIRS):
         return True
     return any(marker in absolute for marker in _LIBRARY_MARKERS)
 
@@ -204,3 +209,27 @@ def source_loc_of(text: str) -> SourceLoc:
     if frame is not None:
         return SourceLoc(frame.file, frame.line, frame.col)
     return SourceLoc(name=parsed.names[0]) if parsed.names else SourceLoc()
+
+
+def caller_frame(skip: int = 1):
+    """The innermost frame of the running Python stack in the user's own code (`skip` frames above this one's
+    caller); None when there is none."""
+    frame = sys._getframe(skip + 1)
+    while frame is not None and is_library_file(frame.f_code.co_filename):
+        frame = frame.f_back
+    return frame
+
+
+def caller_loc(skip: int = 1) -> SourceLoc:
+    """The file and line of `caller_frame(skip)`."""
+    frame = caller_frame(skip + 1)
+    return SourceLoc() if frame is None else SourceLoc(frame.f_code.co_filename, frame.f_lineno)
+
+
+def user_stacklevel() -> int:
+    """The `stacklevel` that makes `warnings.warn`, called in a function that this function's caller calls, point
+    at the user's own frame."""
+    frame, level = sys._getframe(1), 2
+    while frame is not None and is_library_file(frame.f_code.co_filename):
+        frame, level = frame.f_back, level + 1
+    return level if frame is not None else 1

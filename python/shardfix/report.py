@@ -4,7 +4,7 @@ their text and JSON renderings. Pure: imports neither MLIR nor JAX."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from .locations import SourceLoc
 
@@ -30,7 +30,8 @@ class Diagnostic:
 
 @dataclass(frozen=True)
 class Fix:
-    """One sharding a pass changed."""
+    """One sharding change; `count` > 1 when the same change was made at several sites of one line (an argument
+    and a result, forward and backward, several layers), the other sites in `more_sites`."""
 
     pass_name: str
     site: str
@@ -40,6 +41,8 @@ class Fix:
     after: str
     shards_before: int
     shards_after: int
+    count: int = 1
+    more_sites: tuple[str, ...] = ()
 
     @property
     def location(self) -> str:
@@ -50,14 +53,49 @@ class Fix:
         """The reason codes, comma separated (most fixes have one)."""
         return ",".join(dict.fromkeys(code for code, _ in self.reasons))
 
+    @property
+    def sites(self) -> tuple[str, ...]:
+        return (self.site,) + self.more_sites
+
     def message(self) -> str:
         details = "; ".join(f"{code}: {detail}" for code, detail in self.reasons)
         return f"{self.site}: {self.before} -> {self.after} ({details})"
 
     def to_json(self) -> dict:
-        return {"kind": "fix", "pass": self.pass_name, "site": self.site, "location": self.location,
+        data = {"kind": "fix", "pass": self.pass_name, "site": self.site, "location": self.location,
                 "reason": self.reason, "details": [d for _, d in self.reasons], "before": self.before,
                 "after": self.after, "shards_before": self.shards_before, "shards_after": self.shards_after}
+        if self.count > 1:
+            data.update(count=self.count, sites=list(self.sites))
+        return data
+
+
+def merge_fixes(fixes) -> list[Fix]:
+    """One Fix per (location, reason, before, after), in order of first appearance, with the count of the fixes it
+    stands for and their distinct sites."""
+    merged: dict[tuple, Fix] = {}
+    for fix in fixes:
+        key = (fix.location, fix.reason, fix.before, fix.after)
+        first = merged.get(key)
+        if first is None:
+            merged[key] = fix
+            continue
+        sites = tuple(dict.fromkeys(first.sites + fix.sites))
+        reasons = tuple(dict.fromkeys(first.reasons + fix.reasons))
+        merged[key] = replace(first, reasons=reasons, count=first.count + fix.count, more_sites=sites[1:])
+    return list(merged.values())
+
+
+def render_fixes(fixes, name: str) -> str:
+    """The text of the warning (or error, or log line) that tells a user what changed in `name`."""
+    total = sum(f.count for f in fixes)
+    lines = [f"shardfix changed {total} sharding(s) of {name}:"]
+    for f in fixes:
+        site = f.site if len(f.sites) == 1 else f"{f.site} and {len(f.sites) - 1} more site(s)"
+        times = f" (x{f.count})" if f.count > 1 else ""
+        lines.append(f"  {f.location or '?'}: {site}: {f.before} -> {f.after} [{f.reason}]{times}")
+        lines += [f"      {detail}" for detail in dict.fromkeys(detail for _, detail in f.reasons)]
+    return "\n".join(lines)
 
 
 @dataclass(frozen=True)

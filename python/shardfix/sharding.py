@@ -175,6 +175,11 @@ def shard_count(sharding: TensorSharding, mesh: Mesh) -> int:
     return count
 
 
+def describe_sub_axis(ref: AxisRef, mesh: Mesh) -> str:
+    """A sub-axis in plain words: `"tp":(1)2` on tp=4 is "2 of tp's 4 devices"."""
+    return f"{ref.size} of {ref.name}'s {mesh.axis_size(ref.name)} devices"
+
+
 def dim_shard_count(dim: DimSharding, mesh: Mesh) -> int:
     return math.prod(ref.size_in(mesh) for ref in dim.axes)
 

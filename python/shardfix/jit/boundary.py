@@ -1,37 +1,70 @@
-"""Corrections at the decorated function's boundary: its in/out shardings, given as PartitionSpecs or
-NamedShardings, made valid and evenly divisible for the arguments and results they apply to."""
+"""The decorated function's boundary: its in/out shardings (PartitionSpecs or NamedShardings) made valid and
+evenly divisible for the arguments and results they apply to, the arguments to lower with, and clear errors for
+in/out sharding trees that don't fit and for a `mesh=` that is no mesh."""
 
 from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass, field
+from typing import Any
 
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ..correct import Site, correct_sharding
-from ..locations import SourceLoc
+from ..locations import SourceLoc, caller_loc
 from ..report import Fix
-from ..sharding import Mesh, shard_count
-from .specs import spec_to_model, to_named_sharding
+from ..sharding import shard_count
+from . import tracing
+from .specs import mesh_model, repair_spec, spec_to_model
 
 UNSPECIFIED = object()
 
 
-def corrected_jit(fun, options, static_positions: set[int], loc: SourceLoc, args, kwargs):
-    """(the fixes, a jax.jit of `fun` whose in/out shardings are corrected for these arguments)."""
+def check_mesh(mesh) -> None:
+    """`mesh=` must be a jax.sharding.Mesh (or None); anything else fails here, at decoration, in plain words."""
+    if mesh is None or isinstance(mesh, jax.sharding.Mesh):
+        return
+    raise TypeError(f"autofix_shardings(mesh=...) takes a jax.sharding.Mesh, such as "
+                    f"jax.make_mesh((2, 4), ('dp', 'tp')); got {type(mesh).__name__} {mesh!r}")
+
+
+@dataclass
+class Boundary:
+    """A jax.jit of the function with corrected in/out shardings, what was corrected, and the arguments to lower it
+    with (an argument committed to another sharding than its in_sharding goes in abstract form: it is moved when
+    the executable is called)."""
+
+    jitted: Any
+    fixes: list[Fix] = field(default_factory=list)
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+
+
+def corrected_jit(fun, options, static_positions: set[int], loc: SourceLoc, args, kwargs) -> Boundary:
+    """The Boundary of one call of `fun` (a repair session must be active when out_shardings are given: finding
+    the result shapes traces the function)."""
     o = options
-    mesh = resolve_mesh(o.mesh, args, kwargs) if (o.in_shardings, o.out_shardings) != (UNSPECIFIED,) * 2 else None
+    given = (o.in_shardings, o.out_shardings) != (UNSPECIFIED,) * 2
+    mesh = resolve_mesh(o.mesh, args, kwargs) if given else None
     fixes: list[Fix] = []
     jit_kwargs = dict(static_argnums=o.static_argnums, static_argnames=o.static_argnames,
                       donate_argnums=o.donate_argnums, donate_argnames=o.donate_argnames)
+    lower_args = args
     if o.in_shardings is not UNSPECIFIED:
-        dynamic = tuple(a for i, a in enumerate(args) if i not in static_positions)
-        jit_kwargs["in_shardings"] = _correct_tree(o.in_shardings, dynamic, mesh, "in_shardings", o.policy, loc,
-                                                   fixes)
+        positions = [i for i in range(len(args)) if i not in static_positions]
+        dynamic = tuple(args[i] for i in positions)
+        names = _parameter_names(fun, positions)
+        in_shardings = _correct_tree(o.in_shardings, dynamic, mesh, "in_shardings", names, o.policy, loc, fixes)
+        jit_kwargs["in_shardings"] = in_shardings
+        lower_args = _lowering_arguments(args, positions, in_shardings, names, fixes)
     if o.out_shardings is not UNSPECIFIED:
-        shapes = jax.jit(fun, **{k: v for k, v in jit_kwargs.items() if k != "in_shardings"}).eval_shape(
-            *args, **kwargs)
-        jit_kwargs["out_shardings"] = _correct_tree(o.out_shardings, shapes, mesh, "out_shardings", o.policy, loc,
-                                                    fixes)
-    return fixes, jax.jit(fun, **jit_kwargs)
+        shape_jit = jax.jit(fun, **jit_kwargs)
+        with tracing.repairing(o.policy, isolated=True):  # its repairs are the lowering's, recorded there
+            shapes = shape_jit.eval_shape(*lower_args, **kwargs)
+        jit_kwargs["out_shardings"] = _correct_tree(o.out_shardings, shapes, mesh, "out_shardings", ("result",),
+                                                    o.policy, loc, fixes)
+    return Boundary(jax.jit(fun, **jit_kwargs), fixes, lower_args, kwargs)
 
 
 def resolve_mesh(mesh, args, kwargs):
@@ -51,35 +84,145 @@ def resolve_mesh(mesh, args, kwargs):
     return None
 
 
-def _correct_tree(spec_tree, values, mesh, what: str, policy: str, loc: SourceLoc, fixes: list[Fix]):
-    """Each PartitionSpec/NamedSharding leaf corrected for the shape of the value it applies to."""
-    is_leaf = lambda x: x is None or isinstance(x, (PartitionSpec, jax.sharding.Sharding))  # noqa: E731
+def _is_spec(x) -> bool:
+    return x is None or isinstance(x, (PartitionSpec, jax.sharding.Sharding))
+
+
+def _parameter_names(fun, positions: list[int]) -> tuple[str, ...]:
+    """The parameter name of each dynamic positional argument (`args[i]` where the signature doesn't say)."""
     try:
-        full = jax.tree.broadcast(spec_tree, values, is_leaf=is_leaf)
+        params = [p for p in inspect.signature(fun).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    return tuple(params[i].name if i < len(params) else f"args[{i}]" for i in positions)
+
+
+def _correct_tree(spec_tree, values, mesh, what: str, names: tuple[str, ...], policy: str, loc: SourceLoc,
+                  fixes: list[Fix]):
+    """Each PartitionSpec/NamedSharding leaf corrected for the shape of the value it applies to."""
+    if what == "in_shardings" and not _is_spec(spec_tree) and isinstance(spec_tree, (tuple, list)):
+        spec_tree = tuple(spec_tree)  # jax.jit reads a list of per-argument shardings as a tuple
+    try:
+        full = jax.tree.broadcast(spec_tree, values, is_leaf=_is_spec)
     except ValueError:
-        return spec_tree  # let jax.jit report the structure mismatch in its own words
-    paths_specs = jax.tree_util.tree_flatten_with_path(full, is_leaf=is_leaf)[0]
-    shapes = jax.tree.leaves(values)
-    corrected = [_correct_leaf(spec, getattr(value, "shape", ()), mesh, f"{what}{jax.tree_util.keystr(path)}",
-                               policy, loc, fixes)
-                 for (path, spec), value in zip(paths_specs, shapes)]
-    return jax.tree.unflatten(jax.tree.structure(full, is_leaf=is_leaf), corrected)
+        raise ValueError(f"{loc}: {_mismatch(spec_tree, values, what, names)}") from None
+    paths_specs = jax.tree_util.tree_flatten_with_path(full, is_leaf=_is_spec)[0]
+    shapes = [getattr(v, "shape", ()) for v in jax.tree.leaves(values)]
+    corrected = [_correct_leaf(spec, tuple(shape), mesh, f"{what}{jax.tree_util.keystr(path)}", policy, loc, fixes)
+                 for (path, spec), shape in zip(paths_specs, shapes)]
+    return jax.tree.unflatten(jax.tree.structure(full, is_leaf=_is_spec), corrected)
 
 
-def _correct_leaf(spec, shape, mesh, site: str, policy: str, loc: SourceLoc, fixes: list[Fix]):
-    if spec is None or not isinstance(spec, (PartitionSpec, NamedSharding)):
+def _correct_leaf(spec, shape: tuple, mesh, site: str, policy: str, loc: SourceLoc, fixes: list[Fix]):
+    if not isinstance(spec, (PartitionSpec, NamedSharding)):
         return spec
     target_mesh = spec.mesh if isinstance(spec, NamedSharding) else mesh
     if target_mesh is None:
         raise ValueError(f"{loc}: {site} is the PartitionSpec {spec} but there is no mesh to apply it to: "
                          "pass mesh=..., use jax.set_mesh, or give NamedShardings")
+    memory_kind = spec.memory_kind if isinstance(spec, NamedSharding) else None
     spec = spec.spec if isinstance(spec, NamedSharding) else spec
-    model_mesh = Mesh.of(dict(target_mesh.shape))
-    before = spec_to_model(spec, rank=len(shape))
-    after, reasons = correct_sharding(before, Site(tuple(shape), allow_subaxes=False), {"mesh": model_mesh}, policy)
-    if after != before:
-        fixes.append(Fix("autofix_shardings", f"{site} (shape {tuple(shape)})", loc,
-                         tuple((r.code, r.detail) for r in reasons), str(spec),
-                         str(to_named_sharding(after, target_mesh).spec), shard_count(before, model_mesh),
-                         shard_count(after, model_mesh)))
-    return to_named_sharding(after, target_mesh)
+    after, reasons = repair_spec(spec, target_mesh, shape, policy)
+    if reasons:
+        model_mesh = mesh_model(target_mesh)
+        fixes.append(Fix("autofix_shardings", f"{site} (shape {shape})", loc,
+                         tuple((r.code, r.detail) for r in reasons), str(spec), str(after),
+                         shard_count(spec_to_model(spec), model_mesh), shard_count(spec_to_model(after), model_mesh)))
+    return NamedSharding(target_mesh, after, memory_kind=memory_kind)
+
+
+def _lowering_arguments(args: tuple, positions: list[int], in_shardings, names: tuple[str, ...],
+                        fixes: list[Fix]) -> tuple:
+    """`args` with each array committed to another sharding than its in_sharding in abstract form (lowering with
+    it would fail; the compiled function moves it), each such move recorded."""
+    args = list(args)
+    for index, name, shardings in zip(positions, names, _per_argument(in_shardings, len(positions))):
+        arg = args[index]
+        if shardings is None:
+            continue
+        full = jax.tree.broadcast(shardings, arg, is_leaf=_is_spec)
+        paths = jax.tree_util.tree_flatten_with_path(arg)[0]
+        targets = jax.tree.leaves(full, is_leaf=_is_spec)
+        moved = [_abstract_if_elsewhere(leaf, target, f"{name}{jax.tree_util.keystr(path)}", fixes)
+                 for (path, leaf), target in zip(paths, targets)]
+        args[index] = jax.tree.unflatten(jax.tree.structure(arg), moved)
+    return tuple(args)
+
+
+def _per_argument(in_shardings, count: int) -> list:
+    if _is_spec(in_shardings):
+        return [in_shardings] * count
+    return list(in_shardings)
+
+
+def _abstract_if_elsewhere(leaf, target, where: str, fixes: list[Fix]):
+    if not (isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer)
+            and isinstance(target, jax.sharding.Sharding) and leaf.committed):
+        return leaf
+    if leaf.sharding.is_equivalent_to(target, leaf.ndim):
+        return leaf
+    before, after = _spec_text(leaf.sharding), _spec_text(target)
+    fixes.append(Fix("autofix_shardings", f"argument {where} (shape {tuple(leaf.shape)})", caller_loc(),
+                     (("moved-argument", f"committed to {before}; moved to {after}, its in_sharding, on each call"),),
+                     before, after, _shard_count(leaf.sharding, leaf.shape), _shard_count(target, leaf.shape)))
+    return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=target, weak_type=leaf.weak_type)
+
+
+def _spec_text(sharding) -> str:
+    return str(sharding.spec) if isinstance(sharding, NamedSharding) else str(sharding)
+
+
+def _shard_count(sharding, shape: tuple) -> int:
+    """How many ways a sharding splits an array of `shape`."""
+    return math.prod(n // k for n, k in zip(shape, sharding.shard_shape(shape)) if k)
+
+
+def _mismatch(prefix, full, what: str, names: tuple[str, ...]) -> str:
+    """jax.jit-like words for an in/out sharding tree that is not a prefix of the arguments/results: the first key
+    path where they differ, and what each side has there."""
+    head = f"{what} must be a tree prefix of the function's "
+    head += "positional arguments" if what == "in_shardings" else "result"
+    if what == "in_shardings" and isinstance(prefix, tuple) and len(prefix) != len(full):
+        return (f"{head}: {what} is a tuple of length {len(prefix)} but the function takes {len(full)} positional "
+                f"argument(s) ({', '.join(names)}); give one entry per argument, or one PartitionSpec or Sharding "
+                f"for all")
+    path, mine, theirs = _first_difference(prefix, full, ())
+    where = what + jax.tree_util.keystr(path)
+    if what == "in_shardings" and path:
+        argument = names[path[0].idx] + jax.tree_util.keystr(path[1:])
+    else:
+        argument = "result" + jax.tree_util.keystr(path)
+    return f"{head}: {where} is {mine}, but the {'argument' if what == 'in_shardings' else 'value'} it applies " \
+           f"to, {argument}, is {theirs}"
+
+
+def _first_difference(prefix, full, path: tuple):
+    """(key path, description of the prefix there, description of the full tree there) where they first differ."""
+    one_level = lambda tree: jax.tree.structure(tree, is_leaf=lambda x: x is not tree)  # noqa: E731
+    if _is_spec(prefix):
+        return path, _describe(prefix), _describe(full)  # not reached for trees that broadcast
+    if one_level(prefix) != one_level(full):
+        return path, _describe(prefix), _describe(full)
+    prefix_children = jax.tree_util.tree_flatten_with_path(prefix, is_leaf=lambda x: x is not prefix)[0]
+    full_children = jax.tree_util.tree_flatten_with_path(full, is_leaf=lambda x: x is not full)[0]
+    for (key, p), (_, f) in zip(prefix_children, full_children):
+        try:
+            jax.tree.broadcast(p, f, is_leaf=_is_spec)
+        except ValueError:
+            return _first_difference(p, f, path + key)
+    return path, _describe(prefix), _describe(full)
+
+
+def _describe(x) -> str:
+    if isinstance(x, (jax.Array, jax.ShapeDtypeStruct)) or hasattr(x, "shape") and hasattr(x, "dtype"):
+        return f"an array of shape {tuple(x.shape)}"
+    if _is_spec(x):
+        return "None" if x is None else f"the sharding {x}"
+    children = jax.tree_util.tree_flatten_with_path(x, is_leaf=lambda y: y is not x)[0]
+    keys = [jax.tree_util.keystr(k) for k, _ in children]
+    if isinstance(x, dict):
+        return f"a dict with keys {sorted(str(k) for k in x)}"
+    if isinstance(x, (tuple, list)):
+        return f"a {type(x).__name__} of length {len(x)}"
+    return f"a {type(x).__name__} with entries {keys}" if keys else f"a {type(x).__name__}"

@@ -19,15 +19,18 @@ from typing import Any, Callable
 import jax
 
 from ..correct import POLICIES
-from ..locations import SourceLoc
+from ..locations import SourceLoc, user_stacklevel
 from ..pipeline import PassContext
-from ..report import Fix, ShardingFixError, ShardingFixWarning
-from . import _jax
-from .boundary import UNSPECIFIED, corrected_jit
+from ..report import Fix, ShardingFixError, ShardingFixWarning, merge_fixes, render_fixes
+from . import _jax, tracing
+from .boundary import UNSPECIFIED, Boundary, check_mesh, corrected_jit
 from .lowering import patch_lowered
 from .stages import AutofixLowered
 
 logger = logging.getLogger("shardfix")
+# The trace-time hooks go in as soon as the decorator exists, so that JAX functions user code takes by reference
+# later (a closure over jax.lax.with_sharding_constraint, say) are the hooked ones.
+tracing.install()
 RING_MODES = ("auto", "off", "zigzag", "striped")
 ON_FIX = ("warn", "log", "error", "ignore")
 
@@ -71,6 +74,7 @@ def autofix_shardings(fun: Callable | None = None, *, mesh=None, in_shardings=UN
         raise ValueError(f"ring_reorder must be one of {', '.join(RING_MODES)}; got {ring_reorder!r}")
     if on_fix not in ON_FIX:
         raise ValueError(f"on_fix must be one of {', '.join(ON_FIX)}; got {on_fix!r}")
+    check_mesh(mesh)
     options = dict(mesh=mesh, in_shardings=in_shardings, out_shardings=out_shardings, static_argnums=static_argnums,
                    static_argnames=static_argnames, donate_argnums=donate_argnums, donate_argnames=donate_argnames,
                    policy=policy, ring_reorder=ring_reorder, on_fix=on_fix)
@@ -132,7 +136,7 @@ class AutofixFunction:
 
     def _run(self, compiled, dyn_args, dyn_kwargs, moved):
         if compiled is None:  # under a trace: dyn_args/dyn_kwargs are the full call
-            return self._inner_jit(dyn_args, dyn_kwargs)(*dyn_args, **dyn_kwargs)
+            return self._traced_call(dyn_args, dyn_kwargs)
         return compiled._compiled(*dyn_args, **dyn_kwargs)
 
     def _static_argnums_list(self) -> list[int] | None:
@@ -191,21 +195,31 @@ class AutofixFunction:
 
     def _lower(self, args, kwargs, stacklevel: int) -> "AutofixLowered":
         self.lower_count += 1
-        boundary_fixes, jitted = self._corrected_jit(args, kwargs)
-        lowered = jitted.lower(*args, **kwargs)
+        with tracing.repairing(self._options.policy) as repairs:  # specs JAX rejects while tracing
+            boundary = self._corrected_jit(args, kwargs)
+            lowered = boundary.jitted.lower(*boundary.args, **boundary.kwargs)
         pass_ctx = PassContext()
         patched, report = patch_lowered(lowered, self._pipeline(), pass_ctx)
-        fixes = boundary_fixes + report.fixes
+        fixes = merge_fixes(boundary.fixes + repairs.fixes + report.fixes)
         _tell(fixes, self._options.on_fix, getattr(self._fun, "__name__", "function"), stacklevel)
         return AutofixLowered(patched, fixes, report.rings)
 
     def _pipeline(self) -> str:
         return default_pipeline(self._options.policy, self._options.ring_reorder)
 
-    def _inner_jit(self, args, kwargs):
-        return self._corrected_jit(args, kwargs)[1]
+    def _traced_call(self, args, kwargs):
+        """Under an outer trace: the corrected jax.jit, its trace-time specs repaired. Inside an outer
+        autofix_shardings the fixes go to its report; else they are told here."""
+        with tracing.repairing(self._options.policy) as repairs:
+            boundary = self._corrected_jit(args, kwargs)
+            repairs.add(boundary.fixes)
+            out = boundary.jitted(*args, **kwargs)
+        if repairs.parent is None:
+            _tell(merge_fixes(repairs.fixes), self._options.on_fix, getattr(self._fun, "__name__", "function"),
+                  user_stacklevel())
+        return out
 
-    def _corrected_jit(self, args, kwargs):
+    def _corrected_jit(self, args, kwargs) -> Boundary:
         """A jax.jit of the function whose in/out shardings are corrected for these arguments, and the fixes."""
         return corrected_jit(self._fun, self._options, self._static_positions(len(args)), self._loc, args, kwargs)
 
@@ -213,11 +227,7 @@ class AutofixFunction:
 def _tell(fixes: list[Fix], on_fix: str, name: str, stacklevel: int) -> None:
     if not fixes or on_fix == "ignore":
         return
-    lines = [f"shardfix changed {len(fixes)} sharding(s) of {name}:"]
-    for f in fixes:
-        lines.append(f"  {f.location or '?'}: {f.site}: {f.before} -> {f.after} [{f.reason}]")
-        lines += [f"      {detail}" for _, detail in f.reasons]
-    text = "\n".join(lines)
+    text = render_fixes(fixes, name)
     if on_fix == "error":
         raise ShardingFixError(text)
     if on_fix == "log":

@@ -1,69 +1,160 @@
-"""JAX-facing corrections: PartitionSpec / NamedSharding in, corrected PartitionSpec / NamedSharding out."""
+"""JAX-facing corrections: PartitionSpec / NamedSharding in, corrected PartitionSpec / NamedSharding out.
+
+A PartitionSpec's `unreduced` and `reduced` axes are kept exactly as given by every helper here: only its
+partitions (one entry per dimension) are corrected.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+import math
+import re
+from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
-    from jax.sharding import NamedSharding
+    from jax.sharding import NamedSharding, PartitionSpec
 
-from ..correct import Site, correct_sharding
-from ..sharding import UNCONSTRAINED, Mesh, TensorSharding, from_spec_entries, to_spec_entries
+from ..correct import Reason, Site, correct_sharding
+from ..sharding import (UNCONSTRAINED, Mesh, TensorSharding, describe_sub_axis, from_spec_entries,
+                        to_spec_entries)
 
 
-def _mesh_model(mesh) -> Mesh:
+def mesh_model(mesh) -> Mesh:
+    """The pure model of a JAX Mesh or AbstractMesh (axis names and sizes)."""
     return Mesh.of(dict(mesh.shape))
 
 
-def _entries(spec) -> list:
+def partitions(spec) -> tuple:
+    """A PartitionSpec's per-dimension entries, with UNCONSTRAINED translated to the model's marker."""
     from jax.sharding import PartitionSpec
-    return [UNCONSTRAINED if e is PartitionSpec.UNCONSTRAINED else e for e in tuple(spec)]
+    return tuple(UNCONSTRAINED if e is PartitionSpec.UNCONSTRAINED else e for e in spec.partitions)
 
 
-def _to_spec(entries):
+def with_partitions(spec, entries: Sequence) -> "PartitionSpec":
+    """`spec` with other partitions, keeping its unreduced/reduced axes (and their kind)."""
     from jax.sharding import PartitionSpec
-    return PartitionSpec(*(PartitionSpec.UNCONSTRAINED if e is UNCONSTRAINED else e for e in entries))
+    jax_entries = tuple(PartitionSpec.UNCONSTRAINED if e is UNCONSTRAINED else e for e in entries)
+    if isinstance(spec, PartitionSpec):
+        return spec.update(partitions=jax_entries)
+    return PartitionSpec(*jax_entries)
 
 
-def to_named_sharding(sharding: TensorSharding, mesh) -> "NamedSharding":
-    """The NamedSharding on the JAX `mesh` for a model sharding; ValueError where a spec can't say it
-    (sub-axes, priorities, open dims with axes)."""
+def to_named_sharding(sharding: TensorSharding, mesh, like=None) -> "NamedSharding":
+    """The NamedSharding on the JAX `mesh` for a model sharding (with `like`'s unreduced/reduced axes);
+    ValueError where a spec can't say it (sub-axes, priorities, open dims with axes)."""
     from jax.sharding import NamedSharding
-    return NamedSharding(mesh, _to_spec(to_spec_entries(sharding)))
+    return NamedSharding(mesh, with_partitions(like, to_spec_entries(sharding)))
 
 
 def from_named_sharding(named, rank: int | None = None, mesh_name: str = "mesh") -> TensorSharding:
-    """The model sharding of a NamedSharding (padded to `rank` with replicated dims)."""
+    """The model sharding of a NamedSharding's partitions (padded to `rank` with replicated dims)."""
     return spec_to_model(named.spec, rank, mesh_name)
 
 
 def spec_to_model(spec, rank: int | None = None, mesh_name: str = "mesh") -> TensorSharding:
-    """The model sharding of a PartitionSpec, whatever axes it names (padded to `rank` with replicated dims)."""
-    return from_spec_entries(_entries(spec), mesh_name, rank)
+    """The model sharding of a PartitionSpec's partitions, whatever axes they name (padded to `rank`)."""
+    return from_spec_entries(partitions(spec), mesh_name, rank)
 
 
-def correct_spec(shape: Sequence[int], spec, mesh, *, policy: str = "drop"):
+def repair_spec(spec, mesh, shape: Sequence[int] | None, policy: str, *,
+                divisibility: bool = True) -> tuple["PartitionSpec", list[Reason]]:
+    """`spec` made valid for an array of `shape` on `mesh` (a Mesh or AbstractMesh), and the reasons.
+
+    Unknown and duplicate axes are dropped, the spec gets one entry per dimension, and with `divisibility` each
+    indivisible dim is corrected by `policy`. A PartitionSpec holds no sub-axes: where the policy would keep one,
+    the longest dividing prefix is kept and a reason says so. `shape=None` (not known) corrects axis names only
+    and keeps the spec's length. Reasons are in PartitionSpec words; a valid spec comes back as the same object.
+    """
+    model_mesh = mesh_model(mesh)
+    entries = list(partitions(spec))  # PartitionSpec itself keeps unreduced/reduced axes out of its partitions
+    if shape is None:
+        site_shape: tuple = (None,) * len(entries)
+    else:  # a shorter spec means replicated trailing dims (JAX's own reading): padding it is no fix
+        entries += [None] * (len(shape) - len(entries))
+        site_shape = tuple(shape) if divisibility else (None,) * len(shape)
+    sharding = from_spec_entries(entries, "mesh")
+    meshes = {"mesh": model_mesh}
+    fixed, reasons = correct_sharding(sharding, Site(site_shape, allow_subaxes=False), meshes, policy)
+    reasons = [Reason(r.code, spec_words(r.detail)) for r in reasons]
+    if any(r.code == "indivisible" for r in reasons):
+        reasons += _sub_axis_fallback(sharding, site_shape, meshes, policy, fixed, model_mesh)
+    fixed_entries = list(to_spec_entries(fixed))
+    fixed_entries += [None] * (len(site_shape) - len(fixed_entries))
+    if not reasons:
+        return spec, []
+    return with_partitions(spec, fixed_entries), reasons
+
+
+_MESH_TEXT = re.compile(r'<\[((?:"[^"]*"=\d+(?:, )?)*)\]>')
+_DIM_TEXT = re.compile(r'\{((?:"[^"]*"(?:, )?)*)(\?)?\}')
+_NAME_TEXT = re.compile(r'"([^"]*)"')
+
+
+def spec_words(detail: str) -> str:
+    """A correction-core detail in PartitionSpec words: dims `{"tp"}`, `{"dp", "tp"}`, `{}`, `{?}` become 'tp',
+    ('dp', 'tp'), None, UNCONSTRAINED; a mesh `<["dp"=2, "tp"=4]>` becomes (dp=2, tp=4); axis names take quotes."""
+    def dim(match: re.Match) -> str:
+        names = [f"'{n}'" for n in _NAME_TEXT.findall(match.group(1))]
+        if match.group(2):
+            return "UNCONSTRAINED"
+        return "None" if not names else names[0] if len(names) == 1 else f"({', '.join(names)})"
+    detail = _MESH_TEXT.sub(lambda m: "(" + m.group(1).replace('"', "") + ")", detail)
+    return _NAME_TEXT.sub(r"'\1'", _DIM_TEXT.sub(dim, detail))
+
+
+def _sub_axis_fallback(sharding: TensorSharding, shape: tuple, meshes: dict, policy: str, fixed: TensorSharding,
+                       mesh: Mesh) -> list[Reason]:
+    """Where the policy would keep a sub-axis, a reason saying that a PartitionSpec can't, and what it kept."""
+    ideal, _ = correct_sharding(sharding, Site(shape, allow_subaxes=True), meshes, policy)
+    notes = []
+    for i, (want, got) in enumerate(zip(ideal.dims, fixed.dims)):
+        subs = [a for a in want.axes if a.is_sub_axis]
+        if subs and want != got:
+            kept = ", ".join(f'"{a.name}"' for a in got.axes) or "none"
+            words = "; ".join(f"{a} is {describe_sub_axis(a, mesh)}" for a in subs)
+            notes.append(Reason("indivisible", f"dim {i}: the {policy} policy would keep the sub-axis "
+                                               f"{{{', '.join(map(str, want.axes))}}} ({words}), which a "
+                                               f"PartitionSpec can't hold; kept the longest dividing prefix "
+                                               f"of axes instead ({kept})"))
+    return notes
+
+
+def correct_spec(shape: Sequence[int], spec, mesh, *, policy: str = "drop") -> "PartitionSpec":
     """`spec` made valid and evenly divisible for an array of `shape` on the JAX `mesh`.
 
     Unknown and duplicate axes are dropped, the spec is fitted to the rank, and each indivisible dim is corrected by
     `policy` ("drop": the dim becomes replicated; "prefix" or "subaxis": the longest dividing prefix of its axes,
-    since a PartitionSpec can't hold sub-axes). Returns a PartitionSpec.
+    since a PartitionSpec can't hold sub-axes). Like `get_corrected_named_sharding`, the result has one entry per
+    dimension, or none at all when every dimension is replicated; unreduced/reduced axes are kept.
     """
-    model = _mesh_model(mesh)
-    sharding = spec_to_model(spec)
-    fixed, _ = correct_sharding(sharding, Site(tuple(shape), allow_subaxes=False), {"mesh": model}, policy)
-    return _to_spec(to_spec_entries(fixed))
+    fixed, _ = repair_spec(spec, mesh, shape, policy)
+    return _replicated_as_empty(with_partitions(spec, _padded(partitions(fixed), len(shape))))
 
 
-def get_corrected_named_sharding(shape: Sequence[int], spec, mesh):
-    """A NamedSharding on `mesh` for an array of `shape`: each dim entry of `spec` that names an axis the mesh
-    lacks, or whose axes don't divide the dim, becomes None (replicated); UNCONSTRAINED becomes None; the spec is
-    padded or truncated to the rank. Size-1 axes are kept; a duplicate axis raises JAX's DuplicateSpecError."""
+def get_corrected_named_sharding(shape: Sequence[int], spec, mesh) -> "NamedSharding":
+    """A NamedSharding on `mesh` for an array of `shape`, with ejkernel's semantics.
+
+    The spec is padded with None or truncated to the rank; an entry that names an axis the mesh lacks, whose axes'
+    sizes don't divide its dimension, or that is not a name or a tuple of names (UNCONSTRAINED, say) becomes None;
+    when every entry is None the spec is `P()`. Size-1 axes are kept; an axis used twice in the result raises
+    JAX's DuplicateSpecError (as constructing the NamedSharding does). Unreduced/reduced axes are kept.
+    """
     from jax.sharding import NamedSharding
-    names = set(mesh.axis_names)
+    sizes = dict(mesh.shape)
     entries = []
-    for entry in _entries(spec)[:len(shape)]:
-        axes = () if entry is None or entry is UNCONSTRAINED else ((entry,) if isinstance(entry, str) else entry)
-        entries.append(entry if axes and all(a in names for a in axes) else None)
-    NamedSharding(mesh, _to_spec(entries))  # a duplicate axis raises here, as in JAX and ejkernel
-    return NamedSharding(mesh, correct_spec(shape, _to_spec(entries), mesh, policy="drop"))
+    for dim, entry in zip(shape, _padded(tuple(spec.partitions), len(shape))):
+        names = (entry,) if isinstance(entry, str) else entry if isinstance(entry, tuple) else None
+        valid = names is not None and all(n in sizes for n in names)
+        entries.append(entry if valid and dim % math.prod(sizes[n] for n in names) == 0 else None)
+    if not spec.partitions:
+        entries = []
+    return NamedSharding(mesh, _replicated_as_empty(with_partitions(spec, entries)))
+
+
+def _padded(entries: Sequence, rank: int) -> tuple:
+    return tuple(entries[:rank]) + (None,) * (rank - len(entries))
+
+
+def _replicated_as_empty(spec) -> Any:
+    return with_partitions(spec, ()) if all(e is None for e in spec.partitions) else spec
+
+
