@@ -20,8 +20,7 @@ def corrected_jit(fun, options, static_positions: set[int], loc: SourceLoc, args
     o = options
     mesh = resolve_mesh(o.mesh, args, kwargs) if (o.in_shardings, o.out_shardings) != (UNSPECIFIED,) * 2 else None
     fixes: list[Fix] = []
-    jit_kwargs = dict(static_argnums=o.static_argnums, static_argnames=o.static_argnames,
-                      donate_argnums=o.donate_argnums, donate_argnames=o.donate_argnames)
+    jit_kwargs = o.jit_kwargs()  # every jax.jit option besides the shardings
     if o.in_shardings is not UNSPECIFIED:
         dynamic = tuple(a for i, a in enumerate(args) if i not in static_positions)
         jit_kwargs["in_shardings"] = _correct_tree(o.in_shardings, dynamic, mesh, "in_shardings", o.policy, loc,

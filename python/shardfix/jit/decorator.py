@@ -1,226 +1,191 @@
-"""`autofix_shardings`: a drop-in for `jax.jit` that lowers, fixes shardings, reorders rings, compiles and runs.
+"""`autofix_shardings`: a drop-in for `jax.jit` that repairs shardings and balances ring attention.
 
-At the outermost level (concrete arguments) the function is lowered with JAX, the pipeline runs on a copy of the
-module, and the patched module is compiled; executables are cached per input signature. Under an outer
-transformation (tracer arguments: an enclosing jit, grad or vmap) there is no module of our own to patch, so the
-function acts as `jax.jit` with corrected in/out shardings and the IR passes run only where the outermost call is
-an `autofix_shardings` function.
+The function is a real `jax.jit` of the user's function, with all of jax.jit's options, run through shardfix: its
+own C++ dispatcher (the one jax.jit uses, with a cache of its own) serves cached calls without entering Python; a
+miss lets JAX trace, lower, compile and run as jax.jit would, inside a session in which the trace-time repairs run
+around the trace and the pipeline runs on a copy of the module before XLA compiles it. Under an outer
+transformation (an enclosing jit, grad or vmap) there is no module of its own: the trace-time repairs still run, and
+the IR passes run where the outermost call is compiled through shardfix (a decorated function, or the plugin).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
-import logging
-import warnings
+import types
 from typing import Any, Callable
 
 import jax
 
-from ..correct import POLICIES
 from ..locations import SourceLoc
-from ..pipeline import PassContext
-from ..report import Fix, ShardingFixError, ShardingFixWarning
-from . import _jax
+from ..report import Report
+from . import _jax, notify, stages
 from .boundary import UNSPECIFIED, corrected_jit
 from .lowering import patch_lowered
-from .stages import AutofixLowered
+from .options import Options, resolve
+from .session import DEFAULT_POLICY, Session, active, current, default_pipeline
 
-logger = logging.getLogger("shardfix")
-RING_MODES = ("auto", "off", "zigzag", "striped")
-ON_FIX = ("warn", "log", "error", "ignore")
+__all__ = ["autofix_shardings", "AutofixFunction", "default_pipeline"]
 
-
-def default_pipeline(policy: str = "subaxis", ring_reorder: str = "auto") -> str:
-    """The passes autofix_shardings runs on a lowered module."""
-    pipeline = f"fix-shardings{{policy={policy}}}"
-    if ring_reorder != "off":
-        strategy = "zigzag" if ring_reorder == "auto" else ring_reorder
-        pipeline += f",ring-reorder{{strategy={strategy}}},hoist-permutations"
-    return pipeline
+_NOT_GIVEN: Any = object()
 
 
-@dataclasses.dataclass(frozen=True)
-class _Options:
-    mesh: Any
-    in_shardings: Any
-    out_shardings: Any
-    static_argnums: Any
-    static_argnames: Any
-    donate_argnums: Any
-    donate_argnames: Any
-    policy: str
-    ring_reorder: str
-    on_fix: str
+def autofix_shardings(fun: Callable | None = None, *, in_shardings=UNSPECIFIED, out_shardings=UNSPECIFIED,
+                      static_argnums=_NOT_GIVEN, static_argnames=_NOT_GIVEN, donate_argnums=_NOT_GIVEN,
+                      donate_argnames=_NOT_GIVEN, keep_unused=_NOT_GIVEN, device=_NOT_GIVEN, backend=_NOT_GIVEN,
+                      inline=_NOT_GIVEN, compiler_options=_NOT_GIVEN, mesh=None, policy: str = DEFAULT_POLICY,
+                      ring_reorder: str = "auto", on_fix: str = "warn"):
+    """Like `jax.jit` (every jax.jit argument is accepted and honoured), with every sharding made valid and
+    evenly divisible and ring attention balanced.
 
-
-def autofix_shardings(fun: Callable | None = None, *, mesh=None, in_shardings=UNSPECIFIED,
-                      out_shardings=UNSPECIFIED, static_argnums=None, static_argnames=None, donate_argnums=None,
-                      donate_argnames=None, policy: str = "subaxis", ring_reorder: str = "auto",
-                      on_fix: str = "warn"):
-    """Like `jax.jit`, with every sharding made valid and evenly divisible and ring attention balanced.
-
-    Bare (`@autofix_shardings`) or with options; `autofix_shardings(jax.jit(f, ...))` takes over the jit's options.
-    `mesh` defaults to the context mesh (`jax.set_mesh`), else the mesh of the arguments' NamedShardings.
+    Bare (`@autofix_shardings`) or with options; `autofix_shardings(jax.jit(f, ...))` takes over the jit's options
+    (explicit ones win). `mesh` is what in/out shardings given as PartitionSpecs apply to; it defaults to the
+    context mesh (`jax.set_mesh`), else the mesh of the arguments' NamedShardings. `policy`: how an indivisible
+    dimension is corrected; `ring_reorder`: "auto" (zigzag where provably safe), "zigzag", "striped" or "off";
     `on_fix`: "warn" (one ShardingFixWarning per compile), "log", "error" (ShardingFixError), or "ignore".
     """
-    if policy not in POLICIES:
-        raise ValueError(f"policy must be one of {', '.join(POLICIES)}; got {policy!r}")
-    if ring_reorder not in RING_MODES:
-        raise ValueError(f"ring_reorder must be one of {', '.join(RING_MODES)}; got {ring_reorder!r}")
-    if on_fix not in ON_FIX:
-        raise ValueError(f"on_fix must be one of {', '.join(ON_FIX)}; got {on_fix!r}")
-    options = dict(mesh=mesh, in_shardings=in_shardings, out_shardings=out_shardings, static_argnums=static_argnums,
-                   static_argnames=static_argnames, donate_argnums=donate_argnums, donate_argnames=donate_argnames,
-                   policy=policy, ring_reorder=ring_reorder, on_fix=on_fix)
+    given = {name: value for name, value in dict(
+        static_argnums=static_argnums, static_argnames=static_argnames, donate_argnums=donate_argnums,
+        donate_argnames=donate_argnames, keep_unused=keep_unused, device=device, backend=backend, inline=inline,
+        compiler_options=compiler_options).items() if value is not _NOT_GIVEN}
+    if in_shardings is not UNSPECIFIED:
+        given["in_shardings"] = in_shardings
+    if out_shardings is not UNSPECIFIED:
+        given["out_shardings"] = out_shardings
+    given.update(mesh=mesh, policy=policy, ring_reorder=ring_reorder, on_fix=on_fix)
     if fun is None:
-        return functools.partial(autofix_shardings, **options)
-    fun, options = _unwrap_jit(fun, options)
-    return AutofixFunction(fun, _Options(**options))
+        return functools.partial(_decorate, given=given)
+    return _decorate(fun, given)
 
 
-def _unwrap_jit(fun, options: dict):
-    """Take the function and the jit options out of a `jax.jit` object (explicit options win)."""
-    info = getattr(fun, "_jit_info", None)
-    if info is None or not hasattr(fun, "_fun"):
-        return fun, options
-    options = dict(options)
-    for name in ("in_shardings", "out_shardings"):
-        leaves = getattr(info, f"{name}_leaves")
-        if options[name] is UNSPECIFIED and not all(type(x).__name__ == "UnspecifiedValue" for x in leaves):
-            options[name] = jax.tree.unflatten(getattr(info, f"{name}_treedef"), leaves)
-    for name in ("static_argnums", "static_argnames", "donate_argnums", "donate_argnames"):
-        if options[name] is None and getattr(info, name):
-            options[name] = getattr(info, name)
-    return fun._fun, options
+def _decorate(fun: Callable, given: dict) -> "AutofixFunction":
+    fun, options = resolve(fun, given)
+    return AutofixFunction(fun, options)
 
 
 class AutofixFunction:
-    """The decorated function: call it, or `.lower(...)` it to look at the patched module and the fixes."""
+    """The decorated function. Call it; `.trace(...)`, `.lower(...)`, `.eval_shape(...)` and `.clear_cache()` as
+    on a jax.jit function; `f.lower(...).fixes` and `.rings` say what shardfix changed."""
 
-    def __init__(self, fun: Callable, options: _Options):
+    def __init__(self, fun: Callable, options: Options):
         functools.update_wrapper(self, fun)
-        self._fun, self._options = fun, options
-        self._executables: dict = {}
-        self._dispatch = _jax.cpp_dispatcher(fun, self._cache_miss, self._static_argnums_list(),
-                                          list(options.static_argnames or ()))
-        self.lower_count = 0  # how many times a call had to lower and compile (the cache's misses)
+        self._fun, self._options, self._settings = fun, options, options.settings
+        self._name = getattr(fun, "__name__", None) or type(fun).__name__
+        self._said: set = set()
+        self._jits: dict = {}  # jax.jit objects by in/out shardings (the base one, and corrected ones)
+        self._jit = self._base_jit()
+        self.cache_misses = 0  # calls that came back to Python (each a trace, compile or run JAX didn't cache)
+        self.lower_count = 0  # modules shardfix patched for this function (lowerings that reached it)
         source = inspect.unwrap(fun)
         try:
             self._loc = SourceLoc(inspect.getsourcefile(source) or "", source.__code__.co_firstlineno)
         except (TypeError, AttributeError):
             self._loc = SourceLoc(name=getattr(fun, "__name__", "function"))
+        static_argnums, static_argnames = _jax.static_arguments(self._jit)
+        self._static_argnums = static_argnums
+        self._dispatch = _jax.cpp_dispatcher(self._name, _jax.api_boundary(self._cache_miss), static_argnums,
+                                             static_argnames)
+        # Calls go straight to the C++ dispatcher: no Python frame of ours on a cached call. The class attribute
+        # must be per instance, since Python looks `__call__` up on the type.
+        self.__class__ = type(type(self).__name__, (type(self),), {"__call__": staticmethod(self._dispatch),
+                                                                   "__module__": type(self).__module__})
 
-    # -- calling -------------------------------------------------------------------------------------------------
+    def __call__(self, *args, **kwargs):  # replaced per instance by the C++ dispatcher (see __init__)
+        return self._dispatch(*args, **kwargs)
 
-    def __call__(self, *args, **kwargs):
-        if self._dispatch is not None:
-            return self._dispatch(*args, **kwargs)
-        return self._run(*self._prepare(args, kwargs, stacklevel=5))
+    def __get__(self, instance, owner=None):
+        """As a method: bound to the instance, like a jax.jit function."""
+        return self if instance is None else types.MethodType(self, instance)
+
+    def __repr__(self) -> str:
+        return f"<AutofixFunction of {self._fun!r}>"
+
+    # -- the jax.jit objects ----------------------------------------------------------------------------------
+
+    def _base_jit(self):
+        """A jax.jit with every option as given: JAX validates them here, as jax.jit does when it is made. In/out
+        shardings JAX refuses already (a spec naming an axis twice) are left to the per-call corrections."""
+        kwargs = self._options.jit_kwargs()
+        jitted = jax.jit(self._fun, **kwargs)
+        boundary = {side: value for side, value in (("in_shardings", self._options.in_shardings),
+                                                    ("out_shardings", self._options.out_shardings))
+                    if value is not UNSPECIFIED}
+        if boundary:
+            try:
+                jitted = jax.jit(self._fun, **kwargs, **boundary)
+            except _jax.DuplicateSpecError:
+                pass
+        self._jits[_jax.jit_shardings_key(jitted)] = jitted
+        return jitted
+
+    def _jit_for(self, args: tuple, kwargs: dict, report: Report):
+        """The jax.jit to run for these arguments: in/out shardings given as specs are corrected for them first."""
+        if not self._options.has_boundary_shardings:
+            return self._jit
+        positions = _jax.static_positions(self._static_argnums, len(args))
+        fixes, jitted = corrected_jit(self._fun, self._options, positions, self._loc, args, kwargs)
+        report.fixes.extend(fixes)
+        return self._jits.setdefault(_jax.jit_shardings_key(jitted), jitted)
+
+    def _session(self) -> Any:
+        return active(Session(self._settings, self._name, said=self._said))
+
+    # -- calling ----------------------------------------------------------------------------------------------
 
     def _cache_miss(self, *args, **kwargs):
-        """Called by the C++ dispatcher for a signature it hasn't seen: (outputs, fast-path data or None, False).
-        The executable runs exactly once here (donated arguments can't be used twice)."""
-        prepared = self._prepare(args, kwargs, stacklevel=6)  # user, __call__, the C++ dispatcher, here, ...
-        compiled, dyn_args, dyn_kwargs, moved = prepared
-        if compiled is not None and not moved:
-            fast = _jax.fastpath_call(compiled._compiled, dyn_args, dyn_kwargs)
-            if fast is not None:
-                return fast[0], fast[1], False
-        return self._run(*prepared), None, False
+        """What the C++ dispatcher calls for a signature it hasn't seen: JAX's own miss path (trace, lower, compile,
+        run), inside a session. Returns what JAX's returns: (outputs, data for the dispatcher's fast path, flag)."""
+        self.cache_misses += 1
+        outer = current()
+        nested = _jax.under_trace()
+        with self._session() as session:
+            jitted = self._jit_for(args, kwargs, session.report)
+            result = _jax.jit_cache_miss(jitted)(*args, **kwargs)
+        self.lower_count += session.compiles
+        if nested and outer is None:
+            session.say_once("nested", f"{self._name} runs inside another transformation (jit, grad, vmap, ...): "
+                             "shardfix repairs specs while tracing it, but the sharding and ring passes run only "
+                             "where the outermost call is compiled; decorate the outermost function, or enable "
+                             "shardfix for every jit with shardfix.enable()")
+        notify.tell(session.report.fixes, self._settings.on_fix, self._name)
+        return result
 
-    def _run(self, compiled, dyn_args, dyn_kwargs, moved):
-        if compiled is None:  # under a trace: dyn_args/dyn_kwargs are the full call
-            return self._inner_jit(dyn_args, dyn_kwargs)(*dyn_args, **dyn_kwargs)
-        return compiled._compiled(*dyn_args, **dyn_kwargs)
+    # -- stages -----------------------------------------------------------------------------------------------
 
-    def _static_argnums_list(self) -> list[int] | None:
-        nums = self._options.static_argnums
-        nums = () if nums is None else ((nums,) if isinstance(nums, int) else tuple(nums))
-        if any(n < 0 for n in nums):
-            return None  # negative positions depend on the call; keep to the Python path
-        return sorted(nums)
+    @_jax.api_boundary
+    def trace(self, *args, **kwargs) -> "stages.AutofixTraced":
+        """JAX's Traced for these arguments (the trace-time repairs done; `.fixes` lists them)."""
+        with self._session() as session:
+            jitted = self._jit_for(args, kwargs, session.report)
+            traced = jitted.trace(*args, **kwargs)
+        return stages.traced(traced, self, session.report)
 
-    def _prepare(self, args, kwargs, stacklevel: int):
-        """(the AutofixCompiled for this signature, compiling it on first sight, the dynamic arguments moved where
-        it wants them, whether any moved); (None, args, kwargs, False) under an outer trace."""
-        dyn_args, dyn_kwargs, statics = self._split_static(args, kwargs)
-        leaves, tree = jax.tree.flatten((dyn_args, dyn_kwargs))
-        signature = [tree, statics]
-        for x in leaves:
-            if isinstance(x, jax.core.Tracer):  # under an outer jit/grad/vmap
-                return None, args, kwargs, False
-            signature.append((x.shape, x.dtype, x.sharding, x.weak_type) if isinstance(x, jax.Array)
-                             else (getattr(x, "shape", None), getattr(x, "dtype", type(x))))
-        key = tuple(signature)
-        compiled = self._executables.get(key)
-        if compiled is None:
-            compiled = self._executables[key] = self._lower(args, kwargs, stacklevel).compile()
-        moves = compiled.moves(leaves)
-        if moves:  # arguments committed to another sharding go where the executable wants them
-            leaves = [jax.device_put(x, moves[i]) if i in moves else x for i, x in enumerate(leaves)]
-            dyn_args, dyn_kwargs = jax.tree.unflatten(tree, leaves)
-        return compiled, dyn_args, dyn_kwargs, bool(moves)
+    @_jax.api_boundary
+    def lower(self, *args, **kwargs) -> "stages.AutofixLowered":
+        """Trace and lower with JAX, then run the pipeline on a copy of the module: `.as_text()` is the patched
+        module, `.fixes` and `.rings` what changed, `.compile()` compiles it."""
+        return self.trace(*args, **kwargs).lower()
 
-    def _split_static(self, args, kwargs):
-        """(dynamic positional args, dynamic kwargs, hashable static values)."""
-        if self._options.static_argnums is None and not self._options.static_argnames:
-            return args, kwargs, ()
-        static = self._static_positions(len(args))
-        names = set(self._options.static_argnames or ())
-        dyn_args = tuple(a for i, a in enumerate(args) if i not in static)
-        dyn_kwargs = {k: v for k, v in kwargs.items() if k not in names}
-        statics = (tuple(args[i] for i in sorted(static) if i < len(args)),
-                   tuple(sorted((k, v) for k, v in kwargs.items() if k in names)))
-        return dyn_args, dyn_kwargs, statics
+    @_jax.api_boundary
+    def eval_shape(self, *args, **kwargs):
+        """The shapes, dtypes and shardings of the outputs, as jax.jit's `eval_shape` gives them."""
+        return self.trace(*args, **kwargs).out_info
 
-    def _static_positions(self, nargs: int) -> set[int]:
-        nums = self._options.static_argnums
-        nums = () if nums is None else ((nums,) if isinstance(nums, int) else tuple(nums))
-        positions = {n % nargs if nargs else n for n in nums}
-        params = list(inspect.signature(self._fun).parameters) if self._options.static_argnames else []
-        positions |= {params.index(n) for n in self._options.static_argnames or () if n in params}
-        return positions
+    def clear_cache(self) -> None:
+        """Forget every trace, lowering and executable of this function."""
+        for jitted in self._jits.values():
+            jitted.clear_cache()
+        _jax.clear_dispatcher(self._dispatch)
 
-    # -- lowering ------------------------------------------------------------------------------------------------
-
-    def lower(self, *args, **kwargs) -> "AutofixLowered":
-        """Lower with JAX, correct in/out shardings, run fix-shardings and ring-reorder on a copy of the module."""
-        return self._lower(args, kwargs, stacklevel=4)
-
-    def _lower(self, args, kwargs, stacklevel: int) -> "AutofixLowered":
+    @_jax.api_boundary
+    def _lower_traced(self, traced: "stages.AutofixTraced", **lower_kwargs) -> "stages.AutofixLowered":
+        with self._session() as session:
+            lowered = traced._jax_lower(**lower_kwargs)
+            patched, ir_report = patch_lowered(lowered, self._settings.pipeline, cls=stages.AutofixLowered)
         self.lower_count += 1
-        boundary_fixes, jitted = self._corrected_jit(args, kwargs)
-        lowered = jitted.lower(*args, **kwargs)
-        pass_ctx = PassContext()
-        patched, report = patch_lowered(lowered, self._pipeline(), pass_ctx)
-        fixes = boundary_fixes + report.fixes
-        _tell(fixes, self._options.on_fix, getattr(self._fun, "__name__", "function"), stacklevel)
-        return AutofixLowered(patched, fixes, report.rings)
+        report = Report()
+        report.extend(traced.report)
+        report.extend(ir_report)
+        notify.tell(report.fixes, self._settings.on_fix, self._name)
+        return stages.lowered(patched, report)
 
-    def _pipeline(self) -> str:
-        return default_pipeline(self._options.policy, self._options.ring_reorder)
-
-    def _inner_jit(self, args, kwargs):
-        return self._corrected_jit(args, kwargs)[1]
-
-    def _corrected_jit(self, args, kwargs):
-        """A jax.jit of the function whose in/out shardings are corrected for these arguments, and the fixes."""
-        return corrected_jit(self._fun, self._options, self._static_positions(len(args)), self._loc, args, kwargs)
-
-
-def _tell(fixes: list[Fix], on_fix: str, name: str, stacklevel: int) -> None:
-    if not fixes or on_fix == "ignore":
-        return
-    lines = [f"shardfix changed {len(fixes)} sharding(s) of {name}:"]
-    for f in fixes:
-        lines.append(f"  {f.location or '?'}: {f.site}: {f.before} -> {f.after} [{f.reason}]")
-        lines += [f"      {detail}" for _, detail in f.reasons]
-    text = "\n".join(lines)
-    if on_fix == "error":
-        raise ShardingFixError(text)
-    if on_fix == "log":
-        logger.warning(text)
-    else:
-        warnings.warn(text, ShardingFixWarning, stacklevel=stacklevel)

@@ -1,0 +1,59 @@
+"""Telling the user what shardfix changed: one ShardingFixWarning (or log record, or ShardingFixError) per report,
+attributed to the user's own line; and notes."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import warnings
+
+from ..locations import is_library_file
+from ..report import Fix, ShardingFixError, ShardingFixWarning
+
+logger = logging.getLogger("shardfix")
+ON_FIX = ("warn", "log", "error", "ignore")
+
+
+def tell(fixes: list[Fix], on_fix: str, name: str) -> None:
+    """Report `fixes` made to the function `name` as `on_fix` says."""
+    if not fixes or on_fix == "ignore":
+        return
+    lines = [f"shardfix changed {len(fixes)} sharding(s) of {name}:"]
+    for f in fixes:
+        lines.append(f"  {f.location or '?'}: {f.site}: {f.before} -> {f.after} [{f.reason}]")
+        lines += [f"      {detail}" for _, detail in f.reasons]
+    text = "\n".join(lines)
+    if on_fix == "error":
+        raise ShardingFixError(text)
+    if on_fix == "log":
+        logger.warning(text)
+    else:
+        warnings.warn(text, ShardingFixWarning, stacklevel=user_stacklevel())
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def note(text: str, on_fix: str) -> None:
+    """Something the user should know that changes nothing: a ShardingFixWarning, or a log record (on_fix="log")."""
+    if on_fix == "log":
+        logger.warning(text)
+    else:
+        warnings.warn(text, ShardingFixWarning, stacklevel=user_stacklevel())
+
+
+def user_stacklevel() -> int:
+    """The `stacklevel` that attributes a warning raised by our caller to the user's frame: the innermost frame
+    outside shardfix, JAX and other installed libraries (else the innermost outside shardfix)."""
+    frame = sys._getframe(1)  # the frame that calls warnings.warn: stacklevel 1
+    level, fallback = 1, None
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not is_library_file(path):
+            return level
+        if fallback is None and not os.path.abspath(path).startswith(_PACKAGE_DIR):
+            fallback = level
+        frame, level = frame.f_back, level + 1
+    return fallback or 1
+
