@@ -40,6 +40,7 @@ traceback_util.register_exclusion(PACKAGE_DIR)
 source_info_util.register_exclusion(PACKAGE_DIR + os.sep)
 
 api_boundary = traceback_util.api_boundary
+wraps = _util.wraps  # how jax.jit names its functions after the user's
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -180,12 +181,17 @@ def jit_cache_miss(jitted: Any) -> Callable:
     return jitted._cache_miss
 
 
-def cpp_dispatcher(name: str, cache_miss: Callable, static_argnums: tuple[int, ...],
+def cpp_dispatcher(owner: Any, name: str, cache_miss: Callable, static_argnums: tuple[int, ...],
                    static_argnames: tuple[str, ...]) -> Callable:
-    """JAX's C++ dispatcher (what jax.jit returns), with its own cache, calling `cache_miss` for call signatures it
-    hasn't seen. `jax.clear_caches()` empties it."""
-    return _xla_ext.pjit(name, None, cache_miss, list(static_argnums), list(static_argnames),
-                         _pxla.JitGlobalCppCacheKeys(), _tree_util.dispatch_registry, _pxla.cc_shard_arg)
+    """JAX's C++ dispatcher (what jax.jit returns) calling `cache_miss` for call signatures it hasn't seen. Its
+    executables are kept under `owner` (held weakly) in a cache shardfix's functions share, apart from JAX's;
+    `jax.clear_caches()` empties it."""
+    return _xla_ext.pjit(name, owner, cache_miss, list(static_argnums), list(static_argnames),
+                         _pxla.JitGlobalCppCacheKeys(), _tree_util.dispatch_registry, _pxla.cc_shard_arg,
+                         _dispatch_cache)
+
+
+_dispatch_cache = _xla_ext.PjitFunctionCache(capacity=8192)
 
 
 def clear_dispatcher(dispatcher: Callable) -> None:

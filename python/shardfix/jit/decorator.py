@@ -68,7 +68,7 @@ class AutofixFunction:
     on a jax.jit function; `f.lower(...).fixes` and `.rings` say what shardfix changed."""
 
     def __init__(self, fun: Callable, options: Options):
-        functools.update_wrapper(self, fun)
+        _jax.wraps(fun)(self)  # the name, docstring, module and __wrapped__ jax.jit gives its functions
         self._fun, self._options, self._settings = fun, options, options.settings
         self._name = getattr(fun, "__name__", None) or type(fun).__name__
         self._said: set = set()
@@ -83,8 +83,8 @@ class AutofixFunction:
             self._loc = SourceLoc(name=getattr(fun, "__name__", "function"))
         static_argnums, static_argnames = _jax.static_arguments(self._jit)
         self._static_argnums = static_argnums
-        self._dispatch = _jax.cpp_dispatcher(self._name, _jax.api_boundary(self._cache_miss), static_argnums,
-                                             static_argnames)
+        self._dispatch = _jax.cpp_dispatcher(self, self._name, _jax.api_boundary(self._cache_miss),
+                                             static_argnums, static_argnames)
         # Calls go straight to the C++ dispatcher: no Python frame of ours on a cached call. The class attribute
         # must be per instance, since Python looks `__call__` up on the type.
         self.__class__ = type(type(self).__name__, (type(self),), {"__call__": staticmethod(self._dispatch),
@@ -106,15 +106,17 @@ class AutofixFunction:
         """A jax.jit with every option as given: JAX validates them here, as jax.jit does when it is made. In/out
         shardings JAX refuses already (a spec naming an axis twice) are left to the per-call corrections."""
         kwargs = self._options.jit_kwargs()
-        jitted = jax.jit(self._fun, **kwargs)
         boundary = {side: value for side, value in (("in_shardings", self._options.in_shardings),
                                                     ("out_shardings", self._options.out_shardings))
                     if value is not UNSPECIFIED}
-        if boundary:
-            try:
-                jitted = jax.jit(self._fun, **kwargs, **boundary)
-            except _jax.DuplicateSpecError:
-                pass
+        with notify.warnings_at_user_line():  # what jax.jit warns about (deprecated options) points at the user
+            jitted = None
+            if boundary:
+                try:
+                    jitted = jax.jit(self._fun, **kwargs, **boundary)
+                except _jax.DuplicateSpecError:
+                    pass
+            jitted = jitted or jax.jit(self._fun, **kwargs)
         self._jits[_jax.jit_shardings_key(jitted)] = jitted
         return jitted
 
@@ -170,6 +172,10 @@ class AutofixFunction:
     def eval_shape(self, *args, **kwargs):
         """The shapes, dtypes and shardings of the outputs, as jax.jit's `eval_shape` gives them."""
         return self.trace(*args, **kwargs).out_info
+
+    def _cache_size(self) -> int:
+        """How many call signatures the dispatcher holds executables for (as on a jax.jit function)."""
+        return self._dispatch._cache_size()
 
     def clear_cache(self) -> None:
         """Forget every trace, lowering and executable of this function."""

@@ -29,11 +29,22 @@ class Patch:
     """A pipeline's outcome on one module: the module to compile (JAX's own when nothing changed), the entry
     shardings JAX should expect for it, and the report."""
 
-    module: ir.Module | None
+    module: ir.Module
     in_shardings: tuple
     out_shardings: tuple
     report: Report
     changed: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class _Outcome:
+    """What the memo keeps of a run: the patched module (None: unchanged; the memo must not hold JAX's module, its
+    weak key), the entry shardings it changed, and the report. JAX may compile one module object with other entry
+    shardings (another device, say), so these are applied to the shardings of each compile."""
+
+    module: ir.Module | None
+    entry_changes: dict
+    report: Report
 
 
 _lock = threading.Lock()  # one MLIR context, used by one thread at a time
@@ -71,22 +82,21 @@ def patch_module(module: ir.Module, in_shardings: tuple, out_shardings: tuple, p
         per_module = _memo.get(module)
         if per_module is None:
             per_module = _memo[module] = {}
-        patch = per_module.get(key)
-        if patch is None:
-            patch = _patch(module, in_shardings, out_shardings, pipeline, target_mesh)
-            if patch.changed:
-                _outputs.add(patch.module)
-            # The memo must not hold JAX's module strongly (it is the weak key): keep None for "unchanged".
-            per_module[key] = patch if patch.changed else dataclasses.replace(patch, module=None)
-        elif not patch.changed:
-            patch = dataclasses.replace(patch, module=module)
-        return patch
+        outcome = per_module.get(key)
+        if outcome is None:
+            outcome = per_module[key] = _run(module, pipeline, target_mesh)
+            if outcome.module is not None:
+                _outputs.add(outcome.module)
+    if outcome.module is None:
+        return Patch(module, in_shardings, out_shardings, outcome.report, False)
+    new_in, new_out = _updated_shardings(in_shardings, out_shardings, outcome.entry_changes)
+    return Patch(outcome.module, new_in, new_out, outcome.report, True)
 
 
-def _patch(original: ir.Module, in_shardings: tuple, out_shardings: tuple, pipeline: str, target_mesh) -> Patch:
+def _run(original: ir.Module, pipeline: str, target_mesh) -> _Outcome:
     pass_ctx = PassContext(target_mesh=target_mesh)
     if not _has_mesh(original) and target_mesh is None:  # no sdy sharding anywhere: nothing to do
-        return Patch(original, in_shardings, out_shardings, pass_ctx.report, False)
+        return _Outcome(None, {}, pass_ctx.report)
     ctx = make_context()
     with ctx:
         try:  # a bytecode copy of JAX's module (five times cheaper than text), locations included
@@ -96,18 +106,17 @@ def _patch(original: ir.Module, in_shardings: tuple, out_shardings: tuple, pipel
             patched = None
             module = parse_module(original.operation.get_asm(enable_debug_info=True), ctx, "<lowered>",
                                   lenient=True)
-    main = _main_function(module)
-    before = _entry_sharding_attrs(main)
+    before = _entry_sharding_attrs(_main_function(module))
     run_pipeline(module, parse_pipeline(pipeline), ctx, pass_ctx, verify_each=False)
     report = pass_ctx.report
     if not report.fixes and not any(r.applied for r in report.rings):
-        return Patch(original, in_shardings, out_shardings, report, False)
+        return _Outcome(None, {}, report)
     if patched is None:
         with ctx:
             patched = ir.Module.parse(module.get_asm(enable_debug_info=True, assume_verified=True))
-            main = _main_function(patched.operation)
-    new_in, new_out = _updated_shardings(in_shardings, out_shardings, before, _entry_sharding_attrs(main))
-    return Patch(patched, new_in, new_out, report, True)
+    after = _entry_sharding_attrs(_main_function(patched.operation))
+    changes = {place: sharding_from_attr(attr) for place, attr in after.items() if before.get(place) != attr}
+    return _Outcome(patched, changes, report)
 
 
 def _bytecode(module: ir.Module) -> bytes:
@@ -145,15 +154,14 @@ def _entry_sharding_attrs(main: ir.Operation | None) -> dict:
     return out
 
 
-def _updated_shardings(in_shardings: tuple, out_shardings: tuple, before: dict, after: dict) -> tuple[tuple, tuple]:
+def _updated_shardings(in_shardings: tuple, out_shardings: tuple, changes: dict) -> tuple[tuple, tuple]:
     """JAX's entry shardings with each one the pipeline changed replaced (JAX checks them against the module)."""
     shardings = {"arg": list(in_shardings), "result": list(out_shardings)}
     mesh = _any_mesh(in_shardings + out_shardings)
-    for (kind, index), attr in after.items():
+    for (kind, index), sharding in changes.items():
         current = shardings[kind]
-        if before.get((kind, index)) != attr and index < len(current):
-            target = getattr(current[index], "mesh", None) or mesh
-            current[index] = to_named_sharding(sharding_from_attr(attr), target)
+        if index < len(current):
+            current[index] = to_named_sharding(sharding, getattr(current[index], "mesh", None) or mesh)
     return tuple(shardings["arg"]), tuple(shardings["result"])
 
 

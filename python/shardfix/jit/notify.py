@@ -3,10 +3,13 @@ attributed to the user's own line; and notes."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
+import sysconfig
 import warnings
+from typing import Iterator
 
 from ..locations import is_library_file
 from ..report import Fix, ShardingFixError, ShardingFixWarning
@@ -33,6 +36,7 @@ def tell(fixes: list[Fix], on_fix: str, name: str) -> None:
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
 
 
 def note(text: str, on_fix: str) -> None:
@@ -43,14 +47,28 @@ def note(text: str, on_fix: str) -> None:
         warnings.warn(text, ShardingFixWarning, stacklevel=user_stacklevel())
 
 
+@contextlib.contextmanager
+def warnings_at_user_line() -> Iterator[None]:
+    """Warnings raised in the block (by JAX, when shardfix calls it for the user) are raised again once each,
+    attributed to the user's line as if the user had made the call."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    seen = set()
+    for w in caught:
+        if (w.category, str(w.message)) not in seen:
+            seen.add((w.category, str(w.message)))
+            warnings.warn(w.message, w.category, stacklevel=user_stacklevel())
+
+
 def user_stacklevel() -> int:
     """The `stacklevel` that attributes a warning raised by our caller to the user's frame: the innermost frame
-    outside shardfix, JAX and other installed libraries (else the innermost outside shardfix)."""
+    outside shardfix, JAX, other installed libraries and Python's own (else the innermost outside shardfix)."""
     frame = sys._getframe(1)  # the frame that calls warnings.warn: stacklevel 1
     level, fallback = 1, None
     while frame is not None:
         path = frame.f_code.co_filename
-        if not is_library_file(path):
+        if not is_library_file(path) and not os.path.abspath(path).startswith(_STDLIB):
             return level
         if fallback is None and not os.path.abspath(path).startswith(_PACKAGE_DIR):
             fallback = level
