@@ -41,4 +41,4 @@ def __dir__():
 
 
 if os.environ.get("SHARDFIX"):  # e.g. SHARDFIX=1 or SHARDFIX="policy=drop,on_fix=log": see shardfix.run
-    importlib.import_module("shardfix.jit.plugin").enable_from_environment()
+    importlib.import_module("shardfix.jit.plugin").enable_from_environment(on_error="warn")

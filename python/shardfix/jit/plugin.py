@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from typing import Iterator
+
+from .notify import user_stacklevel
 
 from .session import DEFAULT_POLICY, Session, Settings, plugin_session, set_plugin
 
@@ -21,7 +24,7 @@ _ON = ("1", "true", "on", "yes")
 
 def enable(policy: str = DEFAULT_POLICY, ring_reorder: str = "auto", on_fix: str = "warn") -> None:
     """Run every jax.jit compile in the process through shardfix, with these settings (as autofix_shardings')."""
-    set_plugin(Session(Settings(policy, ring_reorder, on_fix), "jit", collect=False))
+    set_plugin(Session(Settings(policy, ring_reorder, on_fix), collect=False))
 
 
 def disable() -> None:
@@ -30,6 +33,7 @@ def disable() -> None:
 
 
 def is_enabled() -> bool:
+    """Whether the plugin is on."""
     return plugin_session() is not None
 
 
@@ -66,9 +70,16 @@ def settings_from_text(text: str, source: str = ENV_VAR) -> Settings | None:
         raise ValueError(f"{source}={text!r}: {e}") from None
 
 
-def enable_from_environment() -> bool:
-    """Enable the plugin as the SHARDFIX environment variable says; whether it did."""
-    settings = settings_from_text(os.environ.get(ENV_VAR, ""))
+def enable_from_environment(on_error: str = "raise") -> bool:
+    """Enable the plugin as the SHARDFIX environment variable says; whether it did. A value that doesn't parse
+    raises ValueError, or (on_error="warn", when shardfix is imported) is said in a warning and ignored."""
+    try:
+        settings = settings_from_text(os.environ.get(ENV_VAR, ""))
+    except ValueError as e:
+        if on_error != "warn":
+            raise
+        warnings.warn(f"{e}; shardfix is not enabled", RuntimeWarning, stacklevel=user_stacklevel())
+        return False
     if settings is None:
         return False
     enable(settings.policy, settings.ring_reorder, settings.on_fix)

@@ -175,10 +175,15 @@ def _function_name(compile_name: str) -> str:
     return compile_name[4:] if compile_name.startswith("jit_") else compile_name
 
 
-def trace_repairs(policy: str, report: Report):
-    """The trace-time repairs (specs JAX would reject while tracing), while tracing one function."""
+@contextlib.contextmanager
+def trace_repairs(policy: str, report: Report) -> Iterator[None]:
+    """The trace-time repairs (specs JAX would reject while tracing) while one function is traced, added to
+    `report`. JAX's caches are already keyed on the session, so repairs share them (each recorded once)."""
     try:
         from .tracing import repairing
     except ImportError:  # built without trace-time repairs: only the IR pipeline runs
-        return contextlib.nullcontext()
-    return repairing(policy=policy, report=report)
+        yield
+        return
+    with repairing(policy, complete=False) as repairs:
+        yield
+    report.fixes.extend(repairs.fixes)
