@@ -67,7 +67,7 @@ def test_every_jit_goes_through_shardfix_while_enabled_and_jax_is_unchanged_afte
         compiled, told = call(lambda: step.lower(X, W).compile())  # JAX's executable for the call: told then
         assert " pad(" not in compiled.as_text() and told == []
         grads, told = call(jax.jit(jax.grad(step)), X, W)
-        assert len(told) == 1
+        assert told == []  # the same fixes again (in the backward pass too): told once, above
         np.testing.assert_allclose(np.asarray(grads), np.asarray(plain_grads), rtol=1e-5, atol=1e-7)
         assert step._cache_size() == size + 1  # the plugin's executable is kept apart from JAX's
     assert not shardfix.is_enabled()

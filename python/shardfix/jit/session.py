@@ -78,12 +78,19 @@ class Session:
     report: Report = dataclasses.field(default_factory=Report)
     compiles: int = 0
     said: set = dataclasses.field(default_factory=set)  # notes given (shared by the sessions of one owner)
+    told: set = dataclasses.field(default_factory=set)  # fixes told (the plugin tells each once)
 
     def add(self, report: Report, name: str) -> None:
         if self.collect:
             self.report.extend(report)
         else:
-            notify.tell(report.fixes, self.settings.on_fix, name)
+            self.tell(report.fixes, name)
+
+    def tell(self, fixes: list, name: str) -> None:
+        """Tell the fixes not told before (a function compiled again for other arguments repeats them)."""
+        new = [f for f in fixes if (f.location, f.site, f.before, f.after, f.reason) not in self.told]
+        notify.tell(new, self.settings.on_fix, name)
+        self.told.update((f.location, f.site, f.before, f.after, f.reason) for f in new)
 
     def say_once(self, key: str, text: str) -> None:
         """A note the first time its owner (a decorated function, the plugin) has `key` to say."""
@@ -148,7 +155,7 @@ def _on_trace(trace: Callable, args: tuple, kwargs: dict):
     finally:
         _tracing.reset(token)
     if not session.collect:
-        notify.tell(report.fixes, session.settings.on_fix, _jax.trace_function_name(args))
+        session.tell(report.fixes, _jax.trace_function_name(args))
     return result
 
 
