@@ -184,8 +184,8 @@ def jit_cache_miss(jitted: Any) -> Callable:
 def cpp_dispatcher(owner: Any, name: str, cache_miss: Callable, static_argnums: tuple[int, ...],
                    static_argnames: tuple[str, ...]) -> Callable:
     """JAX's C++ dispatcher (what jax.jit returns) calling `cache_miss` for call signatures it hasn't seen. Its
-    executables are kept under `owner` (held weakly) in a cache shardfix's functions share, apart from JAX's;
-    `jax.clear_caches()` empties it."""
+    executables are kept under `owner` (a callable, held weakly) in a cache shardfix's functions share, apart from
+    JAX's; `jax.clear_caches()` empties it."""
     return _xla_ext.pjit(name, owner, cache_miss, list(static_argnums), list(static_argnames),
                          _pxla.JitGlobalCppCacheKeys(), _tree_util.dispatch_registry, _pxla.cc_shard_arg,
                          _dispatch_cache)
