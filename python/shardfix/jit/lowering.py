@@ -75,16 +75,17 @@ def is_patched(module: ir.Module) -> bool:
 
 
 def patch_module(module: ir.Module, in_shardings: tuple, out_shardings: tuple, pipeline: str,
-                 target_mesh=None) -> Patch:
-    """Run `pipeline` on a copy of JAX's `module`, whose entry computation JAX compiles with these shardings."""
-    key = (pipeline, target_mesh)
+                 ring_passes: str = "", target_mesh=None) -> Patch:
+    """Run `pipeline` on a copy of JAX's `module`, whose entry computation JAX compiles with these shardings, then
+    `ring_passes` where the module has collective permutes (without them there is no ring to reorder)."""
+    key = (pipeline, ring_passes, target_mesh)
     with _lock:
         per_module = _memo.get(module)
         if per_module is None:
             per_module = _memo[module] = {}
         outcome = per_module.get(key)
         if outcome is None:
-            outcome = per_module[key] = _run(module, pipeline, target_mesh)
+            outcome = per_module[key] = _run(module, pipeline, ring_passes, target_mesh)
             if outcome.module is not None:
                 _outputs.add(outcome.module)
     if outcome.module is None:
@@ -93,14 +94,18 @@ def patch_module(module: ir.Module, in_shardings: tuple, out_shardings: tuple, p
     return Patch(outcome.module, new_in, new_out, outcome.report, True)
 
 
-def _run(original: ir.Module, pipeline: str, target_mesh) -> _Outcome:
+def _run(original: ir.Module, pipeline: str, ring_passes: str, target_mesh) -> _Outcome:
     pass_ctx = PassContext(target_mesh=target_mesh)
     if not _has_mesh(original) and target_mesh is None:  # no sdy sharding anywhere: nothing to do
         return _Outcome(None, {}, pass_ctx.report)
     ctx = make_context()
+    data = _bytecode(original)
+    # An op's name is in the bytecode's string table once for all its uses: finding it there costs no walk.
+    if ring_passes and b"collective_permute" in data:
+        pipeline = f"{pipeline},{ring_passes}"
     with ctx:
         try:  # a bytecode copy of JAX's module (five times cheaper than text), locations included
-            patched = ir.Module.parse(_bytecode(original))
+            patched = ir.Module.parse(data)
             module = patched.operation
         except ir.MLIRError:  # only a module the verifier rejects, which JAX does not produce; load it leniently
             patched = None
@@ -173,13 +178,14 @@ def _any_mesh(shardings: tuple):
 
 
 def patch_lowered(lowered: jax.stages.Lowered, pipeline: str = "fix-shardings",
-                  pass_ctx: PassContext | None = None, cls: type = jax.stages.Lowered
+                  pass_ctx: PassContext | None = None, *, ring_passes: str = "", cls: type = jax.stages.Lowered
                   ) -> tuple[jax.stages.Lowered, Report]:
-    """Run `pipeline` on a copy of the lowered module; return a Lowered (a `cls`) for the patched module, and the
-    report (also added to `pass_ctx.report` when given). When nothing changed, the original Lowered is returned."""
+    """Run `pipeline` (then `ring_passes`, where the module has collective permutes) on a copy of the lowered
+    module; return a Lowered (a `cls`) for the patched module, and the report (also added to `pass_ctx.report` when
+    given). When nothing changed, the original Lowered is returned."""
     in_shardings, out_shardings = _jax.compile_shardings(lowered)
-    patch = patch_module(_jax.lowered_module(lowered), in_shardings, out_shardings, pipeline,
-                         pass_ctx.target_mesh if pass_ctx is not None else None)
+    patch = patch_module(_jax.lowered_module(lowered), in_shardings, out_shardings, pipeline, ring_passes,
+                         target_mesh=pass_ctx.target_mesh if pass_ctx is not None else None)
     if pass_ctx is not None:
         pass_ctx.report.extend(patch.report)
     if not patch.changed:

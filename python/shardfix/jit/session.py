@@ -29,11 +29,16 @@ DEFAULT_POLICY = "subaxis"
 
 def default_pipeline(policy: str = DEFAULT_POLICY, ring_reorder: str = "auto") -> str:
     """The passes shardfix runs on a lowered module."""
-    pipeline = f"fix-shardings{{policy={policy}}}"
-    if ring_reorder != "off":
-        strategy = "zigzag" if ring_reorder == "auto" else ring_reorder
-        pipeline += f",ring-reorder{{strategy={strategy}}},hoist-permutations"
-    return pipeline
+    return ",".join(part for part in pipeline_parts(policy, ring_reorder) if part)
+
+
+def pipeline_parts(policy: str, ring_reorder: str) -> tuple[str, str]:
+    """The passes for every module, and the ring passes (which have work only where there are collective
+    permutes)."""
+    if ring_reorder == "off":
+        return f"fix-shardings{{policy={policy}}}", ""
+    strategy = "zigzag" if ring_reorder == "auto" else ring_reorder
+    return f"fix-shardings{{policy={policy}}}", f"ring-reorder{{strategy={strategy}}},hoist-permutations"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +58,10 @@ class Settings:
     @property
     def pipeline(self) -> str:
         return default_pipeline(self.policy, self.ring_reorder)
+
+    @property
+    def passes(self) -> tuple[str, str]:
+        return pipeline_parts(self.policy, self.ring_reorder)
 
     @property
     def cache_key(self) -> int:
@@ -167,8 +176,9 @@ def _on_compile(from_hlo: Callable, name: str, module, kwargs: dict):
         session.say_once("gspmd", "shardfix repairs only Shardy modules; this program is lowered for GSPMD "
                                   "(jax_use_shardy_partitioner=False), so its shardings are compiled as they are")
         return from_hlo(name, module, **kwargs)
-    patch = patch_module(module, tuple(kwargs["in_shardings"]), tuple(kwargs["out_shardings"]),
-                         session.settings.pipeline)
+    every_module, ring_passes = session.settings.passes
+    patch = patch_module(module, tuple(kwargs["in_shardings"]), tuple(kwargs["out_shardings"]), every_module,
+                         ring_passes)
     session.compiles += 1
     session.add(patch.report, _function_name(name))
     return from_hlo(name, patch.module, **{**kwargs, "in_shardings": patch.in_shardings,
