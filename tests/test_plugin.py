@@ -111,8 +111,11 @@ def test_a_gspmd_module_gets_one_clear_warning():
     try:
         with shardfix.enabled():
             outs = [call(jax.jit(lambda x, k=k: layer(x, W) * k), X) for k in (9.0, 10.0)]
+        decorated = autofix_shardings(lambda x: layer(x, W) * 11.0)
+        said = call(decorated, X)[1] + call(decorated.lower, X)[1]
     finally:
         jax.config.update("jax_use_shardy_partitioner", True)
+    assert [str(w.message) for w in said] == [str(w.message) for w in outs[0][1]]  # once for the function too
     told = outs[0][1] + outs[1][1]
     assert [str(w.message) for w in told] == [
         "shardfix repairs only Shardy modules; this program is lowered for GSPMD (jax_use_shardy_partitioner=False), "

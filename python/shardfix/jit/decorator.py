@@ -187,9 +187,11 @@ class AutofixFunction:
     def _lower_traced(self, traced: "stages.AutofixTraced", **lower_kwargs) -> "stages.AutofixLowered":
         with self._session() as session:
             lowered = traced._jax_lower(**lower_kwargs)
-            every_module, ring_passes = self._settings.passes
-            patched, ir_report = patch_lowered(lowered, every_module, ring_passes=ring_passes,
-                                               cls=stages.AutofixLowered)
+            patched, ir_report = lowered, Report()
+            if session.repairs_modules():
+                every_module, ring_passes = self._settings.passes
+                patched, ir_report = patch_lowered(lowered, every_module, ring_passes=ring_passes,
+                                                   cls=stages.AutofixLowered)
         self.lower_count += 1
         report = Report()
         report.extend(traced.report)

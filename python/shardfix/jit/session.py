@@ -101,6 +101,14 @@ class Session:
         notify.tell(new, self.settings.on_fix, name)
         self.told.update((f.location, f.site, f.before, f.after, f.reason) for f in new)
 
+    def repairs_modules(self) -> bool:
+        """Whether the IR pipeline applies to the modules JAX makes now (Shardy's); if not, say so once."""
+        if _jax.uses_shardy():
+            return True
+        self.say_once("gspmd", "shardfix repairs only Shardy modules; this program is lowered for GSPMD "
+                               "(jax_use_shardy_partitioner=False), so its shardings are compiled as they are")
+        return False
+
     def say_once(self, key: str, text: str) -> None:
         """A note the first time its owner (a decorated function, the plugin) has `key` to say."""
         if key not in self.said and self.settings.on_fix != "ignore":
@@ -172,9 +180,7 @@ def _on_compile(from_hlo: Callable, name: str, module, kwargs: dict):
     session = current()
     if session is None or is_patched(module):
         return from_hlo(name, module, **kwargs)
-    if not _jax.uses_shardy():
-        session.say_once("gspmd", "shardfix repairs only Shardy modules; this program is lowered for GSPMD "
-                                  "(jax_use_shardy_partitioner=False), so its shardings are compiled as they are")
+    if not session.repairs_modules():
         return from_hlo(name, module, **kwargs)
     every_module, ring_passes = session.settings.passes
     patch = patch_module(module, tuple(kwargs["in_shardings"]), tuple(kwargs["out_shardings"]), every_module,
