@@ -116,7 +116,8 @@ class AutofixFunction:
                     jitted = jax.jit(self._fun, **kwargs, **boundary)
                 except _jax.DuplicateSpecError:
                     pass
-            jitted = jitted or jax.jit(self._fun, **kwargs)
+            if jitted is None:
+                jitted = jax.jit(self._fun, **kwargs)
         self._jits[_jax.jit_shardings_key(jitted)] = jitted
         return jitted
 
