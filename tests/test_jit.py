@@ -172,3 +172,38 @@ def test_cached_calls_take_the_compiled_fast_path():
         out = f(jnp.asarray(X), jnp.asarray(W))
     np.testing.assert_allclose(np.asarray(out), reference(X, W), rtol=1e-6)
     assert f.cache_misses == 1
+
+
+class _Scaled:
+    def __init__(self, scale):
+        self.scale = scale
+
+    def __hash__(self):
+        return hash(self.scale)
+
+    def __eq__(self, other):
+        return isinstance(other, _Scaled) and other.scale == self.scale
+
+    @autofix_shardings(static_argnums=0, on_fix="ignore")
+    def apply(self, x):
+        return x * self.scale
+
+
+def test_cached_calls_never_reenter_python():
+    """Donated and keyword arguments, 1000-leaf pytrees and methods: one Python-level miss, then C++ only."""
+    donated = autofix_shardings(lambda x: x * 2.0, donate_argnums=0, on_fix="ignore")
+    x = jnp.ones((8, 8))
+    for _ in range(3):
+        x = donated(x)
+    keywords = autofix_shardings(lambda x, *, scale: x * scale, on_fix="ignore")
+    leaves = autofix_shardings(lambda tree: jax.tree.map(lambda v: v + 1.0, tree), on_fix="ignore")
+    tree = {f"w{i}": jnp.full((2,), float(i)) for i in range(1000)}
+    obj = _Scaled(3.0)
+    for _ in range(3):
+        keywords(x, scale=jnp.float32(2.0))
+        out = leaves(tree)
+        obj.apply(x)
+    np.testing.assert_array_equal(np.asarray(x), np.full((8, 8), 8.0))
+    assert float(out["w999"][0]) == 1000.0
+    assert (donated.cache_misses, keywords.cache_misses, leaves.cache_misses, _Scaled.apply.cache_misses) == \
+        (1, 1, 1, 1)
