@@ -76,6 +76,7 @@ def test_jit_objects():
     assert options["compiler_options"] == {"xla_embed_ir_in_executable": True}
     assert options["in_shardings"][1] is None and "out_shardings" not in options
     assert _jax.static_arguments(jitted) == ((2,), ("c",))
+    assert _jax.jit_info(jitted).keep_unused is True
     assert _jax.jit_shardings_key(jax.jit(g, **options)) == _jax.jit_shardings_key(jitted)
     assert _jax.static_positions((2, -1), 3) == {2} and _jax.static_positions((-1,), 2) == {1}
     assert _jax.static_positions((5,), 2) == set()
@@ -102,14 +103,13 @@ def test_cpp_dispatcher():
         misses.append(1)
         return _jax.jit_cache_miss(inner)(*args, **kwargs)
 
-    def owner():  # any callable: the executables are kept under it
-        pass
-
-    dispatch = _jax.cpp_dispatcher(owner, "g", cache_miss, (), ())
+    dispatch = _jax.cpp_dispatcher(g, "g", cache_miss, (), ())
     for _ in range(3):
         out = dispatch(jnp.ones(3))
     np.testing.assert_array_equal(np.asarray(out), np.full(3, 2.0))
     assert len(misses) == 1 and dispatch._cache_size() == 1
+    assert type(dispatch) is type(inner)
+    assert jax.jit(g)(jnp.ones(3)) is not None and len(misses) == 1  # a cache of its own: never JAX's
     jax.clear_caches()
     dispatch(jnp.ones(3))
     assert len(misses) == 2
@@ -143,8 +143,8 @@ def test_caches_and_session_state():
 
 
 def test_hooks_and_tracebacks():
-    _jax.install_hooks(lambda trace, args, kwargs: trace(*args, **kwargs),
-                       lambda from_hlo, name, module, kwargs: from_hlo(name, module, **kwargs))
+    from shardfix.jit import session
+    session.install()  # shardfix's own hooks (installing is once per process)
     assert _jax.hooks_installed()
     from jax._src import pjit, source_info_util, traceback_util
     from jax._src.interpreters import pxla

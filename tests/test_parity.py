@@ -179,6 +179,7 @@ def compare_everything(fun, jit_kwargs, args, kwargs, to_array):
 def test_the_function_object():
     jitted, ours = both(body)
     assert isinstance(ours, jax.stages.Wrapped) and isinstance(jitted, jax.stages.Wrapped)
+    assert type(ours) is type(jitted)  # JAX's own C++ function object
     assert inspect.signature(ours) == inspect.signature(jitted) == inspect.signature(body)
     for attribute in ("__name__", "__qualname__", "__doc__", "__module__", "__wrapped__"):
         assert getattr(ours, attribute) == getattr(jitted, attribute), attribute

@@ -154,6 +154,11 @@ def jit_options_of(jitted: Any) -> tuple[Callable, dict]:
     return jitted._fun, options
 
 
+def jit_info(jitted: Any) -> Any:
+    """A jax.jit object's resolved options (what JAX reads off a jit function, as its NaN checks do)."""
+    return jitted._jit_info
+
+
 def jit_shardings_key(jitted: Any) -> tuple:
     """A jax.jit object's in/out shardings and layouts, hashable: jits made with equal ones behave the same."""
     info = jitted._jit_info
@@ -181,17 +186,14 @@ def jit_cache_miss(jitted: Any) -> Callable:
     return jitted._cache_miss
 
 
-def cpp_dispatcher(owner: Any, name: str, cache_miss: Callable, static_argnums: tuple[int, ...],
+def cpp_dispatcher(fun: Callable, name: str, cache_miss: Callable, static_argnums: tuple[int, ...],
                    static_argnames: tuple[str, ...]) -> Callable:
-    """JAX's C++ dispatcher (what jax.jit returns) calling `cache_miss` for call signatures it hasn't seen. Its
-    executables are kept under `owner` (a callable, held weakly) in a cache shardfix's functions share, apart from
-    JAX's; `jax.clear_caches()` empties it."""
-    return _xla_ext.pjit(name, owner, cache_miss, list(static_argnums), list(static_argnames),
+    """JAX's C++ dispatcher for `fun` (the object jax.jit returns), calling `cache_miss` for call signatures it
+    hasn't seen, with a cache of its own (never JAX's: its executables are shardfix's); `jax.clear_caches()` empties
+    it."""
+    return _xla_ext.pjit(name, fun, cache_miss, list(static_argnums), list(static_argnames),
                          _pxla.JitGlobalCppCacheKeys(), _tree_util.dispatch_registry, _pxla.cc_shard_arg,
-                         _dispatch_cache)
-
-
-_dispatch_cache = _xla_ext.PjitFunctionCache(capacity=8192)
+                         _xla_ext.PjitFunctionCache())
 
 
 def clear_dispatcher(dispatcher: Callable) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import types
 from typing import Any, Callable
 
 import jax
@@ -58,47 +57,40 @@ def autofix_shardings(fun: Callable | None = None, *, in_shardings=UNSPECIFIED, 
     return _decorate(fun, given)
 
 
-def _decorate(fun: Callable, given: dict) -> "AutofixFunction":
+def _decorate(fun: Callable, given: dict):
     fun, options = resolve(fun, given)
-    return AutofixFunction(fun, options)
+    return AutofixFunction(fun, options).function
 
 
 class AutofixFunction:
-    """The decorated function. Call it; `.trace(...)`, `.lower(...)`, `.eval_shape(...)` and `.clear_cache()` as
-    on a jax.jit function; `f.lower(...).fixes` and `.rings` say what shardfix changed."""
+    """What stands behind an autofix_shardings function: its jax.jit objects, its sessions and its stages.
+
+    The function users get is `.function`: JAX's own C++ jit dispatcher (the type jax.jit returns, with its
+    descriptor protocol for methods), with a cache of its own, so a cached call never enters Python. It carries
+    this object's `trace`, `lower`, `eval_shape` and `clear_cache`, and counts `cache_misses` (calls that came back
+    to Python) and `lower_count` (modules shardfix patched for it).
+    """
 
     def __init__(self, fun: Callable, options: Options):
-        _jax.wraps(fun)(self)  # the name, docstring, module and __wrapped__ jax.jit gives its functions
         self._fun, self._options, self._settings = fun, options, options.settings
         self._name = getattr(fun, "__name__", None) or type(fun).__name__
         self._said: set = set()
         self._jits: dict = {}  # jax.jit objects by in/out shardings (the base one, and corrected ones)
         self._jit = self._base_jit()
-        self.cache_misses = 0  # calls that came back to Python (each a trace, compile or run JAX didn't cache)
-        self.lower_count = 0  # modules shardfix patched for this function (lowerings that reached it)
         source = inspect.unwrap(fun)
         try:
             self._loc = SourceLoc(inspect.getsourcefile(source) or "", source.__code__.co_firstlineno)
         except (TypeError, AttributeError):
-            self._loc = SourceLoc(name=getattr(fun, "__name__", "function"))
-        static_argnums, static_argnames = _jax.static_arguments(self._jit)
-        self._static_argnums = static_argnums
-        self._dispatch = _jax.cpp_dispatcher(self, self._name, _jax.api_boundary(self._cache_miss),
-                                             static_argnums, static_argnames)
-        # Calls go straight to the C++ dispatcher: no Python frame of ours on a cached call. The class attribute
-        # must be per instance, since Python looks `__call__` up on the type.
-        self.__class__ = type(type(self).__name__, (type(self),), {"__call__": staticmethod(self._dispatch),
-                                                                   "__module__": type(self).__module__})
-
-    def __call__(self, *args, **kwargs):  # replaced per instance by the C++ dispatcher (see __init__)
-        return self._dispatch(*args, **kwargs)
-
-    def __get__(self, instance, owner=None):
-        """As a method: bound to the instance, like a jax.jit function."""
-        return self if instance is None else types.MethodType(self, instance)
-
-    def __repr__(self) -> str:
-        return f"<AutofixFunction of {self._fun!r}>"
+            self._loc = SourceLoc(name=self._name)
+        self._static_argnums, static_argnames = _jax.static_arguments(self._jit)
+        function = _jax.cpp_dispatcher(fun, self._name, _jax.api_boundary(self._cache_miss), self._static_argnums,
+                                       static_argnames)
+        _jax.wraps(fun)(function)  # the name, docstring, module and __wrapped__ jax.jit gives its functions
+        function._fun, function._jit_info, function._shardfix = fun, _jax.jit_info(self._jit), self
+        function.trace, function.lower, function.eval_shape = self.trace, self.lower, self.eval_shape
+        function.clear_cache = self.clear_cache
+        function.cache_misses = function.lower_count = 0
+        self.function = function
 
     # -- the jax.jit objects ----------------------------------------------------------------------------------
 
@@ -138,13 +130,13 @@ class AutofixFunction:
     def _cache_miss(self, *args, **kwargs):
         """What the C++ dispatcher calls for a signature it hasn't seen: JAX's own miss path (trace, lower, compile,
         run), inside a session. Returns what JAX's returns: (outputs, data for the dispatcher's fast path, flag)."""
-        self.cache_misses += 1
+        self.function.cache_misses += 1
         outer = current()
         nested = _jax.under_trace()
         with self._session() as session:
             jitted = self._jit_for(args, kwargs, session.report)
             result = _jax.jit_cache_miss(jitted)(*args, **kwargs)
-        self.lower_count += session.compiles
+        self.function.lower_count += session.compiles
         if nested and outer is None:
             session.say_once("nested", f"{self._name} runs inside another transformation (jit, grad, vmap, ...): "
                              "shardfix repairs specs while tracing it, but the sharding and ring passes run only "
@@ -174,15 +166,11 @@ class AutofixFunction:
         """The shapes, dtypes and shardings of the outputs, as jax.jit's `eval_shape` gives them."""
         return self.trace(*args, **kwargs).out_info
 
-    def _cache_size(self) -> int:
-        """How many call signatures the dispatcher holds executables for (as on a jax.jit function)."""
-        return self._dispatch._cache_size()
-
     def clear_cache(self) -> None:
         """Forget every trace, lowering and executable of this function."""
         for jitted in self._jits.values():
             jitted.clear_cache()
-        _jax.clear_dispatcher(self._dispatch)
+        _jax.clear_dispatcher(self.function)
 
     @_jax.api_boundary
     def _lower_traced(self, traced: "stages.AutofixTraced", **lower_kwargs) -> "stages.AutofixLowered":
@@ -193,7 +181,7 @@ class AutofixFunction:
                 every_module, ring_passes = self._settings.passes
                 patched, ir_report = patch_lowered(lowered, every_module, ring_passes=ring_passes,
                                                    cls=stages.AutofixLowered)
-        self.lower_count += 1
+        self.function.lower_count += 1
         report = Report()
         report.extend(traced.report)
         report.extend(ir_report)
