@@ -87,8 +87,19 @@ class _Counter:
     trips: int
 
 
+_IDENTITY = ("sdy.sharding_constraint", "sdy.reshard")
+
+
+def _through_identity(value: ir.Value) -> ir.Value:
+    """The value a chain of sharding constraints (which Shardy puts even on loop counters) passes on."""
+    while not isinstance(value.owner, ir.Block) and value.owner.name in _IDENTITY:
+        value = value.owner.operands[0]
+    return value
+
+
 def _const_of(engine: Engine, value: ir.Value, inits: list, block) -> int | None:
     """A constant: a splat constant op, or a loop argument that is passed through unchanged from a constant."""
+    value = _through_identity(value)
     owner = value.owner
     if isinstance(owner, ir.Block):
         if owner == block:
@@ -111,14 +122,14 @@ def _counter(engine: Engine, op, inits: list, passthrough: list[bool]) -> _Count
     """The loop counter: the condition is `arg_i < n` and the body returns `arg_i + step`."""
     cond, body = op.regions[0].blocks[0], op.regions[1].blocks[0]
     cond_ops = [o.operation for o in cond.operations]
-    ret = cond_ops[-1].operands[0]
+    ret = _through_identity(cond_ops[-1].operands[0])
     compare = ret.owner
     if isinstance(compare, ir.Block) or compare.name != "stablehlo.compare":
         return None
     from jaxlib.mlir.dialects import stablehlo
     if stablehlo.ComparisonDirectionAttr(compare.attributes["comparison_direction"]).value != "LT":
         return None
-    lhs, rhs = compare.operands
+    lhs, rhs = (_through_identity(v) for v in compare.operands)
     if not isinstance(lhs.owner, ir.Block):
         return None
     index = ir.BlockArgument(lhs).arg_number
@@ -127,11 +138,11 @@ def _counter(engine: Engine, op, inits: list, passthrough: list[bool]) -> _Count
     if bound is None or not isinstance(init, Index) or not init.expr.is_const or passthrough[index]:
         return None
     terminator = list(body.operations)[-1].operation
-    step_value = terminator.operands[index]
+    step_value = _through_identity(terminator.operands[index])
     add = step_value.owner
     if isinstance(add, ir.Block) or add.name != "stablehlo.add":
         return None
-    a, b = add.operands
+    a, b = (_through_identity(v) for v in add.operands)
     arg = body.arguments[index]
     step = _const_of(engine, b, inits, body) if a == arg else _const_of(engine, a, inits, body) if b == arg else None
     if not step or step < 1:
