@@ -135,7 +135,7 @@ def first_call() -> str:
                         f"| {t_pipe * 1e3:.0f} | {t_compile:.1f} | {t_pipe / t_compile * 100:.1f}% |")
     finally:
         lowering._run = run
-    return ("## First call: shardfix's own work vs XLA compile time (goal: at most 3%)\n\n"
+    return ("## First call: shardfix's pipeline vs XLA compile time (goal: at most 3%)\n\n"
             "A Llama-style training step (bench/llama_step.py: value_and_grad and SGD; 6 heads and a vocabulary of "
             "103 over tp=4, dp=2), abstract arguments, layers unrolled. shardfix's own work on a first call is the "
             "pipeline on the new module (bytecode copy, fix-shardings, ring-reorder and hoist-permutations where "
