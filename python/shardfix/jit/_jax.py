@@ -279,3 +279,14 @@ def trace_function_name(args: tuple) -> str:
     """The traced function's name, from `_trace_for_jit(fun, jit_info, ...)`'s arguments."""
     fun = args[0] if args else None
     return getattr(fun, "__name__", None) or type(fun).__name__
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Inlining (jaxlib's registered `inline` pass inlines nothing in JAX's dialect setup; its own helper does).
+
+
+def inline_call(call: ir.Operation, callee: ir.Operation) -> list:
+    """Inline one func.call of `callee` at its place; returns the values that replace the call's results."""
+    from jaxlib.mlir._mlir_libs import _jax_mlir_ext
+    with ir.InsertionPoint(call):
+        return list(_jax_mlir_ext.inlined_func_call(callee, list(call.operands), call.location))

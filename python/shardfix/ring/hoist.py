@@ -26,7 +26,7 @@ from ..ir import module_meshes, sharding_from_attr, source_loc
 from ..locations import SourceLoc
 from ..sharding import AxisRef, DimSharding, Mesh, TensorSharding
 from .dims import shape as _shape
-from .permutation import PERMUTATION_ATTR, insert_permutation, permutation_module
+from .permutation import PERMUTATION_ATTR, Permutations
 from .rules import REDUCED, Blocked, carriers, moves
 
 
@@ -116,23 +116,25 @@ def _key(source: ir.Value, perm: Perm):
 class Mover:
     """Moves the permutations of one module as far as the rules allow."""
 
-    def __init__(self, module: ir.Operation, next_channel):
-        self.module, self._next_channel, self._channel = module, next_channel, None
+    def __init__(self, module: ir.Operation):
+        self.module = module
         self.meshes: dict[str, Mesh] = module_meshes(module)
         self.motion = Motion([])
         self._said: set = set()
 
     def run(self) -> Motion:
-        for fn in self.module.regions[0].blocks[0].operations:
-            fn = fn.operation
-            if fn.name != "func.func" or not len(fn.regions[0].blocks):
-                continue
-            body = _Function(fn.regions[0].blocks[0])
-            for op in body.block.operations:
-                perm = perm_of(op.operation)
-                if perm is not None:
-                    body.add(perm)
-            self._drain(body)
+        with Permutations(self.module) as self.permutations:
+            for fn in self.module.regions[0].blocks[0].operations:
+                fn = fn.operation
+                if fn.name != "func.func" or not len(fn.regions[0].blocks):
+                    continue
+                body = _Function(fn.regions[0].blocks[0])
+                for op in body.block.operations:
+                    perm = perm_of(op.operation)
+                    if perm is not None:
+                        body.add(perm)
+                self._drain(body)
+        del self.permutations
         return self.motion
 
     def _drain(self, body: _Function) -> None:
@@ -192,6 +194,8 @@ class Mover:
             except Blocked as why:
                 self._say(inv, user, why)
                 continue
+            if self._move_after(body, inv, user, use.operand_number, dim, operand_dims):
+                return
             for index, operand_dim in operand_dims.items():
                 user.operands[index] = self._in_permuted_order(body, user.operands[index], operand_dim, inv)
             if dim == REDUCED:
@@ -200,6 +204,39 @@ class Mover:
                 self._insert_after(body, user, inv, dim)
             body.queue.append(inv)  # it may have other users left, or none
             return
+
+    def _move_after(self, body: _Function, inv: Perm, user: ir.Operation, operand: int, dim, operand_dims) -> bool:
+        """Sink `inv` past its only user by moving it, when the user keeps its type and reads nothing else along
+        the sequence: the same as the inverse of the user's result, without building one."""
+        if dim != inv.dim or operand_dims != {operand: inv.dim} or len(user.results) != 1 \
+                or user.results[0].type != inv.result.type or len(list(inv.result.uses)) != 1:
+            return False
+        result = user.results[0]
+        body.forget(inv)
+        user.operands[operand] = inv.source
+        result.replace_all_uses_with(inv.result)
+        inv.op.operands[0] = result
+        inv.op.move_after(user)
+        inv.erased = False
+        body.add(inv)
+        return True
+
+    def _move_before(self, body: _Function, fwd: Perm, owner: ir.Operation, operand_dims) -> bool:
+        """Hoist `fwd` above the op that makes its source by moving it, when that op reads one value along the
+        sequence, of its own type."""
+        if len(operand_dims) != 1 or len(owner.results) != 1:
+            return False
+        ((index, dim),) = operand_dims.items()
+        if dim != fwd.dim or owner.operands[index].type != fwd.source.type:
+            return False
+        body.forget(fwd)
+        fwd.result.replace_all_uses_with(owner.results[0])
+        fwd.op.operands[0] = owner.operands[index]
+        fwd.op.move_before(owner)
+        owner.operands[index] = fwd.result
+        fwd.erased = False
+        body.add(fwd)
+        return True
 
     def _hoist(self, body: _Function, fwd: Perm) -> None:
         owner = _owner(fwd.source)
@@ -212,6 +249,8 @@ class Mover:
             self._check_sizes(owner, operand_dims, fwd.kind)
         except Blocked as why:
             self._say(fwd, owner, why)
+            return
+        if self._move_before(body, fwd, owner, operand_dims):
             return
         for index, operand_dim in operand_dims.items():
             owner.operands[index] = self._in_permuted_order(body, owner.operands[index], operand_dim, fwd)
@@ -238,29 +277,22 @@ class Mover:
         if shared is not None and not shared.erased:
             return shared.result
         point = ir.InsertionPoint.at_block_begin(value.owner) if owner is None else ir.InsertionPoint.after(owner)
-        new = insert_permutation(self._build(value, dim, like, inverse=False), point, value, self.module.context,
-                                 like.op.location)
+        new = self._build(point, value, dim, like, inverse=False)
         body.add(perm_of(new))
         return new.results[0]
 
     def _insert_after(self, body: _Function, op: ir.Operation, like: Perm, dim: int) -> None:
         result = op.results[0]
-        new = insert_permutation(self._build(result, dim, like, inverse=True), ir.InsertionPoint.after(op), result,
-                                 self.module.context, like.op.location)
+        new = self._build(ir.InsertionPoint.after(op), result, dim, like, inverse=True)
         result.replace_all_uses_except(new.results[0], new)
         body.add(perm_of(new))
 
-    def _build(self, value: ir.Value, dim: int, like: Perm, inverse: bool) -> str:
+    def _build(self, point: ir.InsertionPoint, value: ir.Value, dim: int, like: Perm,
+               inverse: bool) -> ir.Operation:
         mesh = self.meshes[like.kind.mesh_name]
-        shape = list(_shape(value))
-        sharding = _derive_sharding(like, list(_shape(like.source)), shape, dim, mesh)
-        element = str(ir.ShapedType(value.type).element_type)
-        if self._channel is None:  # found only when a permutation is built: scanning the module costs a walk
-            self._channel = self._next_channel(self.module)
-        text = permutation_module(like.kind.mesh_name, mesh, sharding, tuple(shape), element, dim, like.kind.axis,
-                                  like.kind.strategy, like.kind.stripe, inverse, self._channel)
-        self._channel += 2
-        return text
+        sharding = _derive_sharding(like, list(_shape(like.source)), list(_shape(value)), dim, mesh)
+        return self.permutations.insert(point, value, like.kind.mesh_name, mesh, sharding, dim, like.kind.axis,
+                                        like.kind.strategy, like.kind.stripe, inverse)
 
     def _say(self, perm: Perm, op: ir.Operation, why: Blocked) -> None:
         key = (str(perm.kind), perm.inverse, op.name, str(why), str(source_loc(op.location)))

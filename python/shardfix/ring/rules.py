@@ -166,7 +166,7 @@ def _index_elementwise(engine: Engine, op, ins: list[Index]) -> Index | None:
     scope = engine.scope_for(out)
     e = [x.expr for x in ins]
     name = op.name
-    src = (op, tuple(range(len(ins))))
+    src = (op, tuple(range(len(ins))), tuple(engine.state.call_ops))
     if name == "stablehlo.add":
         return Index(out, e[0] + e[1])
     if name == "stablehlo.subtract":
@@ -505,6 +505,28 @@ rule("stablehlo.all_gather", "stablehlo.all_to_all", "stablehlo.reduce_scatter",
      "stablehlo.collective_broadcast")(algebra.other_collective)
 rule("stablehlo.while")(loops.while_loop)
 rule("stablehlo.case", "stablehlo.if")(loops.branches)
+
+
+@rule("sdy.manual_computation")
+def nested_manual(engine: Engine, op):
+    """A manual computation inside the region, over other mesh axes (JAX puts the `axis_index` of a
+    partial-manual region in one): followed in place when it slices nothing (every operand and result whole on
+    each device) and returns what every device of its axes agrees on."""
+    from jaxlib.mlir.dialects import sdy
+
+    from ..ir import manual_axes_of, sharding_from_attr
+    for name in ("in_shardings", "out_shardings"):
+        for attr in sdy.TensorShardingPerValueAttr(op.attributes[name]).shardings:
+            if any(d.axes for d in sharding_from_attr(attr).dims):
+                engine.refuse("splits values over mesh axes inside the ring region", op)
+    results = engine.run_block(op.regions[0].blocks[0], _ins(engine, op))
+    inner = manual_axes_of(op)
+    for value in results:
+        atoms = value.expr.free_atoms() if isinstance(value, Index) else set()
+        if any(isinstance(a, Pid) or isinstance(a, sym.PidDiv) or (isinstance(a, sym.Other) and a.axis in inner)
+               for a in atoms):
+            engine.refuse("returns a value that differs between the devices of its manual axes", op)
+    return results
 
 
 @rule("func.call")
