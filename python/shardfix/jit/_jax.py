@@ -1,11 +1,11 @@
 """Every private JAX access shardfix makes, in one place.
 
 shardfix needs a few things JAX has no public API for: an MLIR context with JAX's dialects, a Lowered whose module
-was replaced, JAX's C++ call dispatcher for its own functions, two hooks (around the tracing of every jit and
-around every XLA compile), a config value that keeps JAX's caches apart while shardfix is at work, JAX's
-traceback filtering, and jaxlib's call inliner. Each is reached here and nowhere else, switched by version where JAX differs (the tested
-range is 0.10.2 to 0.12.0.1: so far none of these differ); tests/test_jax_internals.py exercises every one of them
-on the installed JAX so that a move fails loudly there.
+was replaced, JAX's C++ call dispatcher for its own functions, two hooks (around the tracing of every jit and around
+every XLA compile), a config value that keeps JAX's caches apart while shardfix is at work, JAX's traceback
+filtering, and jaxlib's call inliner. Each is reached here and nowhere else, switched by version where JAX differs
+(the tested range is 0.10.2 to 0.12.0.1: so far none of these differ); tests/test_jax_internals.py exercises every
+one of them on the installed JAX so that a move fails loudly there.
 """
 
 from __future__ import annotations
