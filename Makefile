@@ -2,6 +2,8 @@
 #   make test          the suite on the newest JAX the machine's newest Python (3.12+) allows (requirements.txt)
 #   make test-oldest   the suite on the oldest supported JAX, 0.10.2, on Python 3.11 (requirements-oldest.txt),
 #                      with the clients pinned to that JAX (ejkernel)
+#   make test-install  `pip install .` (not editable) into a fresh environment that has the newest JAX: JAX is kept,
+#                      and the installed package, shardfix-opt and the lit suite work (.ci/install-check)
 # Override PYTHON, VENV or REQUIREMENTS to test another combination.
 
 NEWEST_PYTHON := $(shell for v in 3.13 3.12; do \
@@ -20,7 +22,7 @@ STAMP := $(VENV)/.installed
 export XLA_FLAGS := --xla_force_host_platform_device_count=8
 export JAX_PLATFORMS := cpu
 
-.PHONY: demo test test-oldest pytest lit bench clean
+.PHONY: demo test test-oldest test-install print-python pytest lit bench clean
 
 $(STAMP): pyproject.toml $(REQUIREMENTS)
 	rm -rf $(VENV)
@@ -38,6 +40,12 @@ test: pytest lit
 test-oldest:
 	$(MAKE) test PYTHON=$(OLDEST_PYTHON) VENV=.venv-oldest REQUIREMENTS=requirements-oldest.txt
 
+test-install:
+	PYTHON=$(PYTHON) .ci/install-check
+
+print-python:
+	@echo $(PYTHON)
+
 pytest: $(STAMP)
 	$(BIN)/python -m pytest -q tests
 
@@ -48,4 +56,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
 
 clean:
-	rm -rf .venv .venv-oldest build *.egg-info python/*.egg-info
+	rm -rf .venv .venv-oldest .venv-install build *.egg-info python/*.egg-info

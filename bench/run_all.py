@@ -1,4 +1,7 @@
-"""`make bench`: run every bench/bench_*.py and write their tables to bench/RESULTS.md."""
+"""`make bench`: run every bench/bench_*.py and write their tables to bench/RESULTS.md.
+
+`python bench/run_all.py bench_jit ...` runs only those benchmarks and replaces only their sections of RESULTS.md
+(matched by title), each marked with the command, date and JAX that produced it; the other sections stay."""
 
 from __future__ import annotations
 
@@ -6,9 +9,11 @@ import datetime
 import importlib
 import os
 import platform
+import re
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(HERE, "RESULTS.md")
 sys.path.insert(0, HERE)
 
 import common  # noqa: E402,F401  (sets XLA_FLAGS before JAX is imported)
@@ -25,12 +30,30 @@ def main() -> None:
         sections.append(section)
     device = jax.devices()[0]
     command = " ".join(["python bench/run_all.py"] + sys.argv[1:])
-    header = (f"# Benchmark results\n\nCommand: `{command}` (`make bench` runs every benchmark)"
-              f"\nDate: {datetime.date.today()}; machine: {platform.machine()}, {os.cpu_count()} cores, "
-              f"{device.platform.upper()} ({jax.device_count()} simulated devices); jax {jax.__version__}.\n"
-              "Ratios are measured side by side in one run (interleaved, median of several rounds).\n\n")
-    with open(os.path.join(HERE, "RESULTS.md"), "w") as f:
-        f.write(header + "\n".join(sections))
+    machine = (f"{datetime.date.today()}; machine: {platform.machine()}, {os.cpu_count()} cores, "
+               f"{device.platform.upper()} ({jax.device_count()} simulated devices); jax {jax.__version__}")
+    if sys.argv[1:] and os.path.exists(RESULTS):
+        with open(RESULTS) as f:
+            text = _replace_sections(f.read(), "\n".join(sections), f"_Measured by `{command}`, {machine}._\n")
+    else:
+        text = (f"# Benchmark results\n\nCommand: `{command}` (`make bench` runs every benchmark)\nDate: {machine}.\n"
+                "Ratios are measured side by side in one run (interleaved, median of several rounds).\n\n"
+                + "\n".join(sections))
+    with open(RESULTS, "w") as f:
+        f.write(text)
+
+
+def _split(text: str) -> list[str]:
+    """The text cut before each "## " heading (the first piece is what precedes the first heading)."""
+    return re.split(r"(?m)^(?=## )", text)
+
+
+def _replace_sections(old: str, new: str, mark: str) -> str:
+    pieces = _split(old)
+    fresh = {piece.splitlines()[0]: piece.rstrip("\n") + "\n\n" + mark for piece in _split(new)[1:]}
+    out = [fresh.pop(piece.splitlines()[0], piece) if piece.startswith("## ") else piece for piece in pieces]
+    out += list(fresh.values())
+    return "\n".join(part.rstrip("\n") + "\n" for part in out)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,13 @@
-"""shardfix relies on private JAX internals (all in shardfix/jit/_jax.py). If these move, fail here, loudly."""
+"""shardfix relies on private JAX internals, all reached through shardfix/jit/_jax.py. Each is exercised here on the
+installed JAX, so that a move fails here, loudly, with the name of what moved."""
 
 import jax
+import jax.numpy as jnp
 import jaxlib
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from shardfix.jit import _jax
 
 TESTED = ("0.10.2", "0.12.0.1")  # the oldest and the newest JAX the suite runs on (make test-oldest, make test)
 
@@ -14,12 +20,12 @@ def test_versions_in_tested_range():
     for name, version in (("jax", jax.__version__), ("jaxlib", jaxlib.__version__)):
         assert _version(TESTED[0]) <= _version(version) <= _version(TESTED[1]), \
             f"shardfix is tested with {name} {TESTED[0]} to {TESTED[1]}, found {version}"
+    assert _jax.JAX_VERSION == _version(jax.__version__)[:3]
 
 
-def test_private_names_used():
+def test_mlir_context_and_dialects():
     from jaxlib.mlir import ir, passmanager
     from jaxlib.mlir.dialects import sdy, stablehlo
-    from shardfix.jit import _jax
     ctx = _jax.new_ir_context()
     for op in ("func.func", "stablehlo.add", "sdy.manual_computation", "chlo.erf", "mhlo.add"):
         assert ctx.is_registered_operation(op), op
@@ -28,38 +34,134 @@ def test_private_names_used():
                  "SubAxisInfoAttr", "MeshAttr", "MeshAxisAttr"):
         assert hasattr(sdy, name), name
     assert hasattr(passmanager.PassManager, "add") and hasattr(ir.Operation, "parse")
+    assert _jax.uses_shardy() is True  # JAX's default
 
 
-def test_lowered_private_fields():
-    """lowering.patch_lowered rebuilds a Lowered from these fields."""
-    import jax.numpy as jnp
-    lowered = jax.jit(lambda x: x + 1).lower(jnp.ones(4))
-    for field in ("_lowering", "_no_kwargs", "_in_types", "_out_types", "args_info", "out_tree"):
-        assert hasattr(lowered, field), field
-    inner = lowered._lowering
-    assert hasattr(inner, "_hlo") and hasattr(inner, "_executable")
-    assert {"in_shardings", "out_shardings"} <= set(inner.compile_args)
+def test_stages_relowered_and_subclassed():
+    f = jax.jit(lambda x: x + 1)
+    lowered = f.lower(jnp.ones(4))
+    module = _jax.lowered_module(lowered)
+    assert "stablehlo.add" in str(module)
+    in_shardings, out_shardings = _jax.compile_shardings(lowered)
+    assert len(in_shardings) == len(out_shardings) == 1
+
+    class Sub(jax.stages.Lowered):
+        pass
+
+    again = _jax.relowered(lowered, module, in_shardings, out_shardings, Sub)
+    assert type(again) is Sub and again.as_text() == lowered.as_text()
+    compiled = again.compile()
+    np.testing.assert_array_equal(np.asarray(compiled(jnp.ones(4))), np.full(4, 2.0))
+    assert len(_jax.compiled_input_shardings(compiled)) == 1
+
+    class SubTraced(jax.stages.Traced):
+        pass
+
+    traced = _jax.as_subclass(f.trace(jnp.ones(4)), SubTraced)
+    assert isinstance(traced, SubTraced) and "add" in str(traced.jaxpr)
 
 
-def test_cpp_dispatch_internals():
-    """autofix_shardings serves cached calls through JAX's C++ dispatcher with these private pieces."""
-    from jax._src import sharding_impls, stages, tree_util
+def test_jit_objects():
+    def g(a, b, c=1.0):
+        return a * c + b
+
+    jitted = jax.jit(g, static_argnums=2, donate_argnums=0, keep_unused=True,
+                     in_shardings=(NamedSharding(jax.make_mesh((8,), ("x",)), P()), None),
+                     compiler_options={"xla_embed_ir_in_executable": True})
+    assert _jax.is_jax_jit(jitted) and not _jax.is_jax_jit(g)
+    fun, options = _jax.jit_options_of(jitted)
+    assert fun is g
+    assert options["static_argnums"] == (2,) and options["static_argnames"] == ("c",)
+    assert options["donate_argnums"] == (0,) and options["keep_unused"] is True
+    assert options["compiler_options"] == {"xla_embed_ir_in_executable": True}
+    assert options["in_shardings"][1] is None and "out_shardings" not in options
+    assert _jax.static_arguments(jitted) == ((2,), ("c",))
+    assert _jax.jit_info(jitted).keep_unused is True
+    assert _jax.jit_shardings_key(jax.jit(g, **options)) == _jax.jit_shardings_key(jitted)
+    assert _jax.static_positions((2, -1), 3) == {2} and _jax.static_positions((-1,), 2) == {1}
+    assert _jax.static_positions((5,), 2) == set()
+    outs, fastpath, _ = _jax.jit_cache_miss(jax.jit(g))(jnp.ones(2), jnp.ones(2))
+    np.testing.assert_array_equal(np.asarray(outs), np.full(2, 2.0))
+    assert fastpath is not None  # the data JAX's dispatcher runs a cached call from
+    try:
+        jax.jit(g, in_shardings=P("x", "x"))
+    except _jax.DuplicateSpecError:
+        pass
+    else:
+        raise AssertionError("DuplicateSpecError is not what jax.jit raises for a repeated axis")
+
+
+def test_cpp_dispatcher():
+    misses = []
+
+    def g(x):
+        return x * 2
+
+    inner = jax.jit(g)
+
+    def cache_miss(*args, **kwargs):
+        misses.append(1)
+        return _jax.jit_cache_miss(inner)(*args, **kwargs)
+
+    dispatch = _jax.cpp_dispatcher(g, "g", cache_miss, (), ())
+    for _ in range(3):
+        out = dispatch(jnp.ones(3))
+    np.testing.assert_array_equal(np.asarray(out), np.full(3, 2.0))
+    assert len(misses) == 1 and dispatch._cache_size() == 1
+    assert type(dispatch) is type(inner)
+    assert jax.jit(g)(jnp.ones(3)) is not None and len(misses) == 1  # a cache of its own: never JAX's
+    jax.clear_caches()
+    dispatch(jnp.ones(3))
+    assert len(misses) == 2
+    _jax.clear_dispatcher(dispatch)
+    assert dispatch._cache_size() == 0
+
+
+def test_caches_and_session_state():
+    cleared = []
+
+    class Handle:
+        def cache_clear(self):
+            cleared.append(1)
+
+        def cache_info(self):
+            return ""
+
+    handle = Handle()
+    _jax.register_cache(handle, "test handle")
+    jax.clear_caches()
+    assert cleared == [1]
+    assert _jax.global_session_state() == 0
+    seen = []
+    f = jax.jit(lambda x: seen.append(1) or x + 1)
+    f(1.0)
+    with _jax.session_state(7):
+        f(1.0)  # another trace context: traced again
+    f(1.0)
+    assert len(seen) == 2
+    assert _jax.SESSION_STATE_NAME in jax.config.values
+
+
+def test_hooks_and_tracebacks():
+    from shardfix.jit import session
+    session.install()  # shardfix's own hooks (installing is once per process)
+    assert _jax.hooks_installed()
+    from jax._src import pjit, source_info_util, traceback_util
     from jax._src.interpreters import pxla
-    from jax._src.lib import _jax
-    for owner, name in ((_jax, "pjit"), (pxla, "JitGlobalCppCacheKeys"), (pxla, "MeshExecutableFastpathData"),
-                        (pxla, "reflatten_outputs_for_dispatch"), (pxla, "cc_shard_arg"), (pxla, "ExecuteReplicated"),
-                        (tree_util, "dispatch_registry"), (stages.Compiled, "call"),
-                        (sharding_impls, "physical_sharding")):
-        assert hasattr(owner, name), f"{owner.__name__}.{name} moved"
-    import jax.numpy as jnp
-    from shardfix import autofix_shardings
-    f = autofix_shardings(lambda x: x + 1)
-    assert f._dispatch is not None, "the C++ dispatcher could not be built"
-    assert float(f(jnp.ones(()))) == 2.0
-    executable = jax.jit(lambda x: x + 1).lower(jnp.ones(4)).compile()._executable
-    for name in ("unsafe_call", "xla_executable", "_in_shardings", "_out_shardings", "in_avals", "_kept_var_idx",
-                 "_dispatch_in_layouts", "shard_const_args"):
-        assert hasattr(executable, name), f"MeshExecutable.{name} moved"
+    assert pjit._trace_for_jit.__code__.co_filename == _jax.__file__
+    assert pxla.UnloadedMeshExecutable.from_hlo.__code__.co_filename == _jax.__file__
+    assert _jax.PACKAGE_DIR in traceback_util._exclude_paths
+    assert not source_info_util.is_user_filename(_jax.__file__)
+    assert _jax.trace_function_name((lambda: None,)) == "<lambda>"
+    assert _jax.under_trace() is False
+    jax.jit(lambda x: x + float(_jax.under_trace()))(1.0)
+    assert float(jax.jit(lambda x: x * 0 + _jax.under_trace())(1.0)) == 1.0
+
+    def named(x):
+        """Doc."""
+
+    wrapped = _jax.wraps(named)(type("W", (), {})())
+    assert (wrapped.__name__, wrapped.__doc__, wrapped.__wrapped__) == ("named", "Doc.", named)
 
 
 # -- trace-time spec checks (shardfix/jit/_jax.py, section "trace-time spec checks") ------------------------------

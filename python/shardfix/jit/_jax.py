@@ -1,16 +1,47 @@
 """Every private JAX access shardfix makes, in one place.
 
 shardfix needs a few things JAX has no public API for: an MLIR context with JAX's dialects, a Lowered whose module
-was replaced, and JAX's C++ call dispatcher for its own executables. Each is reached here and nowhere else;
-tests/test_jax_internals.py exercises every one of them on the installed JAX so that a move fails loudly there.
+was replaced, JAX's C++ call dispatcher for its own functions, two hooks (around the tracing of every jit and around
+every XLA compile), a config value that keeps JAX's caches apart while shardfix is at work, JAX's traceback
+filtering, and jaxlib's call inliner. Each is reached here and nowhere else, switched by version where JAX differs
+(the tested range is 0.10.2 to 0.12.0.1: so far none of these differ); tests/test_jax_internals.py exercises every
+one of them on the installed JAX so that a move fails loudly there.
 """
 
 from __future__ import annotations
 
 import copy
+import os
+import threading
+from typing import Any, Callable
 
 import jax
+from jax._src import config as _config
+from jax._src import core as _core
+from jax._src import pjit as _pjit
+from jax._src import source_info_util, traceback_util
+from jax._src import tree_util as _tree_util
+from jax._src import util as _util
+from jax._src.named_sharding import DuplicateSpecError
+from jax._src.named_sharding import UnspecifiedValue as _UNSPECIFIED_TYPE
+from jax._src.interpreters import pxla as _pxla
+from jax._src.lib import _jax as _xla_ext
 from jaxlib.mlir import ir
+
+JAX_VERSION = tuple(int(p) for p in jax.__version__.split(".")[:3] if p.isdigit())
+
+# ---------------------------------------------------------------------------------------------------------------
+# Tracebacks: shardfix's frames are hidden from user tracebacks, and never taken for the user's frame, exactly as
+# JAX treats its own (traceback filtering and source_info have separate registries; the latter needs a trailing
+# separator to match a directory).
+
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+traceback_util.register_exclusion(PACKAGE_DIR)
+source_info_util.register_exclusion(PACKAGE_DIR + os.sep)
+
+api_boundary = traceback_util.api_boundary
+wraps = _util.wraps  # how jax.jit names its functions after the user's
+
 
 # ---------------------------------------------------------------------------------------------------------------
 # MLIR.
@@ -46,24 +77,18 @@ def _register_passes() -> None:
         _passes_registered = True
 
 
+def uses_shardy() -> bool:
+    """Whether JAX lowers to Shardy (`sdy`) shardings rather than GSPMD's `mhlo.sharding` strings."""
+    return bool(_config.use_shardy_partitioner.value)
+
+
 # ---------------------------------------------------------------------------------------------------------------
-# A Lowered with another module.
+# Stages: a Lowered with another module, and JAX's stage objects as instances of shardfix's subclasses.
 
 
-def relowered(lowered: jax.stages.Lowered, module: ir.Module, in_shardings: tuple | None = None,
-              out_shardings: tuple | None = None) -> jax.stages.Lowered:
-    """A Lowered that compiles `module` in place of `lowered`'s, with the entry shardings JAX should expect."""
-    new = copy.copy(lowered._lowering)
-    new._hlo = module
-    new._executable = None
-    args = dict(new.compile_args)
-    if in_shardings is not None:
-        args["in_shardings"] = in_shardings
-    if out_shardings is not None:
-        args["out_shardings"] = out_shardings
-    new.compile_args = args
-    return jax.stages.Lowered(new, lowered.args_info, lowered.out_tree, no_kwargs=lowered._no_kwargs,
-                              in_types=lowered._in_types, out_types=lowered._out_types)
+def lowered_module(lowered: jax.stages.Lowered) -> ir.Module:
+    """JAX's own module object of `lowered` (read it; never change it: JAX caches it)."""
+    return lowered._lowering.stablehlo()
 
 
 def compile_shardings(lowered: jax.stages.Lowered) -> tuple[tuple, tuple]:
@@ -72,51 +97,188 @@ def compile_shardings(lowered: jax.stages.Lowered) -> tuple[tuple, tuple]:
     return tuple(args["in_shardings"]), tuple(args["out_shardings"])
 
 
+def relowered(lowered: jax.stages.Lowered, module: ir.Module, in_shardings: tuple, out_shardings: tuple,
+              cls: type) -> jax.stages.Lowered:
+    """A `cls` (a jax.stages.Lowered subclass) that compiles `module` in place of `lowered`'s, with the entry
+    shardings JAX should expect. JAX's own lowering object is copied, never changed."""
+    new = copy.copy(lowered._lowering)
+    new._hlo = module
+    new._executable = None
+    new.compile_args = {**new.compile_args, "in_shardings": in_shardings, "out_shardings": out_shardings}
+    result = cls.__new__(cls)
+    jax.stages.Lowered.__init__(result, new, lowered.args_info, lowered.out_tree, no_kwargs=lowered._no_kwargs,
+                                in_types=lowered._in_types, out_types=lowered._out_types)
+    return result
+
+
+def as_subclass(stage: Any, cls: type) -> Any:
+    """A shallow copy of a JAX stage object (Traced, Lowered, Compiled) whose class is `cls`, a subclass of its
+    own: JAX's stage classes have no public constructors, and their fields differ between versions."""
+    new = copy.copy(stage)
+    new.__class__ = cls
+    return new
+
+
+def compiled_input_shardings(compiled: jax.stages.Compiled) -> list:
+    """The executable's flat input shardings, one per argument leaf (None for a leaf it doesn't use)."""
+    return list(compiled._input_shardings_flat())
+
+
 # ---------------------------------------------------------------------------------------------------------------
-# C++ dispatch. jax.jit checks a call's signature in C++ and only calls back into Python on a miss; the same
-# dispatcher serves shardfix's executables, so a cached call costs what a jax.jit call costs. Where these
-# internals are missing, calls take the Python path.
+# jax.jit objects.
 
 
-def cpp_dispatcher(fun, cache_miss, static_argnums, static_argnames):
-    """JAX's C++ dispatcher calling `cache_miss` for signatures it hasn't seen; None where it can't be built."""
-    if static_argnums is None:
-        return None
-    try:
-        from jax._src import tree_util
-        from jax._src.interpreters import pxla
-        from jax._src.lib import _jax
-        return _jax.pjit(getattr(fun, "__name__", "autofix"), None, cache_miss, static_argnums, static_argnames,
-                         pxla.JitGlobalCppCacheKeys(), tree_util.dispatch_registry, pxla.cc_shard_arg)
-    except (ImportError, AttributeError, TypeError):
-        return None
+def is_jax_jit(fun: Any) -> bool:
+    """Whether `fun` is what jax.jit returns."""
+    return isinstance(fun, _xla_ext.PjitFunction) and hasattr(fun, "_jit_info")
 
 
-def fastpath_call(compiled: jax.stages.Compiled, dyn_args, dyn_kwargs):
-    """Run `compiled` once through JAX's compiled-call path; return (outputs, the data that lets the C++
-    dispatcher call it directly next time), or None (without running) where JAX wouldn't take the fast path."""
-    from jax._src import core, dtypes, sharding_impls, stages
-    from jax._src.interpreters import pxla
-    from jax._src.lib import xla_client as xc
+def jit_options_of(jitted: Any) -> tuple[Callable, dict]:
+    """The function and the jax.jit keyword arguments of a `jax.jit` object, as JAX resolved them (static and
+    donated arguments by number and by name; in/out shardings as trees, with their layouts as Formats)."""
+    info = jitted._jit_info
+    options: dict = dict(static_argnums=info.static_argnums, static_argnames=info.static_argnames,
+                         donate_argnums=info.donate_argnums, donate_argnames=info.donate_argnames,
+                         keep_unused=info.keep_unused, device=info.device, backend=info.backend, inline=info.inline,
+                         compiler_options=dict(info.compiler_options_kvs) or None)
+    for side in ("in", "out"):
+        leaves = getattr(info, f"{side}_shardings_leaves")
+        layouts = getattr(info, f"{side}_layouts_leaves")
+        if all(isinstance(x, _UNSPECIFIED_TYPE) for x in leaves) and not any(layouts):
+            continue
+        if any(layouts):
+            from jax._src.layout import Format
+            leaves = [s if layout is None else Format(layout, None if isinstance(s, _UNSPECIFIED_TYPE) else s)
+                      for s, layout in zip(leaves, layouts)]
+        options[f"{side}_shardings"] = getattr(info, f"{side}_shardings_treedef").unflatten(leaves)
+    return jitted._fun, options
 
-    executable = compiled._executable
-    if not (isinstance(executable, pxla.MeshExecutable) and isinstance(executable.unsafe_call, pxla.ExecuteReplicated)
-            and not executable.unsafe_call.has_unordered_effects and not executable.unsafe_call.has_host_callbacks
-            and not executable.unsafe_call.ordered_effects and not compiled._params.is_high):
-        return None
-    params = compiled._params._replace(const_args=executable.shard_const_args(compiled._params.const_args))
-    outs, out_flat, args_flat = stages.Compiled.call(params, *dyn_args, **dyn_kwargs)
-    out_flat, out_tree = pxla.reflatten_outputs_for_dispatch(params.out_tree, out_flat)
-    if not all(isinstance(x, xc.ArrayImpl) for x in out_flat) or getattr(executable, "_mut", None):
-        return None
-    in_shardings = [sharding_impls.physical_sharding(a, s)
-                    if a is not core.abstract_token and dtypes.issubdtype(a.dtype, dtypes.extended) else s
-                    for s, a in zip(executable._in_shardings, executable.in_avals)]
-    kept = [i in executable._kept_var_idx for i in range(len(params.const_args) + len(args_flat))]
-    data = pxla.MeshExecutableFastpathData(
-        executable.xla_executable, out_tree, in_shardings, executable._out_shardings, [o.aval for o in out_flat],
-        [o._committed for o in out_flat], kept, executable._dispatch_in_layouts, params.const_args)
-    return outs, data
+
+def jit_info(jitted: Any) -> Any:
+    """A jax.jit object's resolved options (what JAX reads off a jit function, as its NaN checks do)."""
+    return jitted._jit_info
+
+
+def jit_shardings_key(jitted: Any) -> tuple:
+    """A jax.jit object's in/out shardings and layouts, hashable: jits made with equal ones behave the same."""
+    info = jitted._jit_info
+    return tuple((getattr(info, f"{name}_treedef"), getattr(info, f"{name}_leaves"))
+                 for name in ("in_shardings", "out_shardings", "in_layouts", "out_layouts"))
+
+
+def static_arguments(jitted: Any) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """(static_argnums, static_argnames) of a jax.jit object as JAX resolved them against the signature (0.12
+    normalises negative numbers when the jit is made; older versions per call, as the C++ dispatcher does)."""
+    info = jitted._jit_info
+    return tuple(info.static_argnums), tuple(info.static_argnames)
+
+
+def static_positions(static_argnums: tuple[int, ...], nargs: int) -> set[int]:
+    """The positions of a call with `nargs` positional arguments that are static, resolved as JAX's dispatcher
+    resolves them: a negative number counts from the end of this call's arguments; numbers out of range are
+    ignored (JAX validated them against the signature when the jit was made)."""
+    return {n + nargs if n < 0 else n for n in static_argnums if -nargs <= n < nargs}
+
+
+def jit_cache_miss(jitted: Any) -> Callable:
+    """The Python function a jax.jit object's C++ dispatcher calls on a miss: it traces, lowers, compiles and runs,
+    and returns (outputs, the data that lets the dispatcher run the executable itself next time, a flag)."""
+    return jitted._cache_miss
+
+
+def cpp_dispatcher(fun: Callable, name: str, cache_miss: Callable, static_argnums: tuple[int, ...],
+                   static_argnames: tuple[str, ...]) -> Callable:
+    """JAX's C++ dispatcher for `fun` (the object jax.jit returns), calling `cache_miss` for call signatures it
+    hasn't seen, with a cache of its own (never JAX's: its executables are shardfix's); `jax.clear_caches()` empties
+    it."""
+    return _xla_ext.pjit(name, fun, cache_miss, list(static_argnums), list(static_argnames),
+                         _pxla.JitGlobalCppCacheKeys(), _tree_util.dispatch_registry, _pxla.cc_shard_arg,
+                         _xla_ext.PjitFunctionCache())
+
+
+def clear_dispatcher(dispatcher: Callable) -> None:
+    dispatcher._clear_cache()
+
+
+def under_trace() -> bool:
+    """Whether the caller runs inside a JAX transformation's trace (an enclosing jit, grad, vmap, ...)."""
+    return not _core.trace_state_clean()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# JAX's caches.
+
+
+def register_cache(obj: Any, what: str) -> None:
+    """Have `jax.clear_caches()` call `obj.cache_clear()` (JAX holds `obj` weakly: keep it alive)."""
+    _util.register_cache(obj, what)
+
+
+# A config value in JAX's trace context and jit cache key: 0 normally, another number while shardfix traces and
+# compiles (one per set of shardfix options). Every JAX cache keyed on the trace context (traced jaxprs, lowerings,
+# the C++ dispatch caches) therefore keeps shardfix's traces and executables apart from plain JAX's.
+SESSION_STATE_NAME = "shardfix_session"
+_session_state = _config.int_state(
+    SESSION_STATE_NAME, 0, help="shardfix's options while it traces and compiles (0: none); keys JAX's caches",
+    include_in_jit_key=True, include_in_trace_context=True)
+
+
+def session_state(value: int):
+    """A context manager setting the session value for the current thread."""
+    return _session_state(value)
+
+
+def set_global_session_state(value: int) -> None:
+    jax.config.update(SESSION_STATE_NAME, value)
+
+
+def global_session_state() -> int:
+    return _session_state.get_global()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Hooks: one around the tracing of every jax.jit (JAX's trace cache miss), one around every XLA compile of a module
+# (jit calls, AOT compiles, eager operations, library jits). Installed once; each calls JAX's own function at once
+# unless shardfix has work to do (the callbacks decide).
+
+TraceHook = Callable[[Callable, tuple, dict], Any]  # (JAX's trace function, its args, its kwargs) -> its result
+CompileHook = Callable[[Callable, str, ir.Module, dict], Any]  # (JAX's from_hlo, name, module, its kwargs)
+
+_hooks_lock = threading.Lock()
+_original_trace: Callable | None = None
+_original_from_hlo: Callable | None = None
+
+
+def install_hooks(on_trace: TraceHook, on_compile: CompileHook) -> None:
+    """Route every jit trace through `on_trace` and every compile through `on_compile` (idempotent)."""
+    global _original_trace, _original_from_hlo
+    with _hooks_lock:
+        if _original_trace is not None:
+            return
+        _original_trace = _pjit._trace_for_jit  # looked up as a module global by pjit._infer_params
+        _original_from_hlo = _pxla.UnloadedMeshExecutable.from_hlo  # a staticmethod: a plain function here
+        trace, from_hlo = _original_trace, _original_from_hlo
+
+        def _trace_for_jit(*args, **kwargs):
+            return on_trace(trace, args, kwargs)
+
+        def _from_hlo(name, hlo, *args, **kwargs):
+            if args:  # JAX passes everything after the module by keyword; keep any other call as it is
+                return from_hlo(name, hlo, *args, **kwargs)
+            return on_compile(from_hlo, name, hlo, kwargs)
+
+        _pjit._trace_for_jit = _trace_for_jit
+        _pxla.UnloadedMeshExecutable.from_hlo = staticmethod(_from_hlo)
+
+
+def hooks_installed() -> bool:
+    return _original_trace is not None
+
+
+def trace_function_name(args: tuple) -> str:
+    """The traced function's name, from `_trace_for_jit(fun, jit_info, ...)`'s arguments."""
+    fun = args[0] if args else None
+    return getattr(fun, "__name__", None) or type(fun).__name__
 
 
 # ---------------------------------------------------------------------------------------------------------------

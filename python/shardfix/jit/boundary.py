@@ -48,8 +48,7 @@ def corrected_jit(fun, options, static_positions: set[int], loc: SourceLoc, args
     given = (o.in_shardings, o.out_shardings) != (UNSPECIFIED,) * 2
     mesh = resolve_mesh(o.mesh, args, kwargs) if given else None
     fixes: list[Fix] = []
-    jit_kwargs = dict(static_argnums=o.static_argnums, static_argnames=o.static_argnames,
-                      donate_argnums=o.donate_argnums, donate_argnames=o.donate_argnames)
+    jit_kwargs = o.jit_kwargs()  # every jax.jit option besides the shardings
     lower_args = args
     if o.in_shardings is not UNSPECIFIED:
         positions = [i for i in range(len(args)) if i not in static_positions]

@@ -1,236 +1,215 @@
-"""`autofix_shardings`: a drop-in for `jax.jit` that lowers, fixes shardings, reorders rings, compiles and runs.
+"""`autofix_shardings`: a drop-in for `jax.jit` that repairs shardings and balances ring attention.
 
-At the outermost level (concrete arguments) the function is lowered with JAX, the pipeline runs on a copy of the
-module, and the patched module is compiled; executables are cached per input signature. Under an outer
-transformation (tracer arguments: an enclosing jit, grad or vmap) there is no module of our own to patch, so the
-function acts as `jax.jit` with corrected in/out shardings and the IR passes run only where the outermost call is
-an `autofix_shardings` function.
+The function is a real `jax.jit` of the user's function, with all of jax.jit's options, run through shardfix: its
+own C++ dispatcher (the one jax.jit uses, with a cache of its own) serves cached calls without entering Python; a
+miss lets JAX trace, lower, compile and run as jax.jit would, inside a session in which the trace-time repairs run
+around the trace and the pipeline runs on a copy of the module before XLA compiles it. Under an outer
+transformation (an enclosing jit, grad or vmap) there is no module of its own: the trace-time repairs still run, and
+the IR passes run where the outermost call is compiled through shardfix (a decorated function, or the plugin).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
-import logging
-import warnings
 from typing import Any, Callable
 
 import jax
 
-from ..correct import POLICIES
-from ..locations import SourceLoc, user_stacklevel
-from ..pipeline import PassContext
-from ..report import Fix, ShardingFixError, ShardingFixWarning, merge_fixes, render_fixes
-from . import _jax, tracing
+from ..locations import SourceLoc
+from ..report import Report
+from . import _jax, notify, stages, tracing
 from .boundary import UNSPECIFIED, Boundary, check_mesh, corrected_jit
 from .lowering import patch_lowered
-from .stages import AutofixLowered
+from .options import Options, resolve
+from .session import DEFAULT_POLICY, Session, active, current, default_pipeline
 
-logger = logging.getLogger("shardfix")
+__all__ = ["autofix_shardings", "AutofixFunction", "default_pipeline"]
+
 # The trace-time hooks go in as soon as the decorator exists, so that JAX functions user code takes by reference
 # later (a closure over jax.lax.with_sharding_constraint, say) are the hooked ones.
 tracing.install()
-RING_MODES = ("auto", "off", "zigzag", "striped")
-ON_FIX = ("warn", "log", "error", "ignore")
+
+_NOT_GIVEN: Any = object()
 
 
-def default_pipeline(policy: str = "subaxis", ring_reorder: str = "auto") -> str:
-    """The passes autofix_shardings runs on a lowered module."""
-    pipeline = f"fix-shardings{{policy={policy}}}"
-    if ring_reorder != "off":
-        strategy = "zigzag" if ring_reorder == "auto" else ring_reorder
-        pipeline += f",ring-reorder{{strategy={strategy}}},hoist-permutations"
-    return pipeline
+def autofix_shardings(fun: Callable | None = None, *, in_shardings=UNSPECIFIED, out_shardings=UNSPECIFIED,
+                      static_argnums=_NOT_GIVEN, static_argnames=_NOT_GIVEN, donate_argnums=_NOT_GIVEN,
+                      donate_argnames=_NOT_GIVEN, keep_unused=_NOT_GIVEN, device=_NOT_GIVEN, backend=_NOT_GIVEN,
+                      inline=_NOT_GIVEN, compiler_options=_NOT_GIVEN, mesh=None, policy: str = DEFAULT_POLICY,
+                      ring_reorder: str = "auto", on_fix: str = "warn"):
+    """Like `jax.jit` (every jax.jit argument is accepted and honoured), with every sharding made valid and
+    evenly divisible and ring attention balanced.
 
-
-@dataclasses.dataclass(frozen=True)
-class _Options:
-    mesh: Any
-    in_shardings: Any
-    out_shardings: Any
-    static_argnums: Any
-    static_argnames: Any
-    donate_argnums: Any
-    donate_argnames: Any
-    policy: str
-    ring_reorder: str
-    on_fix: str
-
-
-def autofix_shardings(fun: Callable | None = None, *, mesh=None, in_shardings=UNSPECIFIED,
-                      out_shardings=UNSPECIFIED, static_argnums=None, static_argnames=None, donate_argnums=None,
-                      donate_argnames=None, policy: str = "subaxis", ring_reorder: str = "auto",
-                      on_fix: str = "warn"):
-    """Like `jax.jit`, with every sharding made valid and evenly divisible and ring attention balanced.
-
-    Bare (`@autofix_shardings`) or with options; `autofix_shardings(jax.jit(f, ...))` takes over the jit's options.
-    `mesh` defaults to the context mesh (`jax.set_mesh`), else the mesh of the arguments' NamedShardings.
+    Bare (`@autofix_shardings`) or with options; `autofix_shardings(jax.jit(f, ...))` takes over the jit's options
+    (explicit ones win). `mesh` is what in/out shardings given as PartitionSpecs apply to; it defaults to the
+    context mesh (`jax.set_mesh`), else the mesh of the arguments' NamedShardings. `policy`: how an indivisible
+    dimension is corrected; `ring_reorder`: "auto" (zigzag where provably safe), "zigzag", "striped" or "off";
     `on_fix`: "warn" (one ShardingFixWarning per compile), "log", "error" (ShardingFixError), or "ignore".
     """
-    if policy not in POLICIES:
-        raise ValueError(f"policy must be one of {', '.join(POLICIES)}; got {policy!r}")
-    if ring_reorder not in RING_MODES:
-        raise ValueError(f"ring_reorder must be one of {', '.join(RING_MODES)}; got {ring_reorder!r}")
-    if on_fix not in ON_FIX:
-        raise ValueError(f"on_fix must be one of {', '.join(ON_FIX)}; got {on_fix!r}")
     check_mesh(mesh)
-    options = dict(mesh=mesh, in_shardings=in_shardings, out_shardings=out_shardings, static_argnums=static_argnums,
-                   static_argnames=static_argnames, donate_argnums=donate_argnums, donate_argnames=donate_argnames,
-                   policy=policy, ring_reorder=ring_reorder, on_fix=on_fix)
+    given = {name: value for name, value in dict(
+        static_argnums=static_argnums, static_argnames=static_argnames, donate_argnums=donate_argnums,
+        donate_argnames=donate_argnames, keep_unused=keep_unused, device=device, backend=backend, inline=inline,
+        compiler_options=compiler_options).items() if value is not _NOT_GIVEN}
+    if in_shardings is not UNSPECIFIED:
+        given["in_shardings"] = in_shardings
+    if out_shardings is not UNSPECIFIED:
+        given["out_shardings"] = out_shardings
+    given.update(mesh=mesh, policy=policy, ring_reorder=ring_reorder, on_fix=on_fix)
     if fun is None:
-        return functools.partial(autofix_shardings, **options)
-    fun, options = _unwrap_jit(fun, options)
-    return AutofixFunction(fun, _Options(**options))
+        return functools.partial(_decorate, given=given)
+    return _decorate(fun, given)
 
 
-def _unwrap_jit(fun, options: dict):
-    """Take the function and the jit options out of a `jax.jit` object (explicit options win)."""
-    info = getattr(fun, "_jit_info", None)
-    if info is None or not hasattr(fun, "_fun"):
-        return fun, options
-    options = dict(options)
-    for name in ("in_shardings", "out_shardings"):
-        leaves = getattr(info, f"{name}_leaves")
-        if options[name] is UNSPECIFIED and not all(type(x).__name__ == "UnspecifiedValue" for x in leaves):
-            options[name] = jax.tree.unflatten(getattr(info, f"{name}_treedef"), leaves)
-    for name in ("static_argnums", "static_argnames", "donate_argnums", "donate_argnames"):
-        if options[name] is None and getattr(info, name):
-            options[name] = getattr(info, name)
-    return fun._fun, options
+def _decorate(fun: Callable, given: dict):
+    fun, options = resolve(fun, given)
+    return AutofixFunction(fun, options).function
 
 
 class AutofixFunction:
-    """The decorated function: call it, or `.lower(...)` it to look at the patched module and the fixes."""
+    """What stands behind an autofix_shardings function: its jax.jit objects, its sessions and its stages.
 
-    def __init__(self, fun: Callable, options: _Options):
-        functools.update_wrapper(self, fun)
-        self._fun, self._options = fun, options
-        self._executables: dict = {}
-        self._dispatch = _jax.cpp_dispatcher(fun, self._cache_miss, self._static_argnums_list(),
-                                          list(options.static_argnames or ()))
-        self.lower_count = 0  # how many times a call had to lower and compile (the cache's misses)
+    The function users get is `.function`: JAX's own C++ jit dispatcher (the type jax.jit returns, with its
+    descriptor protocol for methods), with a cache of its own, so a cached call never enters Python. It carries
+    this object's `trace`, `lower`, `eval_shape` and `clear_cache`, and counts `cache_misses` (calls that came back
+    to Python) and `lower_count` (modules shardfix patched for it).
+    """
+
+    def __init__(self, fun: Callable, options: Options):
+        self._fun, self._options, self._settings = fun, options, options.settings
+        self._name = getattr(fun, "__name__", None) or type(fun).__name__
+        self._said: set = set()
+        self._jits: dict = {}  # jax.jit objects by in/out shardings (the base one, and corrected ones)
+        self._jit = self._base_jit()
         source = inspect.unwrap(fun)
         try:
             self._loc = SourceLoc(inspect.getsourcefile(source) or "", source.__code__.co_firstlineno)
         except (TypeError, AttributeError):
-            self._loc = SourceLoc(name=getattr(fun, "__name__", "function"))
+            self._loc = SourceLoc(name=self._name)
+        self._static_argnums, static_argnames = _jax.static_arguments(self._jit)
+        function = _jax.cpp_dispatcher(fun, self._name, _jax.api_boundary(self._cache_miss), self._static_argnums,
+                                       static_argnames)
+        _jax.wraps(fun)(function)  # the name, docstring, module and __wrapped__ jax.jit gives its functions
+        function._fun, function._jit_info, function._shardfix = fun, _jax.jit_info(self._jit), self
+        function.trace, function.lower, function.eval_shape = self.trace, self.lower, self.eval_shape
+        function.clear_cache = self.clear_cache
+        function.cache_misses = function.lower_count = 0
+        self.function = function
 
-    # -- calling -------------------------------------------------------------------------------------------------
+    # -- the jax.jit objects ----------------------------------------------------------------------------------
 
-    def __call__(self, *args, **kwargs):
-        if self._dispatch is not None:
-            return self._dispatch(*args, **kwargs)
-        return self._run(*self._prepare(args, kwargs, stacklevel=5))
+    def _base_jit(self):
+        """A jax.jit with every option as given: JAX validates them here, as jax.jit does when it is made. In/out
+        shardings JAX refuses already (a spec naming an axis twice) are left to the per-call corrections."""
+        kwargs = self._options.jit_kwargs()
+        boundary = {side: value for side, value in (("in_shardings", self._options.in_shardings),
+                                                    ("out_shardings", self._options.out_shardings))
+                    if value is not UNSPECIFIED}
+        with notify.warnings_at_user_line():  # what jax.jit warns about (deprecated options) points at the user
+            jitted = None
+            if boundary:
+                try:
+                    jitted = jax.jit(self._fun, **kwargs, **boundary)
+                except _jax.DuplicateSpecError:
+                    pass
+            if jitted is None:
+                jitted = jax.jit(self._fun, **kwargs)
+        self._jits[_jax.jit_shardings_key(jitted)] = jitted
+        return jitted
+
+    def _jit_for(self, args: tuple, kwargs: dict, report: Report) -> Boundary:
+        """The jax.jit to run for these arguments (in/out shardings given as specs corrected for them first), and
+        the arguments to trace it with (an argument committed to another sharding than its corrected in_sharding
+        in abstract form)."""
+        if not self._options.has_boundary_shardings:
+            return Boundary(self._jit, [], args, kwargs)
+        positions = _jax.static_positions(self._static_argnums, len(args))
+        boundary = corrected_jit(self._fun, self._options, positions, self._loc, args, kwargs)
+        report.fixes.extend(boundary.fixes)
+        boundary.jitted = self._jits.setdefault(_jax.jit_shardings_key(boundary.jitted), boundary.jitted)
+        return boundary
+
+    def _session(self) -> Any:
+        return active(Session(self._settings, self._name, said=self._said))
+
+    # -- calling ----------------------------------------------------------------------------------------------
 
     def _cache_miss(self, *args, **kwargs):
-        """Called by the C++ dispatcher for a signature it hasn't seen: (outputs, fast-path data or None, False).
-        The executable runs exactly once here (donated arguments can't be used twice)."""
-        prepared = self._prepare(args, kwargs, stacklevel=6)  # user, __call__, the C++ dispatcher, here, ...
-        compiled, dyn_args, dyn_kwargs, moved = prepared
-        if compiled is not None and not moved:
-            fast = _jax.fastpath_call(compiled._compiled, dyn_args, dyn_kwargs)
-            if fast is not None:
-                return fast[0], fast[1], False
-        return self._run(*prepared), None, False
+        """What the C++ dispatcher calls for a signature it hasn't seen: JAX's own miss path (trace, lower, compile,
+        run), inside a session. Returns what JAX's returns: (outputs, data for the dispatcher's fast path, flag)."""
+        self.function.cache_misses += 1
+        outer = current()
+        nested = _jax.under_trace()
+        with self._session() as session:
+            boundary = self._jit_for(args, kwargs, session.report)
+            moved = _moved(args, boundary.args)
+            result = _jax.jit_cache_miss(boundary.jitted)(*moved, **kwargs)
+            if moved is not args:  # arguments are moved on every call: no fast path that would skip the move
+                result = (result[0], None, *result[2:])
+        self.function.lower_count += session.compiles
+        if nested and outer is None:
+            session.say_once("nested", f"{self._name} runs inside another transformation (jit, grad, vmap, ...): "
+                             "shardfix repairs specs while tracing it, but the sharding and ring passes run only "
+                             "where the outermost call is compiled; decorate the outermost function, or enable "
+                             "shardfix for every jit with shardfix.enable()")
+        notify.tell(session.report.fixes, self._settings.on_fix, self._name)
+        return result
 
-    def _run(self, compiled, dyn_args, dyn_kwargs, moved):
-        if compiled is None:  # under a trace: dyn_args/dyn_kwargs are the full call
-            return self._traced_call(dyn_args, dyn_kwargs)
-        return compiled._compiled(*dyn_args, **dyn_kwargs)
+    # -- stages -----------------------------------------------------------------------------------------------
 
-    def _static_argnums_list(self) -> list[int] | None:
-        nums = self._options.static_argnums
-        nums = () if nums is None else ((nums,) if isinstance(nums, int) else tuple(nums))
-        if any(n < 0 for n in nums):
-            return None  # negative positions depend on the call; keep to the Python path
-        return sorted(nums)
+    @_jax.api_boundary
+    def trace(self, *args, **kwargs) -> "stages.AutofixTraced":
+        """JAX's Traced for these arguments (the trace-time repairs done; `.fixes` lists them)."""
+        with self._session() as session:
+            boundary = self._jit_for(args, kwargs, session.report)
+            traced = boundary.jitted.trace(*boundary.args, **boundary.kwargs)
+        return stages.traced(traced, self, session.report)
 
-    def _prepare(self, args, kwargs, stacklevel: int):
-        """(the AutofixCompiled for this signature, compiling it on first sight, the dynamic arguments moved where
-        it wants them, whether any moved); (None, args, kwargs, False) under an outer trace."""
-        dyn_args, dyn_kwargs, statics = self._split_static(args, kwargs)
-        leaves, tree = jax.tree.flatten((dyn_args, dyn_kwargs))
-        signature = [tree, statics]
-        for x in leaves:
-            if isinstance(x, jax.core.Tracer):  # under an outer jit/grad/vmap
-                return None, args, kwargs, False
-            signature.append((x.shape, x.dtype, x.sharding, x.weak_type) if isinstance(x, jax.Array)
-                             else (getattr(x, "shape", None), getattr(x, "dtype", type(x))))
-        key = tuple(signature)
-        compiled = self._executables.get(key)
-        if compiled is None:
-            compiled = self._executables[key] = self._lower(args, kwargs, stacklevel).compile()
-        moves = compiled.moves(leaves)
-        if moves:  # arguments committed to another sharding go where the executable wants them
-            leaves = [jax.device_put(x, moves[i]) if i in moves else x for i, x in enumerate(leaves)]
-            dyn_args, dyn_kwargs = jax.tree.unflatten(tree, leaves)
-        return compiled, dyn_args, dyn_kwargs, bool(moves)
+    @_jax.api_boundary
+    def lower(self, *args, **kwargs) -> "stages.AutofixLowered":
+        """Trace and lower with JAX, then run the pipeline on a copy of the module: `.as_text()` is the patched
+        module, `.fixes` and `.rings` what changed, `.compile()` compiles it."""
+        return self.trace(*args, **kwargs).lower()
 
-    def _split_static(self, args, kwargs):
-        """(dynamic positional args, dynamic kwargs, hashable static values)."""
-        if self._options.static_argnums is None and not self._options.static_argnames:
-            return args, kwargs, ()
-        static = self._static_positions(len(args))
-        names = set(self._options.static_argnames or ())
-        dyn_args = tuple(a for i, a in enumerate(args) if i not in static)
-        dyn_kwargs = {k: v for k, v in kwargs.items() if k not in names}
-        statics = (tuple(args[i] for i in sorted(static) if i < len(args)),
-                   tuple(sorted((k, v) for k, v in kwargs.items() if k in names)))
-        return dyn_args, dyn_kwargs, statics
+    @_jax.api_boundary
+    def eval_shape(self, *args, **kwargs):
+        """The shapes, dtypes and shardings of the outputs, as jax.jit's `eval_shape` gives them."""
+        return self.trace(*args, **kwargs).out_info
 
-    def _static_positions(self, nargs: int) -> set[int]:
-        nums = self._options.static_argnums
-        nums = () if nums is None else ((nums,) if isinstance(nums, int) else tuple(nums))
-        positions = {n % nargs if nargs else n for n in nums}
-        params = list(inspect.signature(self._fun).parameters) if self._options.static_argnames else []
-        positions |= {params.index(n) for n in self._options.static_argnames or () if n in params}
-        return positions
+    def clear_cache(self) -> None:
+        """Forget every trace, lowering and executable of this function."""
+        for jitted in self._jits.values():
+            jitted.clear_cache()
+        _jax.clear_dispatcher(self.function)
 
-    # -- lowering ------------------------------------------------------------------------------------------------
-
-    def lower(self, *args, **kwargs) -> "AutofixLowered":
-        """Lower with JAX, correct in/out shardings, run fix-shardings and ring-reorder on a copy of the module."""
-        return self._lower(args, kwargs, stacklevel=4)
-
-    def _lower(self, args, kwargs, stacklevel: int) -> "AutofixLowered":
-        self.lower_count += 1
-        with tracing.repairing(self._options.policy) as repairs:  # specs JAX rejects while tracing
-            boundary = self._corrected_jit(args, kwargs)
-            lowered = boundary.jitted.lower(*boundary.args, **boundary.kwargs)
-        pass_ctx = PassContext()
-        patched, report = patch_lowered(lowered, self._pipeline(), pass_ctx)
-        fixes = merge_fixes(boundary.fixes + repairs.fixes + report.fixes)
-        _tell(fixes, self._options.on_fix, getattr(self._fun, "__name__", "function"), stacklevel)
-        return AutofixLowered(patched, fixes, report.rings)
-
-    def _pipeline(self) -> str:
-        return default_pipeline(self._options.policy, self._options.ring_reorder)
-
-    def _traced_call(self, args, kwargs):
-        """Under an outer trace: the corrected jax.jit, its trace-time specs repaired. Inside an outer
-        autofix_shardings the fixes go to its report; else they are told here."""
-        with tracing.repairing(self._options.policy) as repairs:
-            boundary = self._corrected_jit(args, kwargs)
-            repairs.add(boundary.fixes)
-            out = boundary.jitted(*args, **kwargs)
-        if repairs.parent is None:
-            _tell(merge_fixes(repairs.fixes), self._options.on_fix, getattr(self._fun, "__name__", "function"),
-                  user_stacklevel())
-        return out
-
-    def _corrected_jit(self, args, kwargs) -> Boundary:
-        """A jax.jit of the function whose in/out shardings are corrected for these arguments, and the fixes."""
-        return corrected_jit(self._fun, self._options, self._static_positions(len(args)), self._loc, args, kwargs)
+    @_jax.api_boundary
+    def _lower_traced(self, traced: "stages.AutofixTraced", **lower_kwargs) -> "stages.AutofixLowered":
+        with self._session() as session:
+            lowered = traced._jax_lower(**lower_kwargs)
+            patched, ir_report = lowered, Report()
+            if session.repairs_modules():
+                every_module, ring_passes = self._settings.passes
+                patched, ir_report = patch_lowered(lowered, every_module, ring_passes=ring_passes,
+                                                   cls=stages.AutofixLowered)
+        self.function.lower_count += 1
+        report = Report()
+        report.extend(traced.report)
+        report.extend(ir_report)
+        notify.tell(report.fixes, self._settings.on_fix, self._name)
+        return stages.lowered(patched, report)
 
 
-def _tell(fixes: list[Fix], on_fix: str, name: str, stacklevel: int) -> None:
-    if not fixes or on_fix == "ignore":
-        return
-    text = render_fixes(fixes, name)
-    if on_fix == "error":
-        raise ShardingFixError(text)
-    if on_fix == "log":
-        logger.warning(text)
-    else:
-        warnings.warn(text, ShardingFixWarning, stacklevel=stacklevel)
+
+def _moved(args: tuple, lowering_args: tuple) -> tuple:
+    """`args`, each array that the boundary lowers in abstract form (committed to another sharding than its
+    corrected in_sharding) moved to that sharding; `args` itself when nothing moves."""
+    if lowering_args is args:
+        return args
+    leaves, tree = jax.tree.flatten(args)
+    targets = jax.tree.leaves(lowering_args)
+    moves = {i: t.sharding for i, (x, t) in enumerate(zip(leaves, targets))
+             if isinstance(t, jax.ShapeDtypeStruct) and isinstance(x, jax.Array)}
+    if not moves:
+        return args
+    return jax.tree.unflatten(tree, [jax.device_put(x, moves[i]) if i in moves else x for i, x in enumerate(leaves)])

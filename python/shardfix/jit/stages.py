@@ -1,44 +1,72 @@
-"""What `lower` and `compile` of an autofix_shardings function return."""
+"""What `trace`, `lower` and `compile` of an autofix_shardings function return: JAX's own stage objects (instances
+of jax.stages.Traced / Lowered / Compiled subclasses, so everything JAX's have works, `jax.export` included), with
+shardfix's pipeline behind `Traced.lower` and the report on them."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import jax
 
-from ..report import Fix, RingDecision
+from ..report import Fix, Report, RingDecision
+from . import _jax
+
+if TYPE_CHECKING:
+    from .decorator import AutofixFunction
 
 
-class AutofixLowered:
-    """What `f.lower(...)` returns: the patched module, the fixes, the ring decisions."""
+class AutofixTraced(jax.stages.Traced):
+    """A traced autofix_shardings function: JAX's Traced; `.lower()` runs shardfix's pipeline on the module.
+    `.fixes`: the repairs made while tracing."""
 
-    def __init__(self, lowered: jax.stages.Lowered, fixes: list[Fix], rings: list[RingDecision]):
-        self._lowered, self.fixes, self.rings = lowered, fixes, rings
+    _owner: "AutofixFunction"
+    report: Report
 
-    def as_text(self, *args, **kwargs) -> str:
-        return self._lowered.as_text(*args, **kwargs)
+    @property
+    def fixes(self) -> list[Fix]:
+        return list(self.report.fixes)
 
-    def compile(self) -> "AutofixCompiled":
-        return AutofixCompiled(self._lowered.compile())
+    def lower(self, *, lowering_platforms: tuple[str, ...] | None = None, _private_parameters: Any = None
+              ) -> "AutofixLowered":
+        return self._owner._lower_traced(self, lowering_platforms=lowering_platforms,
+                                         _private_parameters=_private_parameters)
+
+    def _jax_lower(self, **kwargs) -> jax.stages.Lowered:
+        return jax.stages.Traced.lower(self, **kwargs)
 
 
-class AutofixCompiled:
-    """A compiled executable that moves arguments placed with another sharding to the shardings it expects."""
+class AutofixLowered(jax.stages.Lowered):
+    """The patched module of an autofix_shardings function: JAX's Lowered (`as_text()` shows the patched module),
+    with `.fixes` (every sharding changed) and `.rings` (the ring decisions)."""
 
-    def __init__(self, compiled: jax.stages.Compiled):
-        self._compiled = compiled
-        self._expected = jax.tree.leaves(compiled.input_shardings)
+    report: Report
 
-    def as_text(self) -> str:
-        return self._compiled.as_text()
+    @property
+    def fixes(self) -> list[Fix]:
+        return list(self.report.fixes)
 
-    def __getattr__(self, name):
-        return getattr(self._compiled, name)
+    @property
+    def rings(self) -> list[RingDecision]:
+        return list(self.report.rings)
 
-    def moves(self, leaves) -> dict:
+    def compile(self, compiler_options: dict[str, Any] | None = None, *,
+                device_assignment: tuple | None = None) -> "AutofixCompiled":
+        compiled = super().compile(compiler_options, device_assignment=device_assignment)
+        return _compiled(compiled)
+
+
+class AutofixCompiled(jax.stages.Compiled):
+    """A compiled autofix_shardings function: JAX's Compiled, which moves arguments committed to another sharding
+    to the sharding the executable takes (shardfix may have changed it) instead of refusing them."""
+
+    _expected: list
+
+    def moves(self, leaves: list) -> dict:
         """leaf index -> sharding, for the argument leaves committed to a sharding the executable doesn't take."""
         if len(leaves) != len(self._expected):
             return {}
         return {i: s for i, (x, s) in enumerate(zip(leaves, self._expected))
-                if isinstance(x, jax.Array) and x.committed and x.sharding != s}
+                if s is not None and isinstance(x, jax.Array) and x.committed and x.sharding != s}
 
     def __call__(self, *args, **kwargs):
         leaves, tree = jax.tree.flatten((args, kwargs))
@@ -46,4 +74,22 @@ class AutofixCompiled:
         if moves:
             leaves = [jax.device_put(x, moves[i]) if i in moves else x for i, x in enumerate(leaves)]
             args, kwargs = jax.tree.unflatten(tree, leaves)
-        return self._compiled(*args, **kwargs)
+        return super().__call__(*args, **kwargs)
+
+
+def traced(jax_traced: jax.stages.Traced, owner: "AutofixFunction", report: Report) -> AutofixTraced:
+    new = _jax.as_subclass(jax_traced, AutofixTraced)
+    new._owner, new.report = owner, report
+    return new
+
+
+def lowered(jax_lowered: jax.stages.Lowered, report: Report) -> AutofixLowered:
+    new = jax_lowered if isinstance(jax_lowered, AutofixLowered) else _jax.as_subclass(jax_lowered, AutofixLowered)
+    new.report = report
+    return new
+
+
+def _compiled(jax_compiled: jax.stages.Compiled) -> AutofixCompiled:
+    new = _jax.as_subclass(jax_compiled, AutofixCompiled)
+    new._expected = _jax.compiled_input_shardings(jax_compiled)
+    return new

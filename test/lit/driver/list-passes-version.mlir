@@ -6,4 +6,4 @@
 // CHECK-NEXT: target-mesh=str (default: '')
 // CHECK: ring-reorder:
 // CHECK-NEXT: strategy=zigzag|striped (default: 'zigzag')
-// VERSION: shardfix-opt 0.1.0 (jax {{[0-9.]+}}, jaxlib {{[0-9.]+}})
+// VERSION: shardfix-opt 0.1.0 (jax {{0\.1[0-2]\.[0-9.]+}}, jaxlib {{0\.1[0-2]\.[0-9.]+}})
