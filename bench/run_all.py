@@ -1,4 +1,5 @@
-"""`make bench`: run every bench/bench_*.py and write their tables to bench/RESULTS.md."""
+"""`make bench`: run every bench/bench_*.py and write their tables to bench/RESULTS.md (`run_all.py NAME ...` runs
+some of them; the sections of the others stay as they were)."""
 
 from __future__ import annotations
 
@@ -29,8 +30,15 @@ def main() -> None:
               f"\nDate: {datetime.date.today()}; machine: {platform.machine()}, {os.cpu_count()} cores, "
               f"{device.platform.upper()} ({jax.device_count()} simulated devices); jax {jax.__version__}.\n"
               "Ratios are measured side by side in one run (interleaved, median of several rounds).\n\n")
-    with open(os.path.join(HERE, "RESULTS.md"), "w") as f:
-        f.write(header + "\n".join(sections))
+    # Each benchmark's sections replace their earlier versions; sections of benchmarks not run stay.
+    from results import write_sections
+    write_sections({section.split("\n", 1)[0]: section for text in sections for section in _split(text)}, header)
+
+
+def _split(text: str) -> list[str]:
+    """A benchmark's output, one string per `## ` section."""
+    parts = ("\n" + text).split("\n## ")
+    return ["## " + part.strip("\n") for part in parts[1:]]
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 // RUN: %opt --version | FileCheck %s --check-prefix=VERSION
 
 // CHECK: fix-shardings: repair invalid and indivisible sdy shardings
-// CHECK-NEXT: policy=subaxis|prefix|drop (default: 'subaxis')
+// CHECK-NEXT: policy=auto|subaxis|prefix|drop (default: 'auto')
 // CHECK-NEXT: target-mesh=str (default: '')
 // CHECK: ring-reorder:
 // CHECK-NEXT: strategy=zigzag|striped (default: 'zigzag')
-// VERSION: shardfix-opt 0.1.0 (jax 0.10.2, jaxlib 0.10.2)
+// VERSION: shardfix-opt 0.1.0 (jax {{[0-9.]+}}, jaxlib {{[0-9.]+}})

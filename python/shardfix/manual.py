@@ -1,0 +1,70 @@
+"""Manual computations: which manual axes each dim of an operand or result needs so that the global shape, split
+over them, is the body's local shape. Both the lenient loader (for its stand-ins) and fix-shardings (for repairs)
+decide it here. Pure: imports neither MLIR nor JAX.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Sequence
+
+from .sharding import AxisRef, DimSharding, Mesh, MeshRef, TensorSharding
+
+Shape = tuple  # dims: int, or None for a dynamic dim
+
+
+def valid_manual_axes(axes: Sequence[str], mesh: Mesh, bound: frozenset[str]) -> list[str]:
+    """The manual axes the verifier accepts: known to the mesh, once each, not bound by an enclosing manual
+    computation, in mesh order."""
+    kept = {a for a in axes if mesh.has_axis(a) and a not in bound}
+    return sorted(kept, key=mesh.axis_index)
+
+
+def manual_dims(original: TensorSharding | None, global_shape: Shape, local_shape: Shape,
+                manual_axes: Sequence[str], mesh: Mesh) -> list[tuple[AxisRef, ...]] | None:
+    """Per dim, the manual axes that split `global_shape` into `local_shape`: the original's manual axes of that
+    dim where they do, else the first combination of unused manual axes (in mesh order) whose size is the split.
+    None when no assignment gives the local shape (ranks differ, a local dim doesn't divide its global dim, no
+    combination fits)."""
+    if len(global_shape) != len(local_shape):
+        return None
+    manual = set(manual_axes)
+    used: set[str] = set()
+    dims: list[tuple[AxisRef, ...]] = []
+    originals = original.dims if original is not None else ()
+    for d, (g, l) in enumerate(zip(global_shape, local_shape)):
+        wanted = [a for a in (originals[d].axes if d < len(originals) else ()) if a.name in manual]
+        if any(a.name in used for a in wanted) or len({a.name for a in wanted}) != len(wanted):
+            wanted = []
+        if g is None or l is None:
+            if (g is None) != (l is None):
+                return None
+            dims.append(tuple(wanted))
+            used.update(a.name for a in wanted)
+            continue
+        if l == 0 or g % l:
+            return None
+        split = g // l
+        if math.prod(a.size_in(mesh) for a in wanted) != split:
+            wanted = _combination(split, [a for a in manual_axes if a not in used], mesh)
+            if wanted is None:
+                return None
+        dims.append(tuple(wanted))
+        used.update(a.name for a in wanted)
+    return dims
+
+
+def _combination(split: int, free: Sequence[str], mesh: Mesh) -> list[AxisRef] | None:
+    if split == 1:
+        return []
+    for count in range(1, len(free) + 1):
+        for names in itertools.combinations(free, count):
+            if math.prod(mesh.axis_size(n) for n in names) == split:
+                return [AxisRef(n) for n in names]
+    return None
+
+
+def stand_in_sharding(mesh_ref: MeshRef, dims: Sequence[tuple[AxisRef, ...]]) -> TensorSharding:
+    """A sharding holding only the manual axes: what the verifier needs to check a manual computation's shapes."""
+    return TensorSharding(mesh_ref, tuple(DimSharding(axes) for axes in dims))
