@@ -1,6 +1,6 @@
 """ring-reorder: put the sequence into a load-balanced order (zigzag or striped) around causal ring regions, and
-back after them, where the analysis shows the region's results stay the same (mode=auto), or where the user says
-so (mode=force)."""
+back after them, where the sequence-layout analysis proves the results stay the same (mode=auto), rewriting the
+kernels' position arithmetic for the new order; or wherever the user says so (mode=force)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from jaxlib.mlir import ir
-from jaxlib.mlir.dialects import sdy
 
-from shardfix.ir import sharding_from_attr
+from shardfix.locations import SourceLoc
 from shardfix.report import Remark, RingDecision
-from shardfix.ring.detect import Ring, find_rings
-from shardfix.ring.permutation import (REORDERED_ATTR, insert_permutation, next_channel_handle,
-                                       permutation_module)
+from shardfix.ring.detect import RingRegion
+from shardfix.ring.permutation import REORDERED_ATTR, insert_permutation, next_channel_handle, permutation_module
+from shardfix.ring.positions import apply_rewrites
+from shardfix.ring.prove import Verdict, prove_rings, unit_problem
 
 from . import Pass, PassContext
 
@@ -31,72 +31,103 @@ class RingReorder(Pass):
     def apply(self, module: ir.Operation, ctx: PassContext) -> None:
         if self.mode == "off":
             return
-        channel = None
-        for ring in find_rings(module):
+        verdicts = prove_rings(module, analyse=self.mode == "auto")
+        groups: dict[int, list[Verdict]] = {}
+        for verdict in verdicts:
+            ring = verdict.ring
             if ring.axis is None:
                 ctx.report.remarks.append(Remark(self.name, "collective_permutes without a ring: "
                                                  + "; ".join(ring.structure), ring.loc))
                 continue
-            why, plan = self._plan(ring)
-            if plan is None:
-                ctx.report.rings.append(RingDecision(ring.axis, self._strategy_name, False, why, ring.loc))
+            groups.setdefault(verdict.group if not ring.structure else -1 - len(groups), []).append(verdict)
+        channel = None
+        for group in groups.values():
+            problems = {id(v): self._problem(v) for v in group}
+            blocking = next(((v, problems[id(v)]) for v in group if problems[id(v)][0]), None)
+            if blocking is not None:
+                first, (why, _) = blocking
+                for v in group:
+                    reason, loc = problems[id(v)]
+                    if not reason:
+                        reason = f"reordered together with the ring region at {first.ring.loc or '?'}, which is not: {why}"
+                    ctx.report.rings.append(RingDecision(v.ring.axis, self._strategy_name, False, reason,
+                                                         loc or v.ring.loc))
                 continue
-            channel = channel or next_channel_handle(module)
-            for index, dim, is_result in plan:
-                channel = _insert_permutation(module, ring, index, dim, is_result, self.strategy, self.stripe,
-                                              channel)
-            ring.region.attributes[REORDERED_ATTR] = ir.StringAttr.get(self._strategy_name)
-            inputs = sum(1 for _, _, r in plan if not r)
-            ctx.report.rings.append(RingDecision(
-                ring.axis, self._strategy_name, True,
-                f"{inputs} operand(s) reordered, {len(plan) - inputs} result(s) restored"
-                + (" (mode=force: safety analysis skipped)" if self.mode == "force" else ""), ring.loc))
+            for v in group:
+                channel = channel or next_channel_handle(module)
+                channel, why = self._rewrite(module, v, channel)
+                ctx.report.rings.append(RingDecision(v.ring.axis, self._strategy_name, True, why, v.ring.loc))
 
     @property
     def _strategy_name(self) -> str:
         return self.strategy if self.strategy == "zigzag" else f"striped{{stripe={self.stripe}}}"
 
-    def _plan(self, ring: Ring):
-        """(why not, None) or ("", [(operand or result index, sequence dim, is_result)])."""
-        region = ring.region
+    def _problem(self, v: Verdict) -> tuple[str, SourceLoc | None]:
+        """Why this region can't be reordered (empty when it can), and where to point the user."""
+        region = v.ring.region
         if REORDERED_ATTR in region.attributes:
             return f"already reordered ({ir.StringAttr(region.attributes[REORDERED_ATTR]).value})", None
-        if ring.structure:
-            return "; ".join(ring.structure), None
-        plan = []
-        for attr_name, values, is_result in (("in_shardings", region.operands, False),
-                                             ("out_shardings", region.results, True)):
-            shardings = sdy.TensorShardingPerValueAttr(region.attributes[attr_name]).shardings
-            what = "result" if is_result else "operand"
-            for index, attr in enumerate(shardings):
-                sharding = sharding_from_attr(attr)
-                for dim, d in enumerate(sharding.dims):
-                    if not any(a.name == ring.axis for a in d.axes):
-                        continue
-                    if [a.name for a in d.axes] != [ring.axis] or d.axes[0].is_sub_axis:
-                        return (f"{what} {index}: dim {dim} is sharded on {d} rather than on \"{ring.axis}\" "
-                                "alone"), None
-                    length = ir.ShapedType(values[index].type).get_dim_size(dim)
-                    unit = 2 * ring.cp if self.strategy == "zigzag" else ring.cp * ring.cp * self.stripe
-                    if length % unit:
-                        need = "2*cp" if self.strategy == "zigzag" else "cp*cp*stripe"
-                        return (f"{what} {index}: sequence length {length} is not a multiple of {need} = {unit}"
-                                ), None
-                    plan.append((index, dim, is_result))
-        if not any(not r for _, _, r in plan):
-            return f"no operand is sharded on the ring axis \"{ring.axis}\"", None
-        if self.mode == "auto" and ring.problems:
-            more = f" (and {len(ring.problems) - 2} more)" if len(ring.problems) > 2 else ""
-            return "not provably safe: " + "; ".join(ring.problems[:2]) + more, None
-        return "", plan
+        if v.ring.structure:
+            return "; ".join(v.ring.structure), None
+        if self.mode == "auto" and not v.proved:
+            return "not provably safe: " + v.why, v.loc or None
+        if self.mode == "force" and not v.sequence_operands:
+            v.sequence_operands, v.sequence_results = _force_plan(v.ring)
+            if not v.sequence_operands:
+                return f"no operand is sharded on the ring axis \"{v.ring.axis}\" along a sequence dim", None
+        cp = v.ring.cp
+        unit = 2 * cp if self.strategy == "zigzag" else cp * cp * self.stripe
+        for index, dim in list(v.sequence_operands.items()) + list(v.sequence_results.items()):
+            value = region.operands[index] if (index, dim) in v.sequence_operands.items() else region.results[index]
+            length = ir.ShapedType(value.type).get_dim_size(dim)
+            if length % unit:
+                need = "2*cp" if self.strategy == "zigzag" else "cp*cp*stripe"
+                return f"sequence length {length} is not a multiple of {need} = {unit}", None
+        if self.mode == "auto":
+            problem = unit_problem(v, self.strategy, self.stripe)
+            if problem is not None:
+                return f"not provably safe with {self._strategy_name}: {problem[0]}", problem[1]
+        return "", None
+
+    def _rewrite(self, module, v: Verdict, channel: int) -> int:
+        ring, region = v.ring, v.ring.region
+        if self.mode == "auto":
+            apply_rewrites(v.rewrites, self.strategy, self.stripe, ring.cp, v.block)
+        for index, dim in v.sequence_operands.items():
+            channel = _insert(module, ring, index, dim, False, self.strategy, self.stripe, channel)
+        for index, dim in v.sequence_results.items():
+            channel = _insert(module, ring, index, dim, True, self.strategy, self.stripe, channel)
+        region.attributes[REORDERED_ATTR] = ir.StringAttr.get(self._strategy_name)
+        why = (f"{len(v.sequence_operands)} operand(s) reordered, {len(v.sequence_results)} result(s) restored"
+               + (f", {len(v.rewrites)} position read(s) rewritten" if v.rewrites and self.mode == "auto" else "")
+               + (" (mode=force: safety analysis skipped)" if self.mode == "force" else ""))
+        return channel, why
 
 
-def _insert_permutation(module, ring: Ring, index: int, dim: int, is_result: bool, strategy: str, stripe: int,
-                        channel: int) -> int:
+def _force_plan(ring: RingRegion) -> tuple[dict, dict]:
+    """mode=force: every operand and result sharded on the ring axis alone."""
+    from shardfix.ring.prove import _classify
+    from shardfix.ring.dims import shape
+    body = ring.region.regions[0].blocks[0]
+    ins = {}
+    for i, sharding in enumerate(ring.in_shardings()):
+        kind = _classify(sharding, ring.axis, shape(body.arguments[i]))
+        if kind is not None and kind[0] == "sequence":
+            ins[i] = kind[1]
+    terminator = list(body.operations)[-1].operation
+    outs = {}
+    for j, sharding in enumerate(ring.out_shardings()):
+        kind = _classify(sharding, ring.axis, shape(terminator.operands[j]))
+        if kind is not None and kind[0] == "sequence":
+            outs[j] = kind[1]
+    return ins, outs
+
+
+def _insert(module, ring: RingRegion, index: int, dim: int, is_result: bool, strategy: str, stripe: int,
+            channel: int) -> int:
     region = ring.region
     value = region.results[index] if is_result else region.operands[index]
-    attr_name = "out_shardings" if is_result else "in_shardings"
-    sharding = sharding_from_attr(sdy.TensorShardingPerValueAttr(region.attributes[attr_name]).shardings[index])
+    sharding = (ring.out_shardings() if is_result else ring.in_shardings())[index]
     shaped = ir.RankedTensorType(value.type)
     text = permutation_module(ring.mesh_name, ring.mesh, sharding, tuple(shaped.shape), str(shaped.element_type),
                               dim, ring.axis, strategy, stripe, is_result, channel)

@@ -38,11 +38,14 @@ def test_reordered_equals_unreordered_and_dense(setup, strategy, variant):
     lowered = jax.jit(make(mesh)).lower(*args)
     patched, report = patch_lowered(lowered, f"ring-reorder{{strategy={strategy}}}")
     [decision] = report.rings
+    if variant == "tile-skipping" and strategy == "striped":
+        # The skip decides per half block: one-token stripes would split the halves, so the pair of halves a
+        # device skips would differ between orders.
+        assert not decision.applied and "a unit of" in decision.why and "stripe" in decision.why
+        return
     assert (decision.axis, decision.applied) == ("cp", True), decision.why
     plain_out = lowered.compile()(*args)
     fixed_out = patched.compile()(*args)
-    if variant == "tile-skipping":
-        plain_out, fixed_out = plain_out[0], fixed_out[0]
     np.testing.assert_allclose(np.asarray(fixed_out), np.asarray(plain_out), atol=1e-5, rtol=1e-5)
     np.testing.assert_allclose(np.asarray(fixed_out), np.asarray(dense_causal_attention(q, k, v)), atol=1e-5,
                                rtol=1e-5)
@@ -66,15 +69,15 @@ def test_permutation_moves_at_most_one_shard_and_gathers_nothing(setup, strategy
     assert len(added) == (12 if strategy == "zigzag" else 6)
 
 
-def test_axis_index_ring_is_left_alone_and_right(setup):
+@pytest.mark.parametrize("strategy", ["zigzag", "striped"])
+def test_axis_index_positions_are_rewritten(setup, strategy):
+    """Positions computed as axis_index * L + iota: the reads of those positions get the new order's positions."""
     mesh, (q, k, v, _) = setup
     lowered = jax.jit(axis_index_ring_attention(mesh)).lower(q, k, v)
-    patched, report = patch_lowered(lowered, "ring-reorder")
+    patched, report = patch_lowered(lowered, f"ring-reorder{{strategy={strategy}}}")
     [decision] = report.rings
-    assert not decision.applied
-    assert "'stablehlo.partition_id' at" in decision.why and "ring_models.py" in decision.why
-    assert patched is lowered
-    np.testing.assert_allclose(np.asarray(lowered.compile()(q, k, v)), np.asarray(dense_causal_attention(q, k, v)),
+    assert decision.applied and "2 position read(s) rewritten" in decision.why, decision.why
+    np.testing.assert_allclose(np.asarray(patched.compile()(q, k, v)), np.asarray(dense_causal_attention(q, k, v)),
                                atol=1e-5, rtol=1e-5)
 
 

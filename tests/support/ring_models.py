@@ -65,36 +65,32 @@ def position_ring_attention(mesh, axis: str = "cp", batch_axis: str | None = "dp
 
 
 def tile_skipping_ring_attention(mesh, axis: str = "cp", batch_axis: str | None = "dp"):
-    """Returns (output, tiles). Each device splits its q and kv blocks into halves and computes a (q half, kv half)
-    tile only when some query may see some key (`lax.cond`), as fused kernels skip masked blocks. The ring loop is
-    unrolled (a Python loop over steps). tiles[b, t, s] counts the kv tiles computed at ring step s for the q tile
-    holding token t; it is indexed by token like the output, so it comes back in the caller's token order."""
+    """Each device splits its q and kv blocks into halves and computes a (q half, kv half) tile only when some query
+    may see some key (`lax.cond` on the positions of the two halves), as fused kernels skip masked blocks. The ring
+    loop is unrolled (a Python loop over steps)."""
     cp = mesh.shape[axis]
     spec = P(batch_axis, axis)
 
     def body(q, k, v, q_pos, k_pos):
         half = q.shape[1] // 2
-        acc, per_step = _init(q), []
+        acc = _init(q)
         for _ in range(cp):
-            parts, counts = [], []
+            parts = []
             for qi in range(2):
                 qs = slice(qi * half, (qi + 1) * half)
-                acc_q, count = tuple(a[:, qs] for a in acc), jnp.zeros((), jnp.int32)
+                acc_q = tuple(a[:, qs] for a in acc)
                 for ki in range(2):
                     ks = slice(ki * half, (ki + 1) * half)
                     live = jnp.max(q_pos[:, qs]) >= jnp.min(k_pos[:, ks])
                     acc_q = jax.lax.cond(live, lambda a, ks=ks, qs=qs: _merge(a, _block(
                         q[:, qs], k[:, ks], v[:, ks], q_pos[:, qs], k_pos[:, ks])), lambda a: a, acc_q)
-                    count = count + live.astype(jnp.int32)
                 parts.append(acc_q)
-                counts.append(jnp.broadcast_to(count, q.shape[:1] + (half,)))
             acc = tuple(jnp.concatenate([p[i] for p in parts], axis=1) for i in range(3))
-            per_step.append(jnp.concatenate(counts, axis=1))
             k, v, k_pos = (jax.lax.ppermute(t, axis, _ring(cp)) for t in (k, v, k_pos))
         m, l, o = acc
-        return o / l[..., None], jnp.stack(per_step, axis=-1)
+        return o / l[..., None]
 
-    return jax.shard_map(body, mesh=mesh, in_specs=(spec,) * 5, out_specs=(spec, spec), check_vma=False)
+    return jax.shard_map(body, mesh=mesh, in_specs=(spec,) * 5, out_specs=spec, check_vma=False)
 
 
 def axis_index_ring_attention(mesh, axis: str = "cp", batch_axis: str | None = "dp"):

@@ -1,0 +1,399 @@
+"""The sequence-layout analysis of a ring region: does reordering the sequence keep the region's results?
+
+The region is interpreted over abstract values (values.py): operands sharded on the ring axis are the device's own
+tokens, loops are analysed once with symbolic loop-carried values and their recurrences solved, calls are
+followed into their callees, and each op is accepted only by a rule of rules.py. The region may be reordered when
+every result is proved to be a complete function of its own tokens (or not to depend on tokens at all). Where a
+kernel computes global positions from the ring coordinate (`axis_index * L + iota`), the places that read those
+positions are recorded: positions.py rewrites them for the new order.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+from jaxlib.mlir import ir
+
+from ..ir import op_loc
+from ..locations import SourceLoc
+from . import coverage as cov_ops
+from .symbolic import Aff, Coord, Node, Other, Pid, PidDiv, Scope, Var, bounds, gpos
+from .symbolic import Dim as SymDim
+from .values import CONST, FREE, Axis, Coverage, Data, Index, Stack, Tok, canonical
+
+
+import os
+_DEBUG = bool(os.environ.get("SHARDFIX_RING_DEBUG"))
+
+
+class Refusal(Exception):
+    """The analysis met something it can't prove keeps the results: the op and why, and the calls that led to it
+    (an op inside a library function is placed at the user's call of that function)."""
+
+    def __init__(self, message: str, op: ir.Operation | None = None, calls: tuple = ()):
+        super().__init__(message)
+        self.op = op
+        self.calls = calls
+
+    @property
+    def loc(self) -> SourceLoc:
+        if self.op is None:
+            return SourceLoc()
+        for candidate in (self.op,) + tuple(reversed(self.calls)):
+            loc = op_loc(candidate)
+            if loc.file:
+                return loc
+        return op_loc(self.op)
+
+    def describe(self) -> str:
+        if self.op is None:
+            return str(self)
+        where = self.loc
+        return f"'{self.op.name}'{f' at {where}' if where else ''} {self}"
+
+
+@dataclass(frozen=True)
+class RingInfo:
+    axis: str
+    cp: int
+    block: int  # local tokens along the sequence (L)
+    stride: int  # partition ids between consecutive positions along the ring axis
+    other_strides: tuple[tuple[str, int, int], ...]  # (axis, stride, size) of the other mesh axes
+    direction: int = 0  # +1 / -1 once a ring collective_permute has been seen
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """Replace operand `operand` of `op` (an integer the kernel computed as a contiguous-layout index of a unit of
+    `unit` tokens) by the index of that unit in the new order."""
+
+    op: ir.Operation
+    operand: int
+    unit: int
+
+    def key(self):
+        return (self.op, self.operand)
+
+
+class FnTable:
+    """Interned descriptions of the functions values hold, with the loop variables each depends on."""
+
+    def __init__(self):
+        self._ids: dict = {}
+        self.vars: list[frozenset] = []
+        self.keys: list = []
+
+    def intern(self, key, depends: frozenset = frozenset()) -> int:
+        found = self._ids.get(key)
+        if found is None:
+            found = self._ids[key] = len(self.vars)
+            self.vars.append(frozenset(depends))
+            self.keys.append(key)
+        return found
+
+    def constant(self, fn: int):
+        """The number a constant fn holds, or None."""
+        key = self.keys[fn]
+        return float(key[1]) if isinstance(key, tuple) and key[0] == "const" and key[1] not in ("True", "False") \
+            else None
+
+    def depends(self, fn: int) -> frozenset:
+        return self.vars[fn]
+
+
+@dataclass
+class Obligation:
+    """A fact assumed while a loop body was analysed with symbolic carried values, checked once they are solved."""
+
+    kind: str  # "equal" (two Affs) | "disjoint" (two Coverages) | "same-cov" (two Coverages)
+    a: object
+    b: object
+    op: ir.Operation | None
+    message: str
+    calls: tuple = ()
+
+
+@dataclass
+class State:
+    """The analysis of one region group: what is shared between its regions, loops and calls."""
+
+    ring: RingInfo
+    funcs: dict[str, ir.Operation]
+    fns: FnTable = field(default_factory=FnTable)
+    rewrites: dict = field(default_factory=dict)  # (op, operand) -> Rewrite
+    units: dict = field(default_factory=dict)  # (tokens, alignment) that must stay whole -> the op relying on it
+    obligations: list[Obligation] = field(default_factory=list)
+    call_memo: dict = field(default_factory=dict)
+    calling: list = field(default_factory=list)
+    call_ops: list = field(default_factory=list)  # the func.call ops being analysed, outermost first
+    unknown_vars: set = field(default_factory=set)  # loop-carried quantities being solved for
+    directions: set = field(default_factory=set)  # +1 / -1: the ring directions seen
+    carried: dict = field(default_factory=dict)  # id of a loop-carried placeholder -> (loop op, index)
+    cov_alias: dict = field(default_factory=dict)  # coverage unknowns assumed equal (checked when solved)
+    keep_alive: list = field(default_factory=list)
+
+
+class Engine:
+    """Interprets blocks over abstract values; rules.py supplies one rule per op."""
+
+    def __init__(self, state: State, scope: Scope):
+        self.state = state
+        self.scope = scope
+        self.env: dict = {}
+
+    # -- values --------------------------------------------------------------------------------------------------
+
+    @property
+    def ring(self) -> RingInfo:
+        return self.state.ring
+
+    @property
+    def fns(self) -> FnTable:
+        return self.state.fns
+
+    def get(self, value: ir.Value):
+        try:
+            return self.env[value]
+        except KeyError:
+            raise Refusal("uses a value the analysis has not seen") from None
+
+    def set(self, value: ir.Value, abstract) -> None:
+        self.env[value] = abstract
+
+    def refuse(self, message: str, op: ir.Operation | None) -> None:
+        if _DEBUG and op is not None:
+            for i, v in enumerate(op.operands):
+                print(f"  operand {i}: {self.env.get(v)}")
+        raise Refusal(message, op, tuple(self.state.call_ops))
+
+    def scope_for(self, shape) -> Scope:
+        return self.scope.with_dims(shape)
+
+    def defer(self, kind: str, a, b, op, message: str) -> None:
+        self.state.obligations.append(Obligation(kind, a, b, op, message, tuple(self.state.call_ops)))
+
+    def cov_root(self, var):
+        """The representative of a coverage unknown among those assumed equal to it."""
+        alias = self.state.cov_alias
+        while var in alias:
+            var = alias[var]
+        return var
+
+    def canonical_cov(self, cov):
+        from .values import Cells, Coverage, CoverageVar
+        parts = []
+        for p in cov.parts:
+            if isinstance(p, CoverageVar):
+                parts.append(self.cov_root(p))
+            else:
+                parts.append(Cells(self.canonical_aff(p.hop), self.canonical_aff(p.start), p.size, p.vars))
+        return Coverage(tuple(parts))
+
+    def canonical_aff(self, value: Aff) -> Aff:
+        return value
+
+    # -- blocks --------------------------------------------------------------------------------------------------
+
+    def run_block(self, block, args: list) -> list:
+        """Abstract values of the block's terminator operands, given its arguments'."""
+        from .rules import apply_rule
+        for arg, value in zip(block.arguments, args):
+            self.set(arg, value)
+        ops = list(block.operations)
+        for opview in ops[:-1]:
+            op = opview.operation
+            results = apply_rule(self, op)
+            for result, value in zip(op.results, results):
+                self.set(result, value)
+        terminator = ops[-1].operation
+        return [self.get(v) for v in terminator.operands]
+
+    # -- calls ---------------------------------------------------------------------------------------------------
+
+    def call(self, op: ir.Operation, callee_name: str, args: list) -> list:
+        callee = self.state.funcs.get(callee_name)
+        if callee is None or not len(callee.regions[0].blocks):
+            self.refuse(f"calls @{callee_name}, which the module does not define", op)
+        if callee_name in self.state.calling:
+            self.refuse(f"calls @{callee_name} recursively", op)
+        state = self.state
+        key = (callee_name, tuple((a, state.carried.get(id(a))) for a in args), _scope_key(self.scope))
+        memo = state.call_memo.get(key)
+        if memo is not None:  # the same call analysed before: its results, and what it recorded, again
+            results, rewrites, units, obligations = memo
+            state.rewrites.update(rewrites)
+            for key, where in units.items():
+                state.units.setdefault(key, where)
+            state.obligations.extend(obligations)
+            return results
+        before_rewrites, before_units, before_obligations = dict(state.rewrites), dict(state.units), \
+            len(state.obligations)
+        state.calling.append(callee_name)
+        state.call_ops.append(op)
+        try:
+            inner = Engine(state, self.scope)
+            results = inner.run_block(callee.regions[0].blocks[0], args)
+        finally:
+            state.calling.pop()
+            state.call_ops.pop()
+        recorded = {k: v for k, v in state.rewrites.items() if k not in before_rewrites}
+        state.call_memo[key] = (results, recorded, {k: v for k, v in state.units.items() if k not in before_units},
+                                state.obligations[before_obligations:])
+        return results
+
+    # -- index values read as numbers ----------------------------------------------------------------------------
+
+    def resolve(self, value: Index, op: ir.Operation, operand: int) -> Index:
+        """`value` where an op reads it as a number: every ring coordinate in it must sit in a contiguous-layout
+        position (coordinate * units per block + local unit index), which is recorded for rewriting; anything else
+        that depends on the device index is refused."""
+        expr = self._resolve_expr(value.expr, value.shape, op, operand, top=True)
+        return Index(value.shape, expr)
+
+    def _resolve_expr(self, expr: Aff, shape, op, operand, top: bool) -> Aff:
+        atoms = expr.atoms()
+        if any(isinstance(a, (Pid, PidDiv)) for a in atoms):
+            self.refuse("reads the device index other than as a coordinate along a mesh axis", op)
+        coords = [a for a in atoms if isinstance(a, Coord)]
+        if coords:
+            return self._position(expr, coords, shape, op, operand)
+        out = Aff((), expr.const)
+        for atom, c in expr.terms:
+            if isinstance(atom, Node) and atom.op not in ("gpos", "opaque") and _has_coord(atom):
+                atom = self._resolve_node(atom, shape, op)
+            out = out + Aff.of(atom).scale(c)
+        return out
+
+    def _resolve_node(self, node: Node, shape, fallback_op) -> Aff:
+        src = node.src
+        args = []
+        for i, arg in enumerate(node.args):
+            if not isinstance(arg, Aff) or not _aff_has_coord(arg):
+                args.append(arg)
+                continue
+            if isinstance(arg, Aff) and any(isinstance(a, Coord) for a in arg.atoms()):
+                if src is None:
+                    self.refuse("compares or selects on a ring coordinate where the position it stands for can't be "
+                                "rewritten", fallback_op)
+                src_op, operands = src
+                args.append(self._position(arg, [a for a in arg.atoms() if isinstance(a, Coord)], shape, src_op,
+                                           operands[i]))
+            else:
+                args.append(self._resolve_expr(arg, shape, fallback_op, 0, top=False))
+        if node.op in ("trem", "fmod", "div"):
+            self.refuse("divides a ring coordinate in a way that is not a position", fallback_op)
+        return Aff.of(Node(node.op, tuple(args)))
+
+    def _position(self, expr: Aff, coords, shape, op, operand) -> Aff:
+        """A contiguous-layout index of a unit: c_h * (L / unit) + local unit index, with the local index in range."""
+        if len(coords) != 1:
+            self.refuse("combines the ring coordinates of two blocks", op)
+        coord = coords[0]
+        a = expr.coefficient(coord)
+        block = self.ring.block
+        if a <= 0 or block % a:
+            self.refuse(f"uses the ring coordinate times {a}, which is not a whole number of units of the "
+                        f"{block}-token block", op)
+        rest = expr.without(coord)
+        if any(isinstance(x, (Coord, Pid, PidDiv)) or (isinstance(x, Node) and _has_coord(x))
+               for x in rest.free_atoms()):
+            self.refuse("mixes a ring coordinate into other device-dependent arithmetic", op)
+        lo, hi = bounds(rest, self.scope_for(shape))
+        if lo < 0 or hi > a - 1:
+            self.refuse(f"computes a position whose local part ({rest}) is not within one block", op)
+        unit = block // a
+        rewrite = Rewrite(op, operand, unit)
+        previous = self.state.rewrites.get(rewrite.key())
+        if previous is not None and previous.unit != unit:
+            self.refuse("reads one value as positions of two different unit sizes", op)
+        self.state.rewrites[rewrite.key()] = rewrite
+        self.state.units.setdefault((unit, unit), (op, tuple(self.state.call_ops)))
+        return gpos(expr, unit)
+
+    # -- index values as data ------------------------------------------------------------------------------------
+
+    def as_data(self, value, op: ir.Operation, operand: int) -> Data:
+        """Any value as Data: index arithmetic becomes positions (token data), local indices (which vary along a
+        dim without following tokens) or invariants."""
+        if isinstance(value, Data):
+            return value
+        value = self.resolve(value, op, operand)
+        return index_to_data(self, value, op)
+
+
+def _has_coord(node: Node) -> bool:
+    return any(isinstance(a, Aff) and _aff_has_coord(a) for a in node.args)
+
+
+def _aff_has_coord(expr: Aff) -> bool:
+    for atom in expr.free_atoms():
+        if isinstance(atom, (Coord, Pid, PidDiv)):
+            return True
+    return False
+
+
+def _scope_key(scope: Scope):
+    return tuple(sorted((str(v), str(lo), str(hi)) for v, (lo, hi) in scope.var_bounds.items()))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Index -> Data.
+
+
+def index_to_data(engine: Engine, value: Index, op) -> Data:
+    """Positions (rewritten) become token axes; other Dim atoms make the dim FREE (a local index: layout-dependent
+    if it meets tokens); the rest is invariant. The fn names the function of the positions and loop variables."""
+    dims: list = [CONST if n == 1 else None for n in value.shape]
+    axes: list[tuple[str, Axis]] = []
+    depends: set = set()
+
+    def visit(e: Aff):
+        return tuple((visit_atom(atom), c) for atom, c in e.terms), e.const
+
+    def visit_atom(atom):
+        if isinstance(atom, Node) and atom.op == "gpos":
+            return position_axis(*atom.args)
+        if isinstance(atom, SymDim):
+            if value.shape[atom.index] > 1:
+                if isinstance(dims[atom.index], Tok):
+                    engine.refuse("mixes a local index with positions along one dim", op)
+                dims[atom.index] = FREE
+            return ("dim", atom.index)
+        if isinstance(atom, Node):
+            return (atom.op,) + tuple(visit(a) if isinstance(a, Aff) else a for a in atom.args)
+        if isinstance(atom, Var):
+            depends.add(atom)
+        if isinstance(atom, Other):
+            return ("other", atom.axis)
+        return str(atom)
+
+    def position_axis(inner: Aff, unit: int):
+        coord = next(a for a in inner.atoms() if isinstance(a, Coord))
+        rest = inner.without(coord)
+        key = f"a{len(axes)}"
+        offset = Aff((), rest.const)
+        for a, c in rest.terms:
+            if isinstance(a, SymDim):
+                if unit != 1:
+                    engine.refuse("reads a vector of unit indices as data", op)
+                if value.shape[a.index] > 1:
+                    if dims[a.index] not in (None, CONST):
+                        engine.refuse("indexes positions of two blocks along one dim", op)
+                    dims[a.index] = Tok(key, c)
+            elif isinstance(a, Var):
+                offset = offset + Aff.of(a).scale(c)
+            else:
+                engine.refuse("computes a position from something other than loop variables and indices", op)
+        axes.append((key, Axis(coord.hop, offset.scale(unit))))
+        return ("pos", key, unit)
+
+    canon = visit(value.expr)
+    dims = [CONST if d is None else d for d in dims]
+    fn = engine.fns.intern(("index", canon), frozenset(depends))
+    return canonical(Data(tuple(value.shape), tuple(dims), tuple(axes), fn))
+
+
+
+__all__ = ["CONST", "FREE", "Axis", "Coverage", "Data", "Engine", "FnTable", "Index", "Obligation", "Refusal",
+           "Rewrite", "RingInfo", "Stack", "State", "Tok", "Var", "cov_ops", "functools"]

@@ -1,0 +1,149 @@
+"""How ops move tensor dims: the structural facts every per-op rule needs (broadcast, transpose, reshape, reduce,
+dot_general, slice). Read through the bindings' typed accessors where they exist."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import stablehlo
+
+ELEMENTWISE = frozenset(f"stablehlo.{name}" for name in (
+    "abs add and atan2 cbrt ceil clamp compare complex convert cosine divide exponential exponential_minus_one floor "
+    "imag is_finite log log_plus_one logistic maximum minimum multiply negate not or popcnt power real remainder "
+    "round_nearest_afz round_nearest_even rsqrt select shift_left shift_right_arithmetic shift_right_logical sign "
+    "sine sqrt subtract tan tanh xor").split()) | frozenset({"chlo.erf", "chlo.erf_inv", "chlo.lgamma",
+                                                           "chlo.digamma", "chlo.tan"})
+# Reducers whose result doesn't depend on the order of the reduced elements.
+ORDER_FREE_REDUCERS = frozenset({"stablehlo.add", "stablehlo.maximum", "stablehlo.minimum", "stablehlo.multiply",
+                                 "stablehlo.and", "stablehlo.or"})
+
+
+def shape(value: ir.Value) -> tuple[int, ...]:
+    t = ir.ShapedType(value.type)
+    return tuple(t.get_dim_size(i) for i in range(t.rank)) if t.has_rank else ()
+
+
+def rank(value: ir.Value) -> int:
+    return ir.ShapedType(value.type).rank
+
+
+def element_type(value: ir.Value) -> ir.Type:
+    return ir.ShapedType(value.type).element_type
+
+
+def is_integer(value: ir.Value) -> bool:
+    return isinstance(element_type(value), ir.IntegerType)
+
+
+def ints(attr: ir.Attribute) -> list[int]:
+    """A dense integer array attribute (broadcast_dimensions, permutation, dimensions, slice bounds) as ints."""
+    try:
+        return [int(x) for x in ir.DenseI64ArrayAttr(attr)]
+    except (TypeError, ValueError):
+        pass
+    try:
+        return [int(x) for x in np.array(ir.DenseIntElementsAttr(attr)).reshape(-1)]
+    except (TypeError, ValueError):
+        return [int(ir.IntegerAttr(x).value) for x in ir.ArrayAttr(attr)]
+
+
+def dot_dims(op: ir.Operation) -> dict[str, list[int]]:
+    numbers = stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
+    return {"lhs_batch": list(numbers.lhs_batching_dimensions), "rhs_batch": list(numbers.rhs_batching_dimensions),
+            "lhs_contract": list(numbers.lhs_contracting_dimensions),
+            "rhs_contract": list(numbers.rhs_contracting_dimensions)}
+
+
+def dot_result_dims(op: ir.Operation) -> tuple[dict[int, int], dict[int, int]]:
+    """(lhs dim -> result dim, rhs dim -> result dim) for batch and free dims (contracted dims are absent)."""
+    dims = dot_dims(op)
+    lhs_rank, rhs_rank = rank(op.operands[0]), rank(op.operands[1])
+    lhs_free = [d for d in range(lhs_rank) if d not in dims["lhs_batch"] + dims["lhs_contract"]]
+    rhs_free = [d for d in range(rhs_rank) if d not in dims["rhs_batch"] + dims["rhs_contract"]]
+    batch = len(dims["lhs_batch"])
+    lhs = {d: i for i, d in enumerate(dims["lhs_batch"])}
+    rhs = {d: i for i, d in enumerate(dims["rhs_batch"])}
+    lhs.update({d: batch + i for i, d in enumerate(lhs_free)})
+    rhs.update({d: batch + len(lhs_free) + i for i, d in enumerate(rhs_free)})
+    return lhs, rhs
+
+
+def reducer(op: ir.Operation) -> str | None:
+    """The single op a reduce (or all_reduce) body applies, or None for anything more complex."""
+    body = [o.operation for o in op.regions[0].blocks[0].operations]
+    if len(body) != 2:
+        return None
+    inner = body[0]
+    block_args = list(op.regions[0].blocks[0].arguments)
+    if list(inner.operands) != block_args[:2] and list(inner.operands) != block_args[1::-1]:
+        return None
+    return inner.name
+
+
+def reshape_groups(src: tuple[int, ...], dst: tuple[int, ...]) -> list[tuple[list[int], list[int]]] | None:
+    """Pair up groups of source and destination dims with equal products (size-1 dims on their own), in order;
+    None when the reshape is not a sequence of splits and merges."""
+    groups = []
+    i = j = 0
+    while i < len(src) or j < len(dst):
+        if i < len(src) and src[i] == 1 and (j >= len(dst) or dst[j] != 1):
+            groups.append(([i], []))
+            i += 1
+            continue
+        if j < len(dst) and dst[j] == 1 and (i >= len(src) or src[i] != 1):
+            groups.append(([], [j]))
+            j += 1
+            continue
+        if i >= len(src) or j >= len(dst):
+            return None
+        gi, gj = [i], [j]
+        ps, pd = src[i], dst[j]
+        i, j = i + 1, j + 1
+        while ps != pd:
+            if ps < pd:
+                if i >= len(src):
+                    return None
+                ps *= src[i]
+                gi.append(i)
+                i += 1
+            else:
+                if j >= len(dst):
+                    return None
+                pd *= dst[j]
+                gj.append(j)
+                j += 1
+        groups.append((gi, gj))
+    return groups
+
+
+def row_major_strides(sizes: list[int], base: int) -> list[int]:
+    """Strides of dims of these sizes laid out row-major over a run whose innermost stride is `base`."""
+    out, acc = [], base
+    for size in reversed(sizes):
+        out.append(acc)
+        acc *= size
+    return out[::-1]
+
+
+def splat_number(op: ir.Operation):
+    """The value of a splat constant (int, float or bool), or None for anything else."""
+    attr = op.attributes["value"]
+    try:
+        dense = ir.DenseElementsAttr(attr)
+    except (TypeError, ValueError):
+        return None
+    if not dense.is_splat:
+        return None
+    value = dense.get_splat_value()
+    for cls in (ir.IntegerAttr, ir.FloatAttr, ir.BoolAttr):
+        try:
+            return cls(value).value
+        except (TypeError, ValueError):
+            continue
+    return None
+
+
+def total(sizes) -> int:
+    return math.prod(sizes)

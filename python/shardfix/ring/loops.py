@@ -1,0 +1,697 @@
+"""Loops, branches and the buffers loops fill.
+
+A while loop is analysed once. Its counter (`i = c0; while i < n: ...; i += s`, as fori_loop and scan lower)
+becomes a loop variable; every other carried value becomes an unknown: integers an unknown offset, token data an
+unknown number of ring steps, aggregates an unknown set of folded-in blocks. The body is interpreted with those
+unknowns, the recurrences it returns are solved (an integer advancing by a constant, data moving one ring step,
+an aggregate folding in the blocks of this iteration, a buffer filled one slice per iteration), the facts assumed
+about the unknowns are checked against the solution, and the loop's results are the solution at the trip count.
+
+A branch (stablehlo.case / if) on a constant takes that branch. Otherwise the branches must agree, except for the
+skip-a-block pattern of blockwise attention: one branch folds a block into the accumulators, the other leaves them
+(or adds zeros); that is kept only when the predicate is a function of the two units of tokens involved (so both
+orders skip the same pairs of units).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jaxlib.mlir import ir
+
+from . import coverage as cov_ops
+from .algebra import agg_fn, cov_prefix, covs_equal, same_axis, try_complete, with_agg
+from .analysis import _DEBUG, Engine, Obligation, Refusal
+from .dims import shape
+from .symbolic import Aff, Node, Scope, Var, bounds
+from .values import CONST, EMPTY, Agg, Axis, Cells, Coverage, CoverageVar, Data, Index, Stack, Tok, canonical
+
+
+@dataclass(frozen=True)
+class Written:
+    """A loop-carried buffer after the body wrote one slice of it."""
+
+    loop: int
+    slot: int
+    dim: int
+    index: Aff
+    update: Data
+    shape: tuple
+
+    def __str__(self) -> str:
+        return f"written[{self.slot}][dim {self.dim} @ {self.index}] = {self.update}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Buffers.
+
+
+def buffer_write(engine: Engine, op, buffer, update, starts: list[Aff]):
+    update = try_complete(engine, engine.as_data(update, op, 1))
+    out = shape(op.results[0])
+    if tuple(update.shape) == tuple(out) and all(s == Aff() for s in starts):
+        return update
+    partial = [d for d in range(len(out)) if update.shape[d] != out[d]]
+    slot = engine.state.carried.get(id(buffer))
+    if slot is None or len(partial) != 1 or any(s != Aff() for d, s in enumerate(starts) if d != partial[0]):
+        engine.refuse("writes part of a buffer other than one slice per iteration of the loop filling it", op)
+    loop, index = slot
+    return Written(loop, index, partial[0], starts[partial[0]], update, tuple(out))
+
+
+def substitute_value(value, mapping: dict):
+    """An abstract value with Vars (and CoverageVars) replaced."""
+    if isinstance(value, Index):
+        return Index(value.shape, value.expr.substitute({k: v for k, v in mapping.items() if isinstance(k, Var)}))
+    if not isinstance(value, Data):
+        return value
+    plain = {k: v for k, v in mapping.items() if isinstance(k, Var)}
+    axes = tuple((k, Axis(a.hop.substitute(plain), a.offset.substitute(plain))) for k, a in value.axes)
+    agg = value.agg
+    if agg is not None:
+        agg = Agg(agg.op, agg.home, agg.term, cov_ops.substitute(agg.cov, mapping), agg.score,
+                  cov_ops.substitute(agg.shift_cov, mapping))
+    elements = tuple((var, substitute_value(e, mapping)) for var, e in value.elements)
+    return canonical(value.with_(axes=axes, agg=agg, elements=elements))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# While loops.
+
+
+@dataclass
+class _Counter:
+    index: int
+    start: int
+    step: int
+    trips: int
+
+
+def _const_of(engine: Engine, value: ir.Value, inits: list, block) -> int | None:
+    """A constant: a splat constant op, or a loop argument that is passed through unchanged from a constant."""
+    owner = value.owner
+    if isinstance(owner, ir.Block):
+        if owner == block:
+            init = inits[ir.BlockArgument(value).arg_number]
+            if isinstance(init, Index) and init.expr.is_const:
+                return init.expr.const
+        return None
+    if owner.name == "stablehlo.constant":
+        from .dims import splat_number
+        number = splat_number(owner)
+        return int(number) if isinstance(number, (int, bool)) else None
+    try:
+        found = engine.get(value)
+    except Exception:
+        return None
+    return found.expr.const if isinstance(found, Index) and found.expr.is_const else None
+
+
+def _counter(engine: Engine, op, inits: list, passthrough: list[bool]) -> _Counter | None:
+    """The loop counter: the condition is `arg_i < n` and the body returns `arg_i + step`."""
+    cond, body = op.regions[0].blocks[0], op.regions[1].blocks[0]
+    cond_ops = [o.operation for o in cond.operations]
+    ret = cond_ops[-1].operands[0]
+    compare = ret.owner
+    if isinstance(compare, ir.Block) or compare.name != "stablehlo.compare":
+        return None
+    from jaxlib.mlir.dialects import stablehlo
+    if stablehlo.ComparisonDirectionAttr(compare.attributes["comparison_direction"]).value != "LT":
+        return None
+    lhs, rhs = compare.operands
+    if not isinstance(lhs.owner, ir.Block):
+        return None
+    index = ir.BlockArgument(lhs).arg_number
+    bound = _const_of(engine, rhs, inits, cond)
+    init = inits[index]
+    if bound is None or not isinstance(init, Index) or not init.expr.is_const or passthrough[index]:
+        return None
+    terminator = list(body.operations)[-1].operation
+    step_value = terminator.operands[index]
+    add = step_value.owner
+    if isinstance(add, ir.Block) or add.name != "stablehlo.add":
+        return None
+    a, b = add.operands
+    arg = body.arguments[index]
+    step = _const_of(engine, b, inits, body) if a == arg else _const_of(engine, a, inits, body) if b == arg else None
+    if not step or step < 1:
+        return None
+    start = init.expr.const
+    return _Counter(index, start, step, max(0, -(-(bound - start) // step)))
+
+
+def while_loop(engine: Engine, op):
+    inits = [engine.get(v) for v in op.operands]
+    body = op.regions[1].blocks[0]
+    terminator = list(body.operations)[-1].operation
+    passthrough = [terminator.operands[i] == body.arguments[i] for i in range(len(inits))]
+    counter = _counter(engine, op, inits, passthrough)
+    if counter is not None and counter.trips == 0:
+        return inits
+    saved = _snapshot(engine.state)
+    try:
+        plan = _discover(engine, op, inits, passthrough, counter)
+    finally:
+        _restore(engine.state, saved)
+    return _analyse(engine, op, inits, passthrough, counter, plan)
+
+
+@dataclass
+class _Plan:
+    """What an iteration does to each carried value: an integer's step, each token axis's ring step, and the
+    aggregate form of an accumulator that starts as a constant (with its block at iteration k)."""
+
+    index_steps: dict
+    hop_steps: dict  # carried index -> per-axis ring steps
+    widened: dict  # carried index -> (template Data, per-axis hop as a function of k)
+    k: Var
+
+
+def _snapshot(state):
+    return (dict(state.rewrites), dict(state.units), list(state.obligations), set(state.unknown_vars),
+            set(state.directions), dict(state.cov_alias))
+
+
+def _restore(state, saved) -> None:
+    (state.rewrites, state.units, state.obligations[:], state.unknown_vars, state.directions,
+     state.cov_alias) = saved
+
+
+def _discover(engine: Engine, op, inits, passthrough, counter) -> _Plan:
+    """A first pass with everything that changes unknown: how each carried value changes per iteration."""
+    body = op.regions[1].blocks[0]
+    k = cov_ops.fresh_var("it")
+    placeholders, owned = [], {}
+    for i, init in enumerate(inits):
+        if passthrough[i]:
+            placeholders.append(init)
+        elif counter is not None and i == counter.index:
+            placeholders.append(Index((), Aff.of(counter.start) + Aff.of(k).scale(counter.step)))
+        elif isinstance(init, Index):
+            p = cov_ops.fresh_var("p")
+            engine.state.unknown_vars.add(p)
+            owned[i] = [p]
+            placeholders.append(Index(init.shape, init.expr + Aff.of(p)))
+        elif isinstance(init, Data):
+            hops = [cov_ops.fresh_var("h") for _ in init.axes]
+            engine.state.unknown_vars.update(hops)
+            owned[i] = hops
+            axes = tuple((key, Axis(a.hop + Aff.of(h), a.offset)) for (key, a), h in zip(init.axes, hops))
+            placeholders.append(_carried(engine, op, i, init.with_(axes=axes), _unknown_coverage(op, i, init)))
+        else:
+            engine.refuse("carries a value the analysis can't follow through a loop", op)
+    with _iterating(engine, k, counter):
+        returned = engine.run_block(body, placeholders)
+    steps: dict = {}
+    index_steps, hop_steps = {}, {}
+    for i, ph in enumerate(placeholders):
+        if i not in owned:
+            continue
+        ret = returned[i]
+        if isinstance(ph, Index):
+            step = ret.expr - ph.expr if isinstance(ret, Index) else None
+            if step is None or not step.is_const:
+                engine.refuse("changes a loop-carried integer other than by a constant step", op)
+            index_steps[i] = step.const
+            steps[owned[i][0]] = Aff.of(k).scale(step.const)
+        elif isinstance(ret, Data) and len(ret.axes) == len(ph.axes) and ph.axes:
+            deltas = []
+            for (_, a), (_, b), h in zip(ph.axes, ret.axes, owned[i]):
+                delta = b.hop - a.hop
+                if not delta.is_const:
+                    engine.refuse("moves loop-carried tokens by a varying number of ring steps", op)
+                deltas.append(delta.const)
+                steps[h] = Aff.of(k).scale(delta.const)
+            hop_steps[i] = deltas
+    widened = {}
+    for i, ph in enumerate(placeholders):
+        ret = returned[i]
+        if i in owned and isinstance(ph, Data) and ph.agg is None and not ph.axes and isinstance(ret, Data) and \
+                ret.agg is not None and engine.fns.constant(ph.fn) is not None:
+            widened[i] = _template(engine, op, ret, steps, k, {v for vs in owned.values() for v in vs})
+    return _Plan(index_steps, hop_steps, widened, k)
+
+
+def _template(engine: Engine, op, ret: Data, steps: dict, k: Var, mine: set):
+    """An accumulator that starts as a constant, in the form the body gives it, and where its tokens are at
+    iteration k (where the previous iteration left them)."""
+    agg = ret.agg
+    axes = []
+    for key, axis in ret.axes:
+        hop = axis.hop.substitute(steps)
+        if any(x in mine for x in hop.free_atoms() | axis.offset.free_atoms()) or k in axis.offset.free_atoms():
+            engine.refuse("accumulates into tokens the analysis can't pin down from one iteration to the next"
+                          + (f" ({axis} -> {hop}; {steps})" if _DEBUG else ""), op)
+        axes.append((key, Axis(hop.substitute({k: Aff.of(k) - 1}), axis.offset)))
+    template = ret.with_(axes=(), agg=Agg(agg.op, agg.home, agg.term, EMPTY, agg.score, EMPTY))
+    return template, tuple(axes)
+
+
+def _unknown_coverage(op, i: int, init: Data):
+    if init.agg is None:
+        return None
+    return CoverageVar(f"cv{id(op)}_{i}"), CoverageVar(f"sv{id(op)}_{i}")
+
+
+def _carried(engine: Engine, op, i: int, value: Data, coverage) -> Data:
+    """A loop-carried Data value at an unknown iteration: its aggregate's coverage unknown (what earlier
+    iterations folded in), registered so that buffer writes into it can be recognised."""
+    agg = value.agg
+    if agg is not None and coverage is not None:
+        cv, sv = coverage
+        agg = Agg(agg.op, agg.home, agg.term, agg.cov.union(Coverage((cv,))), agg.score,
+                  agg.shift_cov.union(Coverage((sv,))) if agg.op in ("ssum", "shift", "mdiff") else agg.shift_cov)
+        value = value.with_(agg=agg, fn=agg_fn(engine, agg))
+    engine.state.carried[id(value)] = (id(op), i)
+    engine.state.keep_alive.append(value)
+    return value
+
+
+class _iterating:
+    """The scope of a loop body: its iteration variable in [0, trips - 1]."""
+
+    def __init__(self, engine: Engine, k: Var, counter):
+        self.engine, self.k = engine, k
+        self.trips = counter.trips if counter is not None else None
+
+    def __enter__(self):
+        self.saved = self.engine.scope
+        var_bounds = dict(self.saved.var_bounds)
+        var_bounds[self.k] = (Aff(), Aff.of((self.trips if self.trips is not None else 1 << 30) - 1))
+        self.engine.scope = Scope(self.saved.cp, var_bounds)
+        return self
+
+    def __exit__(self, *exc):
+        self.engine.scope = self.saved
+        return False
+
+
+def _analyse(engine: Engine, op, inits, passthrough, counter, plan: _Plan):
+    """The loop analysed with every carried value in its iteration-k form; only aggregates' coverages are
+    unknown, solved from what one iteration folds in."""
+    body = op.regions[1].blocks[0]
+    k = plan.k
+    trips = counter.trips if counter is not None else None
+    placeholders, changing = [], []
+    for i, init in enumerate(inits):
+        if passthrough[i]:
+            placeholders.append(init)
+            continue
+        if counter is not None and i == counter.index:
+            placeholders.append(Index((), Aff.of(counter.start) + Aff.of(k).scale(counter.step)))
+            continue
+        changing.append(i)
+        if isinstance(init, Index):
+            placeholders.append(Index(init.shape, init.expr + Aff.of(k).scale(plan.index_steps.get(i, 0))))
+        elif i in plan.widened:
+            template, axes = plan.widened[i]
+            placeholders.append(_carried(engine, op, i, template.with_(axes=axes), _unknown_coverage(op, i, template)))
+        else:
+            deltas = plan.hop_steps.get(i, [0] * len(init.axes))
+            axes = tuple((key, Axis(a.hop + Aff.of(k).scale(d), a.offset)) for (key, a), d in zip(init.axes, deltas))
+            placeholders.append(_carried(engine, op, i, init.with_(axes=axes), _unknown_coverage(op, i, init)))
+    if trips is None and changing:
+        engine.refuse("changes values in a loop whose trip count is unknown", op)
+    first_obligation = len(engine.state.obligations)
+    with _iterating(engine, k, counter):
+        _check_condition(engine, op, placeholders, counter)
+        returned = engine.run_block(body, placeholders)
+        solution = _solve(engine, op, placeholders, returned, changing, k)
+        _discharge(engine, solution, first_obligation)
+    exits = []
+    final = {k: Aff.of(trips)} if trips is not None else {}
+    for i, init in enumerate(inits):
+        if i not in changing:
+            exits.append(init if passthrough[i] else Index((), Aff.of(counter.start + counter.step * trips)))
+        else:
+            exits.append(_exit_value(engine, op, init, placeholders[i], returned[i], solution, k, trips, final))
+    return exits
+
+
+def _check_condition(engine: Engine, op, placeholders, counter) -> None:
+    """Loop control must not depend on the device or the data (every device runs the same iterations)."""
+    if counter is not None:
+        return
+    cond = op.regions[0].blocks[0]
+    (result,) = engine.run_block(cond, placeholders)
+    if not isinstance(result, Index) or any(not isinstance(a, (Var, Node)) for a in result.expr.free_atoms()):
+        engine.refuse("loops for a number of iterations the analysis can't determine", op)
+
+
+def _solve(engine: Engine, op, placeholders, returned, changing, k: Var) -> dict:
+    """Check each carried value's recurrence; closed forms of the aggregates' coverages at iteration k."""
+    solution: dict = {}
+    for i in changing:
+        ph, ret = placeholders[i], returned[i]
+        if isinstance(ph, Index):
+            step = ret.expr - ph.expr if isinstance(ret, Index) else None
+            expected = ph.expr.substitute({k: Aff.of(k) + 1}) - ph.expr
+            if step is None or step != expected:
+                engine.refuse("changes a loop-carried integer other than by a constant step", op)
+            continue
+        if isinstance(ret, Written):
+            if ret.slot != i or ret.loop != id(op):
+                engine.refuse("writes into a buffer it doesn't carry", op)
+            continue
+        if not isinstance(ret, Data) or ret.shape != ph.shape or ret.dims != ph.dims or \
+                [key for key, _ in ret.axes] != [key for key, _ in ph.axes]:
+            engine.refuse("changes the shape or the token layout of a loop-carried value", op)
+        for (_, a), (_, b) in zip(ph.axes, ret.axes):
+            if b.hop != a.hop.substitute({k: Aff.of(k) + 1}) or b.offset != a.offset:
+                engine.refuse("moves loop-carried tokens differently from one iteration to the next", op)
+        if ph.agg is None:
+            if ret.agg is not None or ret.fn != ph.fn or ret.elements != ph.elements:
+                engine.refuse("changes loop-carried token data other than by an order-free merge", op)
+            continue
+        x, y = ph.agg, ret.agg
+        if y is None or (x.op, x.term, x.score, x.home) != (y.op, y.term, y.score, y.home):
+            engine.refuse("changes a loop-carried aggregate other than by merging a block into it", op)
+        cv, sv = _unknown_coverage(op, i, ph)
+        solution[cv] = _added(engine, op, x.cov, y.cov, k, i)
+        if x.op in ("ssum", "shift", "mdiff"):
+            solution[sv] = _added(engine, op, x.shift_cov, y.shift_cov, k, i)
+    return solution
+
+
+def _added(engine: Engine, op, before: Coverage, after: Coverage, k: Var, i: int) -> Coverage:
+    """The coverage an accumulator holds at iteration k, from what one iteration adds to it."""
+    added = cov_prefix(engine, op, before, after, "merges a block into a loop-carried aggregate")
+    if added is None:
+        engine.refuse(f"replaces loop-carried aggregate {i} instead of merging into it"
+                      + (f" ({before} -> {after})" if _DEBUG else ""), op)
+    if any(isinstance(p, CoverageVar) for p in added.parts):
+        engine.refuse("merges aggregates of different loops", op)
+    if not added.parts:
+        return EMPTY
+    return cov_ops.over_iterations(added, k, Aff.of(k))
+
+
+def _discharge(engine: Engine, solution: dict, first: int) -> None:
+    """Check the facts assumed about this loop's unknowns; keep those that still involve an outer loop's."""
+    state = engine.state
+    kept = state.obligations[:first]
+    for ob in state.obligations[first:]:
+        a, b = _subst(ob.a, solution, engine), _subst(ob.b, solution, engine)
+        if _mentions_unknown(a, state) or _mentions_unknown(b, state, exclude=solution):
+            kept.append(Obligation(ob.kind, a, b, ob.op, ob.message, ob.calls))
+            continue
+        if not _holds(engine, ob.kind, a, b):
+            raise Refusal(ob.message + (f" ({a} vs {b})" if _DEBUG else ""), ob.op, ob.calls)
+    state.obligations[:] = kept
+
+
+def _subst(x, solution, engine=None):
+    if isinstance(x, tuple):
+        return tuple(_subst(y, solution, engine) for y in x)
+    if isinstance(x, Aff):
+        return x.substitute({v: s for v, s in solution.items() if isinstance(v, Var)})
+    if isinstance(x, Coverage):
+        return cov_ops.substitute(x, solution)
+    return x
+
+
+def _mentions_unknown(x, state, exclude=None) -> bool:
+    if isinstance(x, tuple):
+        return any(_mentions_unknown(y, state, exclude) for y in x)
+    unknown = set(state.unknown_vars) - set(exclude or ())
+    if isinstance(x, Aff):
+        return any(isinstance(a, Var) and a in unknown for a in x.free_atoms())
+    if isinstance(x, Coverage):
+        for part in x.parts:
+            if isinstance(part, CoverageVar):
+                return True
+            atoms = part.hop.free_atoms() | part.start.free_atoms()
+            if any(isinstance(a, Var) and a in unknown for a in atoms):
+                return True
+    return False
+
+
+def _holds(engine: Engine, kind: str, a, b) -> bool:
+    scope = engine.scope
+    if kind == "hop":
+        d = a - b
+        return d.is_const and d.const % engine.ring.cp == 0
+    if kind == "hop-any":
+        return any((a - h).is_const and (a - h).const % engine.ring.cp == 0 for h in b)
+    if kind == "equal":
+        return (a - b) == Aff()
+    if kind == "disjoint":
+        return cov_ops.disjoint(a, b, scope) is True
+    if kind == "same-cov":
+        return sorted(map(str, a.parts)) == sorted(map(str, b.parts))
+    return False
+
+
+def _exit_value(engine: Engine, op, init, ph, ret, solution, k: Var, trips, final):
+    if isinstance(ph, Index):
+        return Index(ph.shape, ph.expr.substitute(final))
+    if isinstance(ret, Written):
+        return _filled(engine, op, init, ret, k, trips)
+    mapping = {v: cov_ops.substitute(s, final) for v, s in solution.items()}
+    mapping.update(final)
+    return try_complete(engine, substitute_value(ph, mapping))
+
+
+def _filled(engine: Engine, op, init: Data, written: Written, k: Var, trips: int) -> Data:
+    """A buffer written one slice per iteration: every slice written exactly once, then a token dim (slices of
+    consecutive runs of a block) or a stacked dim (anything else that varies with the iteration)."""
+    d, size = written.dim, written.update.shape[written.dim]
+    if written.index != Aff.of(k).scale(size) or trips * size != written.shape[d]:
+        engine.refuse("fills a buffer other than slice by slice in order, exactly once", op)
+    update = written.update
+    if update.dims[d] != CONST or size != 1:
+        engine.refuse("fills a buffer with slices wider than one element", op)
+    varies = k in _value_atoms(update) or k in engine.fns.depends(update.fn)
+    if not varies:  # every slice holds the same function of the same tokens
+        return canonical(update.with_(shape=written.shape))
+    # tokens of consecutive runs of one block: the buffer dim is a token dim of stride = run length
+    chunked = _as_token_dim(update, d, k)
+    if chunked is not None and k not in engine.fns.depends(update.fn):
+        return canonical(chunked.with_(shape=written.shape))
+    var = cov_ops.fresh_var("s")
+    element = substitute_value(update, {k: Aff.of(var)})
+    dims = tuple(Stack(var, written.shape[d]) if i == d else r for i, r in enumerate(update.dims))
+    fn = engine.fns.intern(("stack", element.fn, str(var)), engine.fns.depends(element.fn) - {k})
+    return Data(written.shape, dims, (), fn, None, ((var, element),))
+
+
+def _value_atoms(value: Data) -> set:
+    atoms = set()
+    for _, axis in value.axes:
+        atoms |= axis.hop.free_atoms() | axis.offset.free_atoms()
+    if value.agg is not None:
+        for part in value.agg.cov.parts + value.agg.shift_cov.parts:
+            if isinstance(part, Cells):
+                atoms |= part.hop.free_atoms() | part.start.free_atoms()
+    return atoms
+
+
+def _as_token_dim(update: Data, d: int, k: Var) -> Data | None:
+    """If the only thing that varies with k is one axis's offset, by `stride * k`, the slice dim joins that axis."""
+    moving = [(key, a) for key, a in update.axes if k in a.offset.free_atoms() or k in a.hop.free_atoms()]
+    if len(moving) != 1:
+        return None
+    key, axis = moving[0]
+    if k in axis.hop.free_atoms():
+        return None
+    stride = axis.offset.coefficient(k)
+    if stride <= 0 or update.agg is not None and any(
+            isinstance(p, Cells) and (k in p.hop.free_atoms() or k in p.start.free_atoms())
+            for p in update.agg.cov.parts + update.agg.shift_cov.parts):
+        return None
+    axes = tuple((kk, Axis(a.hop, a.offset.without(k)) if kk == key else a) for kk, a in update.axes)
+    dims = tuple(Tok(key, stride) if i == d else r for i, r in enumerate(update.dims))
+    return update.with_(axes=axes, dims=dims)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Branches.
+
+
+def branches(engine: Engine, op):
+    selector = engine.get(op.operands[0])
+    regions = list(op.regions)
+    if isinstance(selector, Index) and selector.expr.is_const:
+        value = selector.expr.const
+        if op.name == "stablehlo.if":
+            chosen = 0 if value else 1
+        else:
+            chosen = value if 0 <= value < len(regions) else len(regions) - 1
+        return engine.run_block(regions[chosen].blocks[0], [])
+    per_branch = [engine.run_block(r.blocks[0], []) for r in regions]
+    if all(b == per_branch[0] for b in per_branch[1:]):
+        return per_branch[0]
+    if len(regions) != 2:
+        engine.refuse("branches several ways to different values", op)
+    return _skip_join(engine, op, selector, per_branch)
+
+
+def _skip_join(engine: Engine, op, selector, per_branch) -> list:
+    """One branch folds one unit pair into aggregates, the other skips it: fine when the predicate is a function of
+    that unit pair only (the same pairs are skipped in every order of the units). Aggregates of either unit of the
+    pair may be merged (a query chunk's output and a key chunk's gradient)."""
+    out, pairs = [], []
+    for a, b in zip(*per_branch):
+        if a == b:
+            out.append(a)
+            continue
+        merged = None
+        for skip, compute in ((a, b), (b, a)):
+            found = _folded(engine, skip, compute)
+            if found is not None:
+                merged = compute
+                pairs.append(_unit_pair(engine, op, compute, found))
+                break
+        if merged is None:
+            engine.refuse("branches to values that differ other than by one block folded into an aggregate"
+                          + (f" ({a} vs {b})" if _DEBUG else ""), op)
+        out.append(merged)
+    if not pairs:
+        engine.refuse("branches to different values", op)
+    units = pairs[0]
+    for other in pairs[1:]:
+        if not _same_pair(engine, op, units, other):
+            engine.refuse("skips different pairs of units for different results", op)
+    _check_predicate(engine, op, selector, units)
+    return out
+
+
+def _unit_pair(engine: Engine, op, value: Data, added: Coverage) -> list:
+    """The two units an aggregate's merge involves, in absolute terms: its home tokens and the block it folds in."""
+    from .algebra import extent
+    if value.agg.home is None:
+        engine.refuse("skips blocks for an aggregate without home tokens", op)
+    home = value.axis_map[value.agg.home]
+    size = extent(value, value.agg.home)
+    if size is None:
+        engine.refuse("skips blocks for tokens that don't form a run", op)
+    added = engine.canonical_cov(added)
+    if len(added.parts) != 1 or not isinstance(added.parts[0], Cells) or added.parts[0].vars:
+        engine.refuse("skips more than one block at once", op)
+    part = added.parts[0]
+    return [(engine.canonical_aff(home.hop), engine.canonical_aff(home.offset), size),
+            (engine.canonical_aff(home.hop + part.hop), engine.canonical_aff(part.start), part.size)]
+
+
+def _hop_relation(engine: Engine, a: Aff, b: Aff) -> bool | None:
+    """Whether two hops are the same block, without assuming anything: None while unknowns decide it."""
+    diff = engine.canonical_aff(a) - engine.canonical_aff(b)
+    if diff.is_const:
+        return diff.const % engine.ring.cp == 0
+    if any(x in engine.state.unknown_vars for x in diff.free_atoms()):
+        return None
+    return False
+
+
+def _unit_relation(engine: Engine, u, v) -> bool | None:
+    if u[2] != v[2] or (u[1] - v[1]) != Aff():
+        return False
+    return _hop_relation(engine, u[0], v[0])
+
+
+def _same_pair(engine: Engine, op, p, q) -> bool:
+    """Whether two unit pairs are the same pair (in either order); where unknowns leave both orders open, the
+    order with more units already known to match is taken, and its remaining equalities are checked later."""
+    from .algebra import same_hop
+    orders = [((p[0], q[0]), (p[1], q[1])), ((p[0], q[1]), (p[1], q[0]))]
+    scored = []
+    for order in orders:
+        relations = [_unit_relation(engine, u, v) for u, v in order]
+        if False not in relations:
+            scored.append((relations.count(True), order))
+    if not scored:
+        return False
+    _, order = max(scored, key=lambda t: t[0])
+    return all(same_hop(engine, u[0], v[0], op, "skips different pairs of units for different results")
+               for u, v in order)
+
+
+def _folded(engine: Engine, skip, compute) -> Coverage | None:
+    """The coverage `compute` adds over `skip`, when it is `skip` with one block folded in (or a partial over one
+    block where `skip` is zero)."""
+    if not isinstance(compute, Data) or compute.agg is None or not isinstance(skip, Data):
+        return None
+    c = compute.agg
+    if skip.agg is None:
+        # a constant start value (the identity, or a floor like -1e30 for a max): nothing folded in yet
+        if c.op in ("sum", "ssum", "max", "min") and engine.fns.constant(skip.fn) is not None and \
+                not any(isinstance(p, CoverageVar) for p in c.cov.parts):
+            return c.cov
+        return None
+    s = skip.agg
+    if (s.op, s.term, s.score, s.home) != (c.op, c.term, c.score, c.home) or skip.dims != compute.dims:
+        return None
+    s = Agg(s.op, s.home, s.term, engine.canonical_cov(s.cov), s.score, engine.canonical_cov(s.shift_cov))
+    c = Agg(c.op, c.home, c.term, engine.canonical_cov(c.cov), c.score, engine.canonical_cov(c.shift_cov))
+    message = "folds different blocks into aggregates merged in one branch"
+    added = cov_prefix(engine, None, s.cov, c.cov, message)
+    if added is None:
+        return None
+    if c.op in ("ssum", "shift"):
+        shifted = cov_prefix(engine, None, s.shift_cov, c.shift_cov, message)
+        if shifted is None or (shifted.parts and not covs_equal(engine, None, shifted, added, message)):
+            return None
+    return added if added.parts else None
+
+
+def _check_predicate(engine: Engine, op, selector, units) -> None:
+    if isinstance(selector, Index):
+        resolved = engine.resolve(selector, op, 0)
+        for node in _gpos_nodes(resolved.expr):
+            inner, unit = node.args
+            coord = next(a for a in inner.atoms() if hasattr(a, "hop"))
+            local = inner.without(coord).scale(unit)
+            if not _inside(engine, op, coord.hop, local, unit, units):
+                engine.refuse("skips blocks by a predicate that reads positions outside the two units it skips", op)
+    else:
+        pred = selector
+        if pred.agg is None and not pred.is_invariant:
+            engine.refuse("skips blocks by a predicate of token data", op)
+        if pred.agg is not None:
+            if pred.agg.home is not None or pred.agg.op not in ("unitfn", "max", "min", "sum"):
+                engine.refuse("skips blocks by a predicate of token data", op)
+            for p in pred.agg.cov.parts:
+                if not isinstance(p, Cells) or p.vars or not _inside(engine, op, p.hop, p.start, p.size, units):
+                    engine.refuse("skips blocks by a predicate of tokens outside the two units it skips", op)
+    for hop, offset, size in units:
+        engine.state.units.setdefault((size, _alignment(offset)), (op, tuple(engine.state.call_ops)))
+
+
+def _gpos_nodes(expr: Aff):
+    for atom in expr.free_atoms():
+        if isinstance(atom, Node) and atom.op == "gpos":
+            yield atom
+
+
+def _inside(engine: Engine, op, hop: Aff, local: Aff, width: int, units) -> bool:
+    """Whether tokens [local, local + width) of the block `hop` steps behind lie inside one of the units: a unit
+    whose block is known to be that one first, else one whose block is still being solved for (checked later)."""
+    candidates = []
+    for u_hop, u_offset, u_size in units:
+        lo, hi = bounds(local - u_offset, engine.scope)
+        if lo < 0 or hi + width > u_size:
+            continue
+        diff = engine.canonical_aff(hop) - engine.canonical_aff(u_hop)
+        if diff.is_const:
+            if diff.const % engine.ring.cp == 0:
+                return True
+            continue
+        candidates.append(u_hop)
+    if candidates:  # decided once the loops' unknowns are solved: one of them must be that block
+        engine.defer("hop-any", engine.canonical_aff(hop), tuple(engine.canonical_aff(h) for h in candidates), op,
+                     "skips blocks by a predicate that reads positions outside the two units it skips")
+        return True
+    return False
+
+
+def _alignment(offset: Aff) -> int:
+    """The largest power of... the gcd of an offset's coefficients and constant: every value it takes is a
+    multiple of it (0: always 0)."""
+    from math import gcd
+    g = offset.const
+    for _, c in offset.terms:
+        g = gcd(g, c)
+    return abs(g)
+
+
+__all__ = ["Written", "branches", "buffer_write", "substitute_value", "while_loop"]

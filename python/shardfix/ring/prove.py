@@ -1,0 +1,257 @@
+"""Decide, for each group of ring regions, whether reordering the sequence keeps the program's results.
+
+Regions are grouped when one passes another a per-device value (a result sharded over the ring axis together
+with other axes, like the softmax statistics a forward attention hands its backward): such values are only
+meaningful if both sides see the same order. Each region of a group is interpreted (analysis.py) with its
+operands' abstract values; a group is proved when every region's results are complete functions of their own
+tokens (or token-independent), and every per-device value flows only into the group's regions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from jaxlib.mlir import ir
+
+from ..locations import SourceLoc
+from .analysis import Engine, FnTable, Refusal, RingInfo, State
+from .detect import RingRegion, axis_strides, find_ring_regions, module_funcs
+from .dims import shape
+from .symbolic import Aff, Scope
+from .values import CONST, FREE, Axis, Data, Index, Stack, Tok, canonical
+
+
+@dataclass
+class Verdict:
+    ring: RingRegion
+    proved: bool = False
+    why: str = ""
+    loc: SourceLoc = SourceLoc()
+    sequence_operands: dict[int, int] = field(default_factory=dict)  # operand -> sequence dim
+    sequence_results: dict[int, int] = field(default_factory=dict)  # result -> sequence dim
+    length: int = 0  # global sequence length
+    block: int = 0  # local tokens per device
+    rewrites: list = field(default_factory=list)
+    units: dict = field(default_factory=dict)  # (tokens, alignment) -> (op, calls) that relies on it
+    group: int = 0
+
+
+class _GroupRefusal(Exception):
+    def __init__(self, refusal: Refusal, region: RingRegion):
+        super().__init__(str(refusal))
+        self.refusal, self.region = refusal, region
+
+
+def prove_rings(module: ir.Operation, analyse: bool = True) -> list[Verdict]:
+    """A verdict per ring region (analysed only with `analyse`; otherwise just grouped)."""
+    regions = find_ring_regions(module)
+    funcs = module_funcs(module)
+    verdicts = {id(r.region): Verdict(r) for r in regions}
+    for r in regions:
+        if r.structure:
+            verdicts[id(r.region)].why = "; ".join(r.structure)
+    analysable = [r for r in regions if not r.structure]
+    groups = _groups(analysable)
+    for index, group in enumerate(groups):
+        for r in group:
+            verdicts[id(r.region)].group = index
+        if analyse:
+            _prove_group(group, funcs, verdicts)
+    return [verdicts[id(r.region)] for r in regions]
+
+
+def _groups(regions: list[RingRegion]) -> list[list[RingRegion]]:
+    """Regions linked by values one passes to another directly, in program order (producers first)."""
+    by_op = {r.region: r for r in regions}
+    parent = {id(r.region): id(r.region) for r in regions}
+
+    def find(x):
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for r in regions:
+        for operand in r.region.operands:
+            owner = operand.owner
+            if not isinstance(owner, ir.Block) and owner in by_op:
+                parent[find(id(r.region))] = find(id(by_op[owner].region))
+    grouped: dict[int, list] = {}
+    for r in regions:
+        grouped.setdefault(find(id(r.region)), []).append(r)
+    return list(grouped.values())
+
+
+def _prove_group(group: list[RingRegion], funcs, verdicts: dict) -> None:
+    produced: dict = {}  # region result value -> abstract value (per-device values for the group's consumers)
+    members = {r.region for r in group}
+    fns = FnTable()  # the group's regions pass each other values: one naming of functions for all of them
+    try:
+        for r in group:
+            _prove_region(r, funcs, verdicts[id(r.region)], produced, members, fns)
+    except _GroupRefusal as e:
+        for r in group:
+            v = verdicts[id(r.region)]
+            v.proved = False
+            v.why = e.refusal.describe() if r is e.region else \
+                f"reordered together with the ring region at {e.region.loc or 'an unknown location'}, which is not " \
+                f"provably safe ({e.refusal.describe()})"
+            v.loc = e.refusal.loc if r is e.region and e.refusal.op is not None else r.loc
+        return
+    for r in group:
+        verdicts[id(r.region)].proved = True
+
+
+def _ring_info(r: RingRegion, block: int) -> RingInfo:
+    strides = axis_strides(r.mesh)
+    others = tuple((name, strides[name], size) for name, size in r.mesh.axes if name != r.axis)
+    return RingInfo(r.axis, r.cp, block, strides[r.axis], others)
+
+
+def _prove_region(r: RingRegion, funcs, verdict: Verdict, produced: dict, members: set, fns: FnTable) -> None:
+    body = r.region.regions[0].blocks[0]
+    local_shapes = [shape(a) for a in body.arguments]
+    ins, outs = r.in_shardings(), r.out_shardings()
+    seq_in, block, length = {}, None, None
+    for i, sharding in enumerate(ins):
+        kind = _classify(sharding, r.axis, local_shapes[i])
+        if kind is not None and kind[0] == "sequence":
+            dim = kind[1]
+            if block is not None and local_shapes[i][dim] != block:
+                raise _GroupRefusal(Refusal(f"has sequence operands of different lengths ({block} and "
+                                            f"{local_shapes[i][dim]} tokens a device)", r.region), r)
+            block = local_shapes[i][dim]
+            length = shape(r.region.operands[i])[dim]
+            seq_in[i] = dim
+    if block is None:
+        raise _GroupRefusal(Refusal(f"no operand is sharded on the ring axis \"{r.axis}\" along a sequence dim",
+                                    r.region), r)
+    verdict.block, verdict.length, verdict.sequence_operands = block, length, seq_in
+    state = State(_ring_info(r, block), funcs, fns)
+    engine = Engine(state, Scope(r.cp, {}))
+    args = []
+    for i, sharding in enumerate(ins):
+        local = local_shapes[i]
+        fn = state.fns.intern(("operand", id(r.region), i))
+        if i in seq_in:
+            dims = tuple(Tok("t", 1) if d == seq_in[i] else (FREE if n > 1 else CONST) for d, n in enumerate(local))
+            args.append(canonical(Data(local, dims, (("t", Axis(Aff(), Aff())),), fn)))
+        elif _classify(sharding, r.axis, local) is None:
+            args.append(Data(local, tuple(FREE if n > 1 else CONST for n in local), (), fn))
+        else:
+            source = r.region.operands[i]
+            if source not in produced:
+                raise _GroupRefusal(Refusal(f"operand {i} is a per-device value over the ring axis \"{r.axis}\" "
+                                            "that no reordered ring region produces", r.region), r)
+            args.append(produced[source])
+    try:
+        results = engine.run_block(body, args)
+        if state.obligations:
+            first = state.obligations[0]
+            raise Refusal(first.message, first.op, first.calls)
+    except Refusal as refusal:
+        raise _GroupRefusal(refusal, r) from None
+    verdict.rewrites = list(state.rewrites.values())
+    verdict.units = dict(state.units)
+    _check_results(r, engine, results, outs, verdict, produced, members)
+
+
+def _classify(sharding, axis: str, local) -> tuple | None:
+    """None: replicated over the ring axis; ("sequence", dim): the ring axis alone on a dim holding more than one
+    token a device; ("device", dim): anything else (a per-device value)."""
+    for d, dim in enumerate(sharding.dims):
+        names = [a.name for a in dim.axes]
+        if axis in names:
+            if names == [axis] and not dim.axes[0].is_sub_axis and local[d] > 1:
+                return "sequence", d
+            return "device", d
+    if any(a.name == axis for a in sharding.replicated + sharding.unreduced):
+        return None
+    return None
+
+
+def _check_results(r: RingRegion, engine: Engine, results: list, outs, verdict: Verdict, produced: dict,
+                   members: set) -> None:
+    from .algebra import try_complete
+    seq_out = {}
+    for j, (value, sharding) in enumerate(zip(results, outs)):
+        result = r.region.results[j]
+        if isinstance(value, Data):
+            value = try_complete(engine, value)
+        kind = _classify(sharding, r.axis, _local_shape(r, j))
+        where = f"result {j}"
+        if kind is None:
+            if not _is_invariant(value):
+                _refuse_result(r, f"{where} is replicated over \"{r.axis}\" but depends on which tokens a device "
+                               "holds", value)
+            continue
+        if kind[0] == "sequence":
+            _check_sequence_result(r, engine, value, kind[1], verdict.block, where)
+            seq_out[j] = kind[1]
+            continue
+        users = [use.owner for use in result.uses]
+        for user in users:
+            if user not in members:
+                name = user.name if hasattr(user, "name") else "an op"
+                raise _GroupRefusal(Refusal(f"{where} is a per-device value that '{name}' outside the ring regions "
+                                            "reads (it would see the reordered layout)", r.region), r)
+        produced[result] = value
+    verdict.sequence_results = seq_out
+
+
+def _local_shape(r: RingRegion, j: int):
+    body = r.region.regions[0].blocks[0]
+    ops = list(body.operations)
+    return shape(ops[-1].operation.operands[j])
+
+
+def _is_invariant(value) -> bool:
+    if isinstance(value, Index):
+        from .symbolic import Coord, Pid, PidDiv
+        return not any(isinstance(a, (Coord, Pid, PidDiv)) for a in value.expr.free_atoms())
+    return isinstance(value, Data) and value.is_invariant
+
+
+def _refuse_result(r: RingRegion, message: str, value) -> None:
+    raise _GroupRefusal(Refusal(f"{message} ({value})", r.region), r)
+
+
+def _check_sequence_result(r: RingRegion, engine: Engine, value, dim: int, block: int, where: str) -> None:
+    if not isinstance(value, Data):
+        _refuse_result(r, f"{where} is sharded on the sequence but computed from the device index", value)
+    if value.agg is not None:
+        _refuse_result(r, f"{where} is an aggregate that has not folded in every block", value)
+    if any(isinstance(role, Stack) for role in value.dims):
+        _refuse_result(r, f"{where} holds a buffer stacked by a loop", value)
+    toks = [(d, role) for d, role in enumerate(value.dims) if isinstance(role, Tok)]
+    if len(toks) != 1 or toks[0][0] != dim or toks[0][1].stride != 1:
+        _refuse_result(r, f"{where} does not hold its own tokens along its sequence dim", value)
+    axis = value.axis_map[toks[0][1].axis]
+    hop = axis.hop
+    if not hop.is_const or hop.const % engine.ring.cp or axis.offset != Aff() or value.shape[dim] != block:
+        _refuse_result(r, f"{where} holds the tokens of another block (or only some of its own)", value)
+    if engine.fns.depends(value.fn):
+        _refuse_result(r, f"{where} depends on how many loop iterations ran, not only on tokens", value)
+
+
+def unit_problem(verdict: Verdict, strategy: str, stripe: int) -> tuple[str, SourceLoc] | None:
+    """Why the units of tokens the region's positions and skips rely on would be split by the permutation, and the
+    op relying on them (None: they stay whole)."""
+    block = verdict.block
+    for (unit, alignment), (op, calls) in sorted(verdict.units.items(), key=lambda t: t[0]):
+        why = None
+        if strategy == "zigzag" and (block % 2 or (block // 2) % unit):
+            why = (f"reads positions of units of {unit} tokens, which would straddle the two zigzag halves of the "
+                   f"{block}-token block (the half is {block / 2:g} tokens)")
+        elif strategy == "striped" and stripe % unit:
+            why = f"reads positions of units of {unit} tokens, which are not a whole part of the {stripe}-token stripe"
+        elif alignment % unit:
+            why = f"reads positions of units of {unit} tokens that start at offsets not multiples of {unit}"
+        if why is not None:
+            refusal = Refusal(why, op, calls)
+            return refusal.describe(), refusal.loc
+    return None
+
+
+__all__ = ["Verdict", "prove_rings", "unit_problem", "math", "Index", "Aff"]

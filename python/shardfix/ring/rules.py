@@ -1,0 +1,471 @@
+"""One rule per op: the op is accepted only where its rule shows how it maps tokens, and the abstract values of its
+results follow (values.py). An op without a rule is refused, naming it."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import stablehlo
+
+from . import algebra, loops
+from . import symbolic as sym
+from .analysis import Engine
+from .dims import (ELEMENTWISE, ORDER_FREE_REDUCERS, dot_dims, element_type, ints, is_integer, reducer,
+                   reshape_groups, row_major_strides, shape, splat_number)
+from .symbolic import Aff, Coord, Dim, Pid
+from .values import CONST, FREE, Axis, Data, Index, Stack, Tok, canonical
+
+RULES: dict[str, Callable] = {}
+
+
+def rule(*names: str):
+    def register(fn):
+        for name in names:
+            RULES[name] = fn
+        return fn
+    return register
+
+
+def apply_rule(engine: Engine, op: ir.Operation) -> list:
+    handler = RULES.get(op.name)
+    if handler is None:
+        engine.refuse("is not known to treat tokens alike (no rule for it)", op)
+    return handler(engine, op)
+
+
+def _ins(engine: Engine, op) -> list:
+    return [engine.get(v) for v in op.operands]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sources of index arithmetic and constants.
+
+
+@rule("stablehlo.constant")
+def constant(engine: Engine, op):
+    out = shape(op.results[0])
+    number = splat_number(op)
+    if number is not None and is_integer(op.results[0]):
+        return [Index(out, Aff.of(int(number)))]
+    if number is not None:
+        fn = engine.fns.intern(("const", repr(float(number)) if not isinstance(number, bool) else repr(number)))
+        return [Data(out, tuple(CONST for _ in out), (), fn)]
+    # A table: it varies along its dims with local positions, not with tokens.
+    fn = engine.fns.intern(("table", id(op)))
+    return [Data(out, tuple(FREE if n > 1 else CONST for n in out), (), fn)]
+
+
+@rule("stablehlo.iota")
+def iota(engine: Engine, op):
+    dim = int(ir.IntegerAttr(op.attributes["iota_dimension"]).value)
+    return [Index(shape(op.results[0]), Aff.of(Dim(dim)))]
+
+
+@rule("stablehlo.partition_id")
+def partition_id(engine: Engine, op):
+    return [Index((), Aff.of(Pid()))]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Elementwise.
+
+_DIRECTIONS = {"LT": "lt", "LE": "le", "GT": "gt", "GE": "ge", "EQ": "eq", "NE": "ne"}
+_INDEX_OPS = {"stablehlo.add", "stablehlo.subtract", "stablehlo.multiply", "stablehlo.negate", "stablehlo.divide",
+              "stablehlo.remainder", "stablehlo.compare", "stablehlo.select", "stablehlo.and", "stablehlo.or",
+              "stablehlo.not", "stablehlo.xor", "stablehlo.maximum", "stablehlo.minimum", "stablehlo.convert"}
+
+
+@rule(*ELEMENTWISE)
+def elementwise(engine: Engine, op):
+    ins = _ins(engine, op)
+    result = op.results[0]
+    if op.name in _INDEX_OPS and all(isinstance(x, Index) for x in ins) and \
+            (is_integer(result) or op.name == "stablehlo.compare"):
+        folded = _index_elementwise(engine, op, ins)
+        if folded is not None:
+            return [folded]
+    if op.name == "stablehlo.select" and isinstance(ins[0], Index) and all(isinstance(x, Index) for x in ins[1:]):
+        folded = _index_elementwise(engine, op, ins)
+        if folded is not None:
+            return [folded]
+    data = [engine.as_data(x, op, i) for i, x in enumerate(ins)]
+    return [algebra.combine(engine, op, data)]
+
+
+def _index_elementwise(engine: Engine, op, ins: list[Index]) -> Index | None:
+    out = shape(op.results[0])
+    scope = engine.scope_for(out)
+    e = [x.expr for x in ins]
+    name = op.name
+    src = (op, tuple(range(len(ins))))
+    if name == "stablehlo.add":
+        return Index(out, e[0] + e[1])
+    if name == "stablehlo.subtract":
+        return Index(out, e[0] - e[1])
+    if name == "stablehlo.negate":
+        return Index(out, -e[0])
+    if name == "stablehlo.convert":
+        return Index(out, e[0])
+    if name == "stablehlo.multiply":
+        if e[1].is_const:
+            return Index(out, e[0].scale(e[1].const))
+        if e[0].is_const:
+            return Index(out, e[1].scale(e[0].const))
+        return None
+    if name in ("stablehlo.divide", "stablehlo.remainder"):
+        if not e[1].is_const or e[1].const <= 0:
+            return None
+        if name == "stablehlo.divide":
+            return Index(out, sym.divide(e[0], e[1].const, scope))
+        return Index(out, sym.remainder(e[0], e[1].const, scope, _coordinate_namer(engine)))
+    if name == "stablehlo.compare":
+        direction = stablehlo.ComparisonDirectionAttr(op.attributes["comparison_direction"]).value
+        return Index(out, sym.compare(_DIRECTIONS[direction], e[0], e[1], scope, src))
+    if name == "stablehlo.select":
+        return Index(out, sym.select(e[0], e[1], e[2], scope, src))
+    if name in ("stablehlo.and", "stablehlo.or", "stablehlo.xor"):
+        if not all(_is_bool_type(v) for v in op.operands):
+            return None
+        return Index(out, sym.logical(name.split(".")[1], e[0], e[1], scope=scope))
+    if name == "stablehlo.not":
+        if not _is_bool_type(op.operands[0]):
+            return None
+        return Index(out, sym.logical("not", e[0], scope=scope))
+    if name == "stablehlo.maximum":
+        return Index(out, sym.maximum(e[0], e[1], scope, src))
+    if name == "stablehlo.minimum":
+        return Index(out, sym.minimum(e[0], e[1], scope, src))
+    return None
+
+
+def _is_bool_type(value: ir.Value) -> bool:
+    t = element_type(value)
+    return isinstance(t, ir.IntegerType) and t.width == 1
+
+
+def _coordinate_namer(engine: Engine):
+    ring = engine.ring
+
+    def name(stride: int, size: int):
+        if stride == ring.stride and size == ring.cp:
+            return Aff.of(Coord(Aff()))
+        for axis, s, n in ring.other_strides:
+            if stride == s and size == n:
+                return Aff.of(sym.Other(axis))
+        return None
+
+    return name
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Shape ops.
+
+
+@rule("stablehlo.broadcast_in_dim")
+def broadcast_in_dim(engine: Engine, op):
+    (value,) = _ins(engine, op)
+    out = shape(op.results[0])
+    src = shape(op.operands[0])
+    mapping = ints(op.attributes["broadcast_dimensions"])
+    if isinstance(value, Index):
+        subst = {Dim(i): (Aff.of(Dim(d)) if src[i] == out[d] else Aff()) for i, d in enumerate(mapping)}
+        return [Index(out, _map_dims(value.expr, subst))]
+    roles = [CONST] * len(out)
+    for i, d in enumerate(mapping):
+        if src[i] == out[d]:
+            roles[d] = value.dims[i]
+    return [canonical(value.with_(shape=out, dims=tuple(roles),
+                                  elements=_elements_map(value, lambda e: broadcast_element(e, mapping, src, out))))]
+
+
+def broadcast_element(element, mapping, src, out):
+    roles = [CONST] * len(out)
+    for i, d in enumerate(mapping):
+        if src[i] == out[d]:
+            roles[d] = element.dims[i]
+    return element.with_(shape=out, dims=tuple(roles))
+
+
+def _map_dims(expr: Aff, subst: dict) -> Aff:
+    """Rename Dim atoms (everywhere, Node arguments included)."""
+    present = {a for a in expr.free_atoms() if isinstance(a, Dim)}
+    mapping = {d: subst.get(d, Aff()) for d in present}
+    return expr.substitute(mapping)
+
+
+def _elements_map(value, fn):
+    if not isinstance(value, Data) or not value.elements:
+        return value.elements if isinstance(value, Data) else ()
+    return tuple((var, fn(element)) for var, element in value.elements)
+
+
+@rule("stablehlo.transpose")
+def transpose(engine: Engine, op):
+    (value,) = _ins(engine, op)
+    perm = ints(op.attributes["permutation"])
+    out = shape(op.results[0])
+    if isinstance(value, Index):
+        return [Index(out, _map_dims(value.expr, {Dim(p): Aff.of(Dim(i)) for i, p in enumerate(perm)}))]
+    return [canonical(value.with_(shape=out, dims=tuple(value.dims[p] for p in perm),
+                                  elements=_elements_map(value, lambda e: e.with_(
+                                      shape=out, dims=tuple(e.dims[p] for p in perm)))))]
+
+
+@rule("stablehlo.reshape")
+def reshape(engine: Engine, op):
+    (value,) = _ins(engine, op)
+    src, out = shape(op.operands[0]), shape(op.results[0])
+    groups = reshape_groups(src, out)
+    if groups is None:
+        engine.refuse("reshapes in a way that is not a sequence of splits and merges", op)
+    if isinstance(value, Index):
+        subst = {}
+        for gi, gj in groups:
+            if len(gi) == 1 and len(gj) >= 1:  # a split (or a 1-to-1): source index = row-major combination
+                strides = row_major_strides([out[j] for j in gj], 1)
+                subst[Dim(gi[0])] = sum((Aff.of(Dim(j)).scale(s) for j, s in zip(gj, strides)), Aff())
+            elif len(gi) > 1:
+                if any(Dim(i) in value.expr.free_atoms() and src[i] > 1 for i in gi):
+                    engine.refuse("merges dims of index arithmetic", op)
+        return [Index(out, _map_dims(value.expr, subst))]
+    return [canonical(_reshape_data(engine, op, value, groups, src, out))]
+
+
+def _reshape_data(engine, op, value: Data, groups, src, out) -> Data:
+    roles = [CONST] * len(out)
+    for gi, gj in groups:
+        if not gj:
+            continue
+        if len(gi) == 1:
+            role = value.dims[gi[0]] if gi else CONST
+            sizes = [out[j] for j in gj]
+            if isinstance(role, Tok):
+                for j, s in zip(gj, row_major_strides(sizes, role.stride)):
+                    roles[j] = Tok(role.axis, s) if out[j] > 1 else CONST
+            elif isinstance(role, Stack):
+                if len([j for j in gj if out[j] > 1]) > 1:
+                    engine.refuse("splits a stacked dim", op)
+                for j in gj:
+                    roles[j] = role if out[j] > 1 else CONST
+            else:
+                for j in gj:
+                    roles[j] = role if out[j] > 1 else CONST
+            continue
+        if not gi:
+            continue
+        merged = [value.dims[i] for i in gi if src[i] > 1]
+        if not merged:
+            roles[gj[0]] = CONST
+        elif all(r in (FREE, CONST) for r in merged):
+            roles[gj[0]] = FREE
+        elif all(isinstance(r, Tok) for r in merged) and len({r.axis for r in merged}) == 1:
+            sizes = [src[i] for i in gi if src[i] > 1]
+            expected = row_major_strides(sizes, merged[-1].stride)
+            if [r.stride for r in merged] != expected:
+                engine.refuse("merges token dims out of order", op)
+            roles[gj[0]] = Tok(merged[0].axis, merged[-1].stride)
+        elif len(merged) == 1:
+            roles[gj[0]] = merged[0]
+        else:
+            engine.refuse("merges a token dim with another dim", op)
+    return value.with_(shape=out, dims=tuple(roles))
+
+
+@rule("stablehlo.slice")
+def slice_(engine: Engine, op):
+    (value,) = _ins(engine, op)
+    starts = ints(op.attributes["start_indices"])
+    strides = ints(op.attributes["strides"])
+    out = shape(op.results[0])
+    if isinstance(value, Index):
+        subst = {Dim(d): Aff.of(Dim(d)).scale(strides[d]) + starts[d] for d in range(len(out))}
+        return [Index(out, _map_dims(value.expr, subst))]
+    return [canonical(_slice_data(engine, op, value, [Aff.of(s) for s in starts], strides, out))]
+
+
+def _slice_data(engine, op, value: Data, starts: list[Aff], strides, out) -> Data:
+    roles, axes = list(value.dims), value.axis_map
+    elements = dict(value.elements)
+    for d, role in enumerate(value.dims):
+        full = value.shape[d] == out[d] and starts[d] == Aff()
+        if full:
+            continue
+        if isinstance(role, Tok):
+            if strides[d] != 1:
+                engine.refuse("slices tokens with a stride", op)
+            axis = axes[role.axis]
+            axes[role.axis] = Axis(axis.hop, axis.offset + starts[d].scale(role.stride))
+            roles[d] = role if out[d] > 1 else CONST
+        elif isinstance(role, Stack):
+            if out[d] != 1:
+                engine.refuse("slices a stacked buffer other than one element at a time", op)
+            element = elements.pop(role.var)
+            element = _substitute_data(element, {role.var: starts[d]})
+            return canonical(_merge_element(value, d, element, out))
+        else:
+            roles[d] = role if out[d] > 1 else CONST
+    return value.with_(shape=out, dims=tuple(roles), axes=tuple(axes.items()))
+
+
+def _merge_element(stack: Data, d: int, element: Data, out) -> Data:
+    """The element of a stacked buffer read at one index: the element's own abstract value, at the result shape."""
+    return element.with_(shape=out, dims=tuple(CONST if i == d else r for i, r in enumerate(element.dims)))
+
+
+def _substitute_data(value: Data, mapping: dict) -> Data:
+    from .loops import substitute_value
+    return substitute_value(value, mapping)
+
+
+@rule("stablehlo.dynamic_slice")
+def dynamic_slice(engine: Engine, op):
+    ins = _ins(engine, op)
+    value, starts = ins[0], ins[1:]
+    sizes = ints(op.attributes["slice_sizes"])
+    src = shape(op.operands[0])
+    out = shape(op.results[0])
+    start_exprs = []
+    for d, start in enumerate(starts):
+        if not isinstance(start, Index):
+            engine.refuse("slices at an index read from data", op)
+        expr = _address(engine, op, d + 1, start)
+        lo, hi = sym.bounds(expr, engine.scope)
+        if lo < 0 or hi > src[d] - sizes[d]:
+            engine.refuse("slices at an index that may be clamped (out of range)", op)
+        start_exprs.append(expr)
+    if isinstance(value, Index):
+        subst = {Dim(d): Aff.of(Dim(d)) + start_exprs[d] for d in range(len(out))}
+        return [Index(out, _map_dims(value.expr, subst))]
+    if any(not s.is_const for d, s in enumerate(start_exprs) if value.dims[d] == FREE and out[d] != src[d]):
+        # a slice of non-token data at a loop-dependent index: its function depends on the loop variable
+        varying = frozenset(a for s in start_exprs for a in s.free_atoms() if isinstance(a, sym.Var))
+        fn = engine.fns.intern(("dslice", value.fn, tuple(map(str, start_exprs))),
+                               engine.fns.depends(value.fn) | varying)
+        value = value.with_(fn=fn)
+    return [canonical(_slice_data(engine, op, value, start_exprs, [1] * len(out), out))]
+
+
+def _address(engine: Engine, op, operand: int, start: Index) -> Aff:
+    """A start index: loop variables and constants only (addressing by coordinate or position is refused)."""
+    expr = start.expr
+    for atom in expr.free_atoms():
+        if isinstance(atom, (Coord, Pid, sym.PidDiv)):
+            engine.refuse("addresses data by the device index", op)
+        if isinstance(atom, sym.Node) and atom.op in ("gpos", "opaque"):
+            engine.refuse("addresses data by a computed position", op)
+        if isinstance(atom, Dim):
+            engine.refuse("addresses data by a vector index", op)
+    return expr
+
+
+@rule("stablehlo.dynamic_update_slice")
+def dynamic_update_slice(engine: Engine, op):
+    ins = _ins(engine, op)
+    buffer, update, starts = ins[0], ins[1], ins[2:]
+    exprs = [_address(engine, op, i + 2, s) if isinstance(s, Index) else engine.refuse("writes at a data index", op)
+             for i, s in enumerate(starts)]
+    return [loops.buffer_write(engine, op, buffer, update, exprs)]
+
+
+@rule("stablehlo.concatenate")
+def concatenate(engine: Engine, op):
+    ins = _ins(engine, op)
+    dim = int(ir.IntegerAttr(op.attributes["dimension"]).value)
+    out = shape(op.results[0])
+    if all(isinstance(x, Index) for x in ins):
+        ins = [engine.as_data(x, op, i) for i, x in enumerate(ins)]
+    data = [engine.as_data(x, op, i) for i, x in enumerate(ins)]
+    return [algebra.concatenate(engine, op, data, dim, out)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reductions and contractions.
+
+
+@rule("stablehlo.reduce")
+def reduce_(engine: Engine, op):
+    ins = _ins(engine, op)
+    if len(op.results) != 1:
+        engine.refuse("is a variadic reduction (arg-max style)", op)
+    combiner = reducer(op)
+    if combiner not in ORDER_FREE_REDUCERS:
+        engine.refuse("reduces with a body that is not an order-free operation", op)
+    dims = ints(op.attributes["dimensions"])
+    value = engine.as_data(ins[0], op, 0)
+    init = engine.as_data(ins[1], op, 1)
+    return [algebra.reduce(engine, op, value, init, combiner, dims, shape(op.results[0]))]
+
+
+@rule("stablehlo.dot_general")
+def dot_general(engine: Engine, op):
+    lhs, rhs = (engine.as_data(x, op, i) for i, x in enumerate(_ins(engine, op)))
+    return [algebra.dot(engine, op, lhs, rhs, dot_dims(op), shape(op.results[0]))]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Ops that keep values as they are.
+
+
+@rule("sdy.sharding_constraint", "sdy.reshard", "stablehlo.optimization_barrier", "stablehlo.reduce_precision")
+def identity(engine: Engine, op):
+    ins = _ins(engine, op)
+    if op.name == "stablehlo.reduce_precision":
+        return [engine.as_data(ins[0], op, 0)]
+    return ins
+
+
+@rule("stablehlo.custom_call")
+def custom_call(engine: Engine, op):
+    target = ir.StringAttr(op.attributes["call_target_name"]).value
+    ins = _ins(engine, op)
+    if target in ("Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape") and len(ins) == 1:
+        return ins
+    if all(isinstance(x, Data) and x.is_invariant for x in ins):
+        return [engine.as_data(Index(shape(r), sym.opaque()), op, 0) if is_integer(r)
+                else Data(shape(r), tuple(FREE for _ in shape(r)), (), engine.fns.intern(("custom", id(op))))
+                for r in op.results]
+    engine.refuse(f"is an opaque custom call ('{target}') on token data", op)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Collectives, control flow and calls live with their analysis.
+
+rule("stablehlo.collective_permute")(algebra.collective_permute)
+rule("stablehlo.all_reduce")(algebra.all_reduce)
+rule("stablehlo.all_gather", "stablehlo.all_to_all", "stablehlo.reduce_scatter",
+     "stablehlo.collective_broadcast")(algebra.other_collective)
+rule("stablehlo.while")(loops.while_loop)
+rule("stablehlo.case", "stablehlo.if")(loops.branches)
+
+
+@rule("func.call")
+def call(engine: Engine, op):
+    callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
+    return engine.call(op, callee, _ins(engine, op))
+
+
+# Ops that only make sense on values that don't follow tokens: accepted there, refused on token data.
+_POSITIONAL = {"stablehlo.reverse": "reverses", "stablehlo.pad": "pads", "stablehlo.sort": "sorts",
+               "stablehlo.reduce_window": "slides a window", "stablehlo.convolution": "convolves",
+               "stablehlo.fft": "transforms (FFT)", "stablehlo.gather": "gathers by index",
+               "stablehlo.scatter": "scatters by index", "stablehlo.select_and_scatter": "scatters by window",
+               "stablehlo.rng": "draws random numbers", "stablehlo.rng_bit_generator": "draws random numbers",
+               "stablehlo.cumsum": "accumulates along a dim", "stablehlo.replica_id": "reads the replica index",
+               "stablehlo.get_tuple_element": "unpacks a tuple", "stablehlo.tuple": "builds a tuple"}
+
+
+def _positional(engine: Engine, op):
+    ins = [engine.as_data(x, op, i) if not isinstance(x, Index) or sym.is_opaque(x.expr) is False else x
+           for i, x in enumerate(_ins(engine, op))]
+    if any(isinstance(x, Data) and not x.is_invariant for x in ins) or \
+            any(isinstance(x, Index) for x in ins):
+        engine.refuse(f"{_POSITIONAL[op.name]} along the data, which depends on where tokens sit", op)
+    fn = engine.fns.intern(("positional", op.name, tuple(x.fn for x in ins), id(op)))
+    return [Data(shape(r), tuple(FREE if n > 1 else CONST for n in shape(r)), (), fn) for r in op.results]
+
+
+for _name in _POSITIONAL:
+    RULES[_name] = _positional
+
+__all__ = ["RULES", "apply_rule", "rule", "Stack", "Axis"]

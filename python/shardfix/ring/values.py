@@ -1,0 +1,195 @@
+"""The abstract values of the sequence-layout analysis.
+
+Every value in a ring region is one of:
+
+- `Index`: integer (or boolean) index arithmetic: an affine form per element over the ring coordinate, loop
+  variables and the element's own indices (`Dim(d)`), see symbolic.py.
+- `Data`: a tensor whose meaning is tracked through its dims. Each dim is
+    CONST   the value does not vary along it (a broadcast, or size 1);
+    FREE    it varies along it in a way that has nothing to do with tokens (batch, heads, features);
+    Tok     it indexes tokens of a block: local token = axis offset + stride * index (several dims may share an
+            axis after a reshape); the axis says which block: `hop` ring steps behind this device (0: its own);
+    Stack   it indexes a buffer stacked by a loop; the element's abstract value depends on the index (its Var).
+  `fn` names the function that maps the tokens (or pairs of tokens) to the data: two Data with the same fn hold the
+  same function of their tokens, whichever tokens those are. `agg` marks an aggregate over the other side's tokens
+  (a running max, a sum, a softmax-weighted sum), with the set of blocks already folded in (`Coverage`).
+
+Reordering the sequence keeps a region's results when each result is a complete function of its own tokens: the
+rules of analysis.py only ever build values for which that is proved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from .symbolic import Aff, Var
+
+CONST = "const"
+FREE = "free"
+
+
+@dataclass(frozen=True)
+class Tok:
+    axis: str  # key into Data.axes
+    stride: int
+
+    def __str__(self) -> str:
+        return f"tok({self.axis}*{self.stride})"
+
+
+@dataclass(frozen=True)
+class Stack:
+    var: Var
+    size: int
+
+    def __str__(self) -> str:
+        return f"stack({self.var}<{self.size})"
+
+
+@dataclass(frozen=True)
+class Axis:
+    """Tokens of the block `hop` ring steps behind this device, starting at local token `offset`."""
+
+    hop: Aff
+    offset: Aff
+
+    def __str__(self) -> str:
+        return f"hop {self.hop} @{self.offset}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Coverage: which tokens of the other side an aggregate has folded in.
+
+
+@dataclass(frozen=True)
+class Cells:
+    """A family of token ranges of the other side, relative to the aggregate's home block: for every assignment
+    of `vars` (each ranging over [lo, hi], bounds affine in outer variables), the block `hop` steps from the home
+    block, local tokens [start, start + size)."""
+
+    hop: Aff
+    start: Aff
+    size: int
+    vars: tuple[tuple[Var, Aff, Aff], ...] = ()
+
+    def __str__(self) -> str:
+        bound = "".join(f" for {v} in [{lo}, {hi}]" for v, lo, hi in self.vars)
+        return f"{{hop {self.hop}, [{self.start}, +{self.size})}}{bound}"
+
+
+@dataclass(frozen=True)
+class CoverageVar:
+    """The unknown coverage of a loop-carried aggregate while its loop body is analysed."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class Coverage:
+    parts: tuple = ()  # Cells | CoverageVar
+
+    def union(self, other: "Coverage") -> "Coverage":
+        return Coverage(self.parts + other.parts)
+
+    def __str__(self) -> str:
+        return " u ".join(map(str, self.parts)) if self.parts else "{}"
+
+
+EMPTY = Coverage()
+
+
+@dataclass(frozen=True)
+class Agg:
+    """An aggregate over the other side's tokens, per token of the home axis.
+
+    op: "sum" (sum over s of term(t, s)), "max" (max over s of term(t, s)), "ssum" (sum over s of
+    exp(score(t, s) - shift(t)) * term(t, s), where shift is the running max of the same score over `shift_cov`),
+    "shift" (exp(max_a(t) - max_b(t)) for two running maxes of `score` over `cov` and `shift_cov`).
+    """
+
+    op: str
+    home: str | None  # axis key of the home tokens (None: a reduction over own tokens to a scalar)
+    term: int  # fn id of the summed/maxed function (ssum: the weight; shift: unused)
+    cov: Coverage
+    score: int = 0  # ssum/shift: fn id of the score function
+    shift_cov: Coverage = EMPTY  # ssum: the shift's coverage; shift: the target coverage
+
+    def __str__(self) -> str:
+        extra = f", score {self.score}, shift {self.shift_cov}" if self.op in ("ssum", "shift") else ""
+        return f"{self.op}[{self.term}{extra}] over {self.cov}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Values.
+
+
+@dataclass(frozen=True)
+class Index:
+    """Integer index arithmetic; `expr` gives each element's value (Dim atoms: the element's indices)."""
+
+    shape: tuple[int, ...]
+    expr: Aff
+
+    def __str__(self) -> str:
+        return f"index<{self.expr}>"
+
+
+@dataclass(frozen=True)
+class Data:
+    shape: tuple[int, ...]
+    dims: tuple  # CONST | FREE | Tok | Stack per dim
+    axes: tuple[tuple[str, Axis], ...] = ()
+    fn: int = 0
+    agg: Agg | None = None
+    # element values of Stack dims: var -> the abstract value of one element (with the var free)
+    elements: tuple = field(default=(), compare=True)
+
+    @property
+    def axis_map(self) -> dict[str, Axis]:
+        return dict(self.axes)
+
+    def tok_dims(self, key: str) -> list[tuple[int, int]]:
+        """(dim, stride) of every dim carrying axis `key`."""
+        return [(d, r.stride) for d, r in enumerate(self.dims) if isinstance(r, Tok) and r.axis == key]
+
+    @property
+    def is_invariant(self) -> bool:
+        return not self.axes and self.agg is None and not any(isinstance(r, Stack) for r in self.dims)
+
+    def with_(self, **changes) -> "Data":
+        return replace(self, **changes)
+
+    def __str__(self) -> str:
+        dims = ", ".join(map(str, self.dims))
+        axes = "; ".join(f"{k}: {a}" for k, a in self.axes)
+        agg = f"; {self.agg}" if self.agg else ""
+        return f"data<[{dims}] {axes} fn {self.fn}{agg}>"
+
+
+def invariant(shape, fn: int, varying: bool = True) -> Data:
+    """A value that does not depend on where tokens sit (weights, constants)."""
+    dims = tuple(FREE if varying and n > 1 else CONST for n in shape)
+    return Data(tuple(shape), dims, (), fn)
+
+
+def canonical(value: Data) -> Data:
+    """Axis keys renamed after the first dim that carries them ("t0", "t3"), so equal values compare equal."""
+    rename, order = {}, []
+    for d, role in enumerate(value.dims):
+        if isinstance(role, Tok) and role.axis not in rename:
+            rename[role.axis] = f"t{d}"
+            order.append(role.axis)
+    amap = value.axis_map
+    for key in amap:  # axes without dims (reduced away) keep a stable name
+        if key not in rename:
+            rename[key] = f"r{len(rename)}"
+            order.append(key)
+    dims = tuple(Tok(rename[r.axis], r.stride) if isinstance(r, Tok) else r for r in value.dims)
+    axes = tuple((rename[k], amap[k]) for k in order if k in amap)
+    agg = value.agg
+    if agg is not None and agg.home is not None:
+        agg = replace(agg, home=rename.get(agg.home, agg.home))
+    return replace(value, dims=dims, axes=axes, agg=agg)

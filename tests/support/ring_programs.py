@@ -1,0 +1,433 @@
+"""Ring programs as users write them (shard_map + ppermute loops), for the soundness suite: each either keeps its
+results under a reorder of the sequence (and ring-reorder may rewrite it) or does not (and it must be refused).
+
+Every builder takes a mesh with axes ("dp", "cp") and returns (function, example arguments, expectation), the
+arguments sharded batch-on-dp, sequence-on-cp; expectation is "reorder" or "refuse".
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+NEG = -1e30
+SEQ = P("dp", "cp")
+
+
+def _ring(cp, direction=1):
+    return [(i, (i + direction) % cp) for i in range(cp)]
+
+
+def _arrays(mesh, length: int, *shapes, seed: int = 0, ints: int = 0):
+    rng = np.random.default_rng(seed)
+    out = [rng.standard_normal((2, length) + s).astype(np.float32) for s in shapes]
+    out += [np.broadcast_to(np.arange(length, dtype=np.int32), (2, length)).copy() for _ in range(ints)]
+    return tuple(jax.device_put(x, NamedSharding(mesh, SEQ)) for x in out)
+
+
+def _map(mesh, body, n_in: int, out_specs=SEQ, **kwargs):
+    return jax.shard_map(body, mesh=mesh, in_specs=(SEQ,) * n_in, out_specs=out_specs, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Attention that keeps its results under a reorder.
+
+
+def _block_attention(q, k, v, q_pos, k_pos):
+    s = jnp.einsum("bqd,bkd->bqk", q, k) / jnp.sqrt(jnp.float32(q.shape[-1]))
+    s = jnp.where(q_pos[:, :, None] >= k_pos[:, None, :], s, NEG)
+    m = jnp.max(s, axis=-1)
+    p = jnp.exp(s - m[..., None])
+    return m, jnp.sum(p, axis=-1), jnp.einsum("bqk,bkd->bqd", p, v)
+
+
+def _merge(acc, blk):
+    m0, l0, o0 = acc
+    m1, l1, o1 = blk
+    m = jnp.maximum(m0, m1)
+    a0, a1 = jnp.exp(m0 - m), jnp.exp(m1 - m)
+    return m, l0 * a0 + l1 * a1, o0 * a0[..., None] + o1 * a1[..., None]
+
+
+def _init(q):
+    zero = q[..., 0] * 0
+    return zero + NEG, zero, q * 0
+
+
+def position_attention(mesh):
+    """Causal mask from position ids that travel with k and v."""
+    cp = mesh.shape["cp"]
+
+    def body(q, k, v, q_pos, k_pos):
+        def step(_, carry):
+            acc, k, v, k_pos = carry
+            acc = _merge(acc, _block_attention(q, k, v, q_pos, k_pos))
+            return (acc,) + tuple(jax.lax.ppermute(t, "cp", _ring(cp)) for t in (k, v, k_pos))
+        (m, l, o), *_ = jax.lax.fori_loop(0, cp, step, (_init(q), k, v, k_pos))
+        return o / l[..., None]
+
+    return _map(mesh, body, 5), _arrays(mesh, 8 * cp, (8,), (8,), (8,), ints=2), "reorder"
+
+
+def axis_index_attention(mesh):
+    """Positions computed from the device index: the position reads get rewritten."""
+    cp = mesh.shape["cp"]
+
+    def body(q, k, v):
+        n = q.shape[1]
+        me = jax.lax.axis_index("cp")
+        q_pos = jnp.broadcast_to(me * n + jnp.arange(n), q.shape[:2])
+
+        def step(s, carry):
+            acc, k, v = carry
+            k_pos = jnp.broadcast_to(((me - s) % cp) * n + jnp.arange(n), q.shape[:2])
+            acc = _merge(acc, _block_attention(q, k, v, q_pos, k_pos))
+            return (acc,) + tuple(jax.lax.ppermute(t, "cp", _ring(cp)) for t in (k, v))
+        (m, l, o), *_ = jax.lax.fori_loop(0, cp, step, (_init(q), k, v))
+        return o / l[..., None]
+
+    return _map(mesh, body, 3), _arrays(mesh, 8 * cp, (8,), (8,), (8,)), "reorder"
+
+
+def scan_chunk_attention(mesh, chunk: int = 4):
+    """A blockwise kernel: lax.scan over ring steps, an inner scan over key chunks, a (query chunk, key chunk)
+    pair skipped with lax.cond when every key of it lies after every query (positions from axis_index)."""
+    cp = mesh.shape["cp"]
+
+    def body(q, k, v):
+        b, n, d = q.shape
+        nq = nk = n // chunk
+        me = jax.lax.axis_index("cp")
+        qc = q.reshape(b, nq, chunk, d).swapaxes(0, 1)
+
+        def ring_step(carry, s):
+            acc, k, v = carry
+            src = (me - s) % cp
+            kc, vc = (t.reshape(b, nk, chunk, d).swapaxes(0, 1) for t in (k, v))
+
+            def q_chunk(i, acc_i, qi):
+                def kv_chunk(acc_i, xs):
+                    kj, vj, j = xs
+                    q_first = me * n + i * chunk
+                    k_first = src * n + j * chunk
+                    q_pos = jnp.broadcast_to(q_first + jnp.arange(chunk), (b, chunk))
+                    k_pos = jnp.broadcast_to(k_first + jnp.arange(chunk), (b, chunk))
+                    live = q_first + chunk - 1 >= k_first
+                    acc_i = jax.lax.cond(live, lambda a: _merge(a, _block_attention(qi, kj, vj, q_pos, k_pos)),
+                                         lambda a: a, acc_i)
+                    return acc_i, None
+                acc_i, _ = jax.lax.scan(kv_chunk, acc_i, (kc, vc, jnp.arange(nk)))
+                return acc_i
+
+            m, l, o = acc
+            parts = [q_chunk(i, (m[:, i * chunk:(i + 1) * chunk], l[:, i * chunk:(i + 1) * chunk],
+                                 o[:, i * chunk:(i + 1) * chunk]), qc[i]) for i in range(nq)]
+            acc = tuple(jnp.concatenate([p[t] for p in parts], axis=1) for t in range(3))
+            return (acc,) + tuple(jax.lax.ppermute(t, "cp", _ring(cp)) for t in (k, v)), None
+
+        (acc, _, _), _ = jax.lax.scan(ring_step, (_init(q), k, v), jnp.arange(cp))
+        m, l, o = acc
+        return o / l[..., None]
+
+    return _map(mesh, body, 3, check_vma=False), _arrays(mesh, 8 * cp, (8,), (8,), (8,)), "reorder"
+
+
+def attention_loss(mesh):
+    """Position attention whose squared error against targets is summed over the sequence with psum inside the
+    region: a number that does not depend on the order of the tokens."""
+    cp = mesh.shape["cp"]
+
+    def body(q, k, v, q_pos, k_pos, y):
+        def step(_, carry):
+            acc, k, v, k_pos = carry
+            acc = _merge(acc, _block_attention(q, k, v, q_pos, k_pos))
+            return (acc,) + tuple(jax.lax.ppermute(t, "cp", _ring(cp)) for t in (k, v, k_pos))
+        (m, l, o), *_ = jax.lax.fori_loop(0, cp, step, (_init(q), k, v, k_pos))
+        return jax.lax.psum(jnp.sum((o / l[..., None] - y) ** 2, axis=(1, 2)), "cp")
+
+    q, k, v, y, pos, pos2 = _arrays(mesh, 8 * cp, (8,), (8,), (8,), (8,), ints=2)
+    return _map(mesh, body, 6, out_specs=P("dp")), (q, k, v, pos, pos2, y), "reorder"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rings that don't keep their results under a reorder: refused.
+
+
+def ring_all_gather(mesh):
+    """An all-gather written as a ring: every device ends with the whole sequence, its blocks in device order."""
+    cp = mesh.shape["cp"]
+
+    def body(x):
+        blocks, cur = [x], x
+        for _ in range(cp - 1):
+            cur = jax.lax.ppermute(cur, "cp", _ring(cp, -1))
+            blocks.append(cur)
+        return jnp.concatenate(blocks, axis=1)
+
+    return _map(mesh, body, 1, out_specs=P("dp"), check_vma=False), _arrays(mesh, 16, (4,)), "refuse"
+
+
+def ring_all_reduce(mesh):
+    """x + ppermute(x) + ...: each token added to the tokens at the same place on other devices."""
+    cp = mesh.shape["cp"]
+
+    def body(x):
+        total, cur = x, x
+        for _ in range(cp - 1):
+            cur = jax.lax.ppermute(cur, "cp", _ring(cp))
+            total = total + cur
+        return total
+
+    return _map(mesh, body, 1), _arrays(mesh, 16, (4,)), "refuse"
+
+
+def ring_reduce_scatter(mesh):
+    """A reduce-scatter written with ppermute: the chunk a device adds is chosen by its axis_index."""
+    cp = mesh.shape["cp"]
+
+    def body(x):
+        n = x.shape[1] // cp
+        me = jax.lax.axis_index("cp")
+        acc = jax.lax.dynamic_slice_in_dim(x, ((me + 1) % cp) * n, n, axis=1)
+        for s in range(2, cp + 1):
+            acc = jax.lax.ppermute(acc, "cp", _ring(cp))
+            acc = acc + jax.lax.dynamic_slice_in_dim(x, ((me + s) % cp) * n, n, axis=1)
+        return jnp.tile(acc, (1, cp, 1))
+
+    return _map(mesh, body, 1), _arrays(mesh, 16, (4,)), "refuse"
+
+
+def collective_matmul_all_gather(mesh):
+    """The all-gather collective matmul of JAX's shard_map documentation (lhs sharded on the contracting dim):
+    each step multiplies the visiting lhs block by the rhs rows its device index selects."""
+    cp = mesh.shape["cp"]
+
+    def body(x, w):
+        n = x.shape[1]
+        me = jax.lax.axis_index("cp")
+
+        def step(i, carry):
+            out, block = carry
+            rows = jax.lax.dynamic_slice_in_dim(w, ((me + i) % cp) * n, n, axis=0)
+            out = out + jnp.einsum("bsd,se->bde", block, rows)
+            return out, jax.lax.ppermute(block, "cp", _ring(cp, -1))
+
+        out, _ = jax.lax.fori_loop(0, cp, step, (jnp.zeros((x.shape[0], x.shape[2], w.shape[1]), x.dtype), x))
+        return out
+
+    x, = _arrays(mesh, 16, (4,))
+    w = jax.device_put(np.random.default_rng(1).standard_normal((16, 3)).astype(np.float32),
+                       NamedSharding(mesh, P()))
+    fn = jax.shard_map(body, mesh=mesh, in_specs=(SEQ, P()), out_specs=P("dp"), check_vma=False)
+    return fn, (x, w), "refuse"
+
+
+def collective_matmul_reduce_scatter(mesh):
+    """The reduce-scatter collective matmul: partial results travel and pick up one product per step."""
+    cp = mesh.shape["cp"]
+
+    def body(x, w):
+        acc = x * w
+        for _ in range(cp - 1):
+            acc = jax.lax.ppermute(acc, "cp", _ring(cp)) + x * w
+        return acc
+
+    return _map(mesh, body, 2), _arrays(mesh, 16, (4,), (4,)), "refuse"
+
+
+def contracted_ring_dim(mesh):
+    """x_block @ w_block with w travelling: the sequence dim is contracted against other devices' blocks."""
+    cp = mesh.shape["cp"]
+
+    def body(x, w):
+        acc, cur = jnp.zeros(x.shape[:1] + x.shape[2:] * 2, x.dtype), w
+        for _ in range(cp):
+            acc = acc + jnp.einsum("bsd,bse->bde", x, cur)
+            cur = jax.lax.ppermute(cur, "cp", _ring(cp))
+        return x + acc.sum(axis=1, keepdims=True)
+
+    return _map(mesh, body, 2), _arrays(mesh, 16, (4,), (4,)), "refuse"
+
+
+def cumsum_in_ring(mesh):
+    """A cumulative sum along the sequence inside a ring."""
+    cp = mesh.shape["cp"]
+
+    def body(x, k):
+        acc = jnp.cumsum(x, axis=1)
+        for _ in range(cp):
+            acc = acc + jnp.sum(k, axis=1, keepdims=True)
+            k = jax.lax.ppermute(k, "cp", _ring(cp))
+        return acc
+
+    return _map(mesh, body, 2), _arrays(mesh, 16, (4,), (4,)), "refuse"
+
+
+def reverse_in_ring(mesh):
+    """Reversing the local sequence inside a ring."""
+    cp = mesh.shape["cp"]
+
+    def body(x, k):
+        acc = x[:, ::-1]
+        for _ in range(cp):
+            acc = acc + jnp.sum(k, axis=1, keepdims=True)
+            k = jax.lax.ppermute(k, "cp", _ring(cp))
+        return acc
+
+    return _map(mesh, body, 2), _arrays(mesh, 16, (4,), (4,)), "refuse"
+
+
+def coordinate_skip(mesh):
+    """A block skipped when its source device comes after this one: right only for the contiguous order."""
+    cp = mesh.shape["cp"]
+
+    def body(q, k, v, q_pos, k_pos):
+        me = jax.lax.axis_index("cp")
+
+        def step(s, carry):
+            acc, k, v, k_pos = carry
+            src = (me - s) % cp
+            acc = jax.lax.cond(src <= me, lambda a: _merge(a, _block_attention(q, k, v, q_pos, k_pos)),
+                               lambda a: a, acc)
+            return (acc,) + tuple(jax.lax.ppermute(t, "cp", _ring(cp)) for t in (k, v, k_pos))
+        (m, l, o), *_ = jax.lax.fori_loop(0, cp, step, (_init(q), k, v, k_pos))
+        return o / l[..., None]
+
+    return _map(mesh, body, 5, check_vma=False), _arrays(mesh, 8 * cp, (8,), (8,), (8,), ints=2), "refuse"
+
+
+def gathered_attention(mesh):
+    """Keys gathered from every device by the ring, concatenated, then attended with a causal mask over the
+    concatenated index (right only when the blocks arrive in sequence order)."""
+    cp = mesh.shape["cp"]
+
+    def body(q, k, v):
+        n = q.shape[1]
+        me = jax.lax.axis_index("cp")
+        ks, vs, ck, cv = [k], [v], k, v
+        for _ in range(cp - 1):
+            ck, cv = (jax.lax.ppermute(t, "cp", _ring(cp, -1)) for t in (ck, cv))
+            ks.append(ck)
+            vs.append(cv)
+        kk, vv = jnp.concatenate(ks, axis=1), jnp.concatenate(vs, axis=1)
+        s = jnp.einsum("bqd,bkd->bqk", q, kk)
+        visible = jnp.arange(n)[:, None] + me * n >= jnp.arange(n * cp)[None, :]
+        s = jnp.where(visible, s, NEG)
+        return jnp.einsum("bqk,bkd->bqd", jax.nn.softmax(s, axis=-1), vv)
+
+    return _map(mesh, body, 3), _arrays(mesh, 16, (4,), (4,), (4,)), "refuse"
+
+
+def attention_then_cumsum(mesh):
+    """Attention that would be fine, followed by one order-sensitive op in the same region."""
+    fn, args, _ = position_attention(mesh)
+    cp = mesh.shape["cp"]
+
+    def body(q, k, v, q_pos, k_pos):
+        def step(_, carry):
+            acc, k, v, k_pos = carry
+            acc = _merge(acc, _block_attention(q, k, v, q_pos, k_pos))
+            return (acc,) + tuple(jax.lax.ppermute(t, "cp", _ring(cp)) for t in (k, v, k_pos))
+        (m, l, o), *_ = jax.lax.fori_loop(0, cp, step, (_init(q), k, v, k_pos))
+        return jnp.cumsum(o / l[..., None], axis=1)
+
+    return _map(mesh, body, 5), args, "refuse"
+
+
+def short_ring(mesh):
+    """A ring that stops one step early: the last block never arrives."""
+    cp = mesh.shape["cp"]
+
+    def body(q, k, v, q_pos, k_pos):
+        def step(_, carry):
+            acc, k, v, k_pos = carry
+            acc = _merge(acc, _block_attention(q, k, v, q_pos, k_pos))
+            return (acc,) + tuple(jax.lax.ppermute(t, "cp", _ring(cp)) for t in (k, v, k_pos))
+        (m, l, o), *_ = jax.lax.fori_loop(0, cp - 1, step, (_init(q), k, v, k_pos))
+        return o / l[..., None]
+
+    return _map(mesh, body, 5), _arrays(mesh, 8 * cp, (8,), (8,), (8,), ints=2), "refuse"
+
+
+def positions_left_behind(mesh):
+    """Key positions that don't travel with the keys: each block is masked with the wrong positions."""
+    cp = mesh.shape["cp"]
+
+    def body(q, k, v, q_pos, k_pos):
+        def step(_, carry):
+            acc, k, v = carry
+            acc = _merge(acc, _block_attention(q, k, v, q_pos, k_pos))
+            return (acc,) + tuple(jax.lax.ppermute(t, "cp", _ring(cp)) for t in (k, v))
+        (m, l, o), *_ = jax.lax.fori_loop(0, cp, step, (_init(q), k, v))
+        return o / l[..., None]
+
+    return _map(mesh, body, 5), _arrays(mesh, 8 * cp, (8,), (8,), (8,), ints=2), "refuse"
+
+
+def local_index_mask(mesh):
+    """A mask by the local index (the first half of every device's block): follows places, not tokens."""
+    cp = mesh.shape["cp"]
+
+    def body(x, k):
+        n = x.shape[1]
+        keep = (jnp.arange(n) < n // 2)[None, :, None]
+        acc = jnp.where(keep, x, 0.0)
+        for _ in range(cp):
+            acc = acc + jnp.sum(k, axis=1, keepdims=True)
+            k = jax.lax.ppermute(k, "cp", _ring(cp))
+        return acc
+
+    return _map(mesh, body, 2), _arrays(mesh, 16, (4,), (4,)), "refuse"
+
+
+def ring_total_sum(mesh):
+    """Each block's total travels around the ring and is added up: every device ends with the global total, added
+    to its own tokens (a function of each token and of all tokens)."""
+    cp = mesh.shape["cp"]
+
+    def body(x):
+        part = jnp.sum(x, axis=1, keepdims=True)
+        total, cur = part, part
+        for _ in range(cp - 1):
+            cur = jax.lax.ppermute(cur, "cp", _ring(cp))
+            total = total + cur
+        return x + total
+
+    return _map(mesh, body, 1), _arrays(mesh, 16, (4,)), "reorder"
+
+
+def shifted_neighbour(mesh):
+    """One step of a ring used as a halo exchange: each token combined with the token at the same place on the
+    previous device (a stencil across device boundaries)."""
+    cp = mesh.shape["cp"]
+
+    def body(x):
+        return x - jax.lax.ppermute(x, "cp", _ring(cp))
+
+    return _map(mesh, body, 1), _arrays(mesh, 16, (4,)), "refuse"
+
+
+def reverse_ring_attention(mesh):
+    """Keys travelling the other way around the ring, positions with them."""
+    cp = mesh.shape["cp"]
+
+    def body(q, k, v, q_pos, k_pos):
+        def step(_, carry):
+            acc, k, v, k_pos = carry
+            acc = _merge(acc, _block_attention(q, k, v, q_pos, k_pos))
+            return (acc,) + tuple(jax.lax.ppermute(t, "cp", _ring(cp, -1)) for t in (k, v, k_pos))
+        (m, l, o), *_ = jax.lax.fori_loop(0, cp, step, (_init(q), k, v, k_pos))
+        return o / l[..., None]
+
+    return _map(mesh, body, 5), _arrays(mesh, 8 * cp, (8,), (8,), (8,), ints=2), "reorder"
+
+
+PROGRAMS = {f.__name__: f for f in (
+    position_attention, axis_index_attention, scan_chunk_attention, attention_loss, ring_total_sum,
+    reverse_ring_attention,
+    ring_all_gather, ring_all_reduce, ring_reduce_scatter, collective_matmul_all_gather,
+    collective_matmul_reduce_scatter, contracted_ring_dim, cumsum_in_ring, reverse_in_ring, coordinate_skip,
+    gathered_attention, attention_then_cumsum, short_ring, positions_left_behind, local_index_mask,
+    shifted_neighbour)}
