@@ -98,7 +98,8 @@ class _Run:
 
     def run(self) -> None:
         found = walk_module(self.module)
-        if found.problems or self._manual_to_repair(found):
+        flagged = self._manual_to_repair(found)
+        if found.problems or flagged:
             self._repair_structure(found)
             found = walk_module(self.module)
         for site in found.sites:

@@ -58,12 +58,18 @@ def resolve_mesh(sharding: TensorSharding, meshes: Mapping[str, Mesh]) -> tuple[
     if len(meshes) == 1:
         (name, mesh), = meshes.items()
         return name, mesh, [Reason("unknown-mesh", f"mesh @{sharding.mesh} does not exist; using @{name}")]
-    if not meshes and not sharding.all_axis_refs():
+    names = {ref.name for ref in sharding.all_axis_refs()}
+    holding = [name for name, mesh in meshes.items() if names and all(mesh.has_axis(n) for n in names)]
+    if len(holding) == 1:
+        name = holding[0]
+        return name, meshes[name], [Reason("unknown-mesh", f"mesh @{sharding.mesh} does not exist; using @{name}, "
+                                                           f"the only mesh with the axes it names")]
+    if not meshes and not names:
         empty = Mesh(())
         return empty, empty, [Reason("unknown-mesh", f"mesh @{sharding.mesh} does not exist and the sharding uses "
                                                      f"no axis; an empty mesh says the same")]
     known = ", ".join("@" + n for n in meshes) or "none"
-    need = "one mesh in the module, or the sharding written for one of its meshes" if meshes else \
+    need = "one mesh in the module, or one mesh with the axes the sharding names" if meshes else \
         "an `sdy.mesh` definition for it"
     raise CorrectionError(f"the sharding refers to @{sharding.mesh}, which the module doesn't define (its meshes: "
                           f"{known}); a repair would need {need}")

@@ -15,10 +15,9 @@ Shape = tuple  # dims: int, or None for a dynamic dim
 
 
 def valid_manual_axes(axes: Sequence[str], mesh: Mesh, bound: frozenset[str]) -> list[str]:
-    """The manual axes the verifier accepts: known to the mesh, once each, not bound by an enclosing manual
-    computation, in mesh order."""
-    kept = {a for a in axes if mesh.has_axis(a) and a not in bound}
-    return sorted(kept, key=mesh.axis_index)
+    """The manual axes the verifier accepts: known to the mesh and not bound by an enclosing manual computation,
+    once each, in the order written (the verifier takes them in any order)."""
+    return [a for a in dict.fromkeys(axes) if mesh.has_axis(a) and a not in bound]
 
 
 def manual_dims(original: TensorSharding | None, global_shape: Shape, local_shape: Shape,
@@ -34,7 +33,8 @@ def manual_dims(original: TensorSharding | None, global_shape: Shape, local_shap
     dims: list[tuple[AxisRef, ...]] = []
     originals = original.dims if original is not None else ()
     for d, (g, l) in enumerate(zip(global_shape, local_shape)):
-        wanted = [a for a in (originals[d].axes if d < len(originals) else ()) if a.name in manual]
+        wanted = [a for a in (originals[d].axes if d < len(originals) else ()) if a.name in manual and
+                  _is_part_of(a, mesh)]
         if any(a.name in used for a in wanted) or len({a.name for a in wanted}) != len(wanted):
             wanted = []
         if g is None or l is None:
@@ -53,6 +53,14 @@ def manual_dims(original: TensorSharding | None, global_shape: Shape, local_shap
         dims.append(tuple(wanted))
         used.update(a.name for a in wanted)
     return dims
+
+
+def _is_part_of(ref: AxisRef, mesh: Mesh) -> bool:
+    """A full axis, or a sub-axis that is a proper part of its axis."""
+    if not ref.is_sub_axis:
+        return True
+    size = mesh.axis_size(ref.name)
+    return ref.size > 1 and ref.pre_size >= 1 and size % (ref.pre_size * ref.size) == 0 and ref.size < size
 
 
 def _combination(split: int, free: Sequence[str], mesh: Mesh) -> list[AxisRef] | None:

@@ -48,12 +48,19 @@ _CAUSES: list[tuple[tuple[str, ...], str, str]] = [
 ]
 
 
-def explain(diagnostics: list[Diagnostic]) -> list[Diagnostic]:
-    """shardfix's error for a module that fails to load even with its shardings held aside, then MLIR's."""
+_COLLECTIVE = ("a sharding that an sdy collective reads (or the collective's own) is wrong, and fix-shardings keeps "
+               "those as they are",
+               "the sharding and the collective corrected together, by hand: changing one alone would break the "
+               "other")
+
+
+def explain(diagnostics: list[Diagnostic], collective_lines: frozenset[int] = frozenset()) -> list[Diagnostic]:
+    """shardfix's error for a module that fails to load even with its shardings held aside, then MLIR's.
+    `collective_lines`: where shardings were kept as written because collectives read them."""
     first = next((d for d in diagnostics if d.severity == "error"), None)
     if first is None:
         return diagnostics
-    what, need = _cause(first.message)
+    what, need = _COLLECTIVE if first.loc.line in collective_lines else _cause(first.message)
     ours = Diagnostic("error", f"fix-shardings can't repair this: {what}; it would need {need}", first.loc)
     return [ours] + [Diagnostic("note" if d is first else d.severity,
                                 ("MLIR: " if d is first else "") + d.message, d.loc) for d in diagnostics]

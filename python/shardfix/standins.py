@@ -40,6 +40,7 @@ class StandIns:
     prefix: str  # name of the tag attribute; held dictionary entries are `<prefix>.<original name>`
     held: list[str] = field(default_factory=list)  # original attribute texts, by number
     tagged_ops: dict[int, dict[str, str]] = field(default_factory=dict)  # tag -> {attribute name: held number}
+    collective_lines: set[int] = field(default_factory=set)  # lines of shardings kept as written for a collective
 
     def __bool__(self) -> bool:
         return bool(self.held)
@@ -193,14 +194,20 @@ class _Rewriter:
         self.s, self.frozen, self.out, self.edits = s, frozen, out, edits
         self.statement = _Statement()
         self.manual_stack: list[tuple[int, frozenset[str]]] = []  # (region end index, manual axes) around
-        self.skip_until = -1
+        self.function_token = -1  # the last func.func seen (errors about its arguments point there)
 
     def hold(self, attribute_text: str) -> int:
         self.out.held.append(attribute_text)
         return len(self.out.held) - 1
 
-    def is_frozen(self, names) -> bool:
-        return any((self.s.function, n) in self.frozen for n in names)
+    def is_frozen(self, names, index: int) -> bool:
+        """Whether a collective reads one of `names`; if so the sharding at token `index` stays as written."""
+        if not any((self.s.function, n) in self.frozen for n in names):
+            return False
+        for token in (index, self.function_token):
+            if token >= 0:
+                self.out.collective_lines.add(mt.line_col(self.s.text, self.s.tokens[token].start)[0])
+        return True
 
     def run(self) -> None:
         s, stack = self.s, []
@@ -213,6 +220,7 @@ class _Rewriter:
             spelling = s.spelling(i)
             if _is_func(s, i):
                 s.function += 1
+                self.function_token = i
                 self.statement = _Statement()
             elif token.kind == mt.HASH and not stack and s.is_punct(i + 1, "="):
                 s.aliases[spelling] = self._value_extent(i + 2)
@@ -270,7 +278,7 @@ class _Rewriter:
             end = s.group_end(end) + 1
         if end >= len(s.tokens) or end == index + 2:
             return
-        if self.is_frozen(self._dict_owner(stack)):
+        if self.is_frozen(self._dict_owner(stack), index):
             return
         key = mt.unquote(s.spelling(index)) if s.tokens[index].kind == mt.STRING else s.spelling(index)
         value = self._attribute_text(s.tokens[index + 2].start, s.tokens[end - 1].end)
@@ -321,7 +329,7 @@ class _Rewriter:
 
     def _single(self, index: int, name: str) -> None:
         s = self.s
-        if self.is_frozen(self.statement.results):
+        if self.is_frozen(self.statement.results, index):
             return
         i = index + 1
         if s.tokens[i].kind != mt.VALUE:
@@ -360,7 +368,7 @@ class _Rewriter:
             return
         block_args = self._names_in(c.pos, s.group_end(c.pos))
         c.pos = s.group_end(c.pos) + 1
-        if not c.at("{") or self.is_frozen(self.statement.results + block_args):
+        if not c.at("{") or self.is_frozen(self.statement.results + block_args, index):
             return
         held = {}
         for attribute, (keyword, close) in spans.items():
@@ -413,7 +421,7 @@ class _Rewriter:
         c.expect(":")
         global_in, global_out = self._function_type(c)
         bound = frozenset().union(*(a for _, a in self.manual_stack))
-        if self.is_frozen(self.statement.results + self._names_in(block_open, block_close)):
+        if self.is_frozen(self.statement.results + self._names_in(block_open, block_close), index):
             self.manual_stack.append((region_close, frozenset(a for a in axes)))
             return
         stand_ins = self._manual_stand_ins(lists, axes, bound, (global_in, local_in), (global_out, local_out))

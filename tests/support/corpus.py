@@ -70,6 +70,7 @@ class Run:
     stdout: str = ""
     stderr: str = ""
     seconds: float = 0.0
+    again: "Run | None" = None  # the output run again (re-verified), when asked for
 
     @property
     def outcome(self) -> str:
@@ -82,21 +83,29 @@ class Run:
         return {0: "ok", 1: "error"}.get(self.code, f"exit:{self.code}")
 
 
-def _child(argv: list[str], data: bytes, out_path: str, err_path: str) -> None:
-    """In the forked child: run the driver with its streams on files; never returns."""
+def _child(argv: list[str], data: bytes, out_path: str, err_path: str, reverify: list[str] | None) -> None:
+    """In the forked child: run the driver with its streams on files (and, when it succeeds and `reverify` gives
+    the arguments, run the driver again on its output, its streams on files beside); never returns."""
     code = 70
     try:
         err_fd = os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.dup2(err_fd, 2)  # native crashes write here too
-        from shardfix.opt import OptMain
-        with open(out_path, "w") as out, open(err_path, "a") as err:
-            try:
-                code = OptMain(stdout=out, stderr=err, stdin=io.BytesIO(data)).run(argv)
-            except BaseException:  # noqa: BLE001  (an escaped exception is the finding)
-                err.write("\nTRACEBACK\n" + traceback.format_exc())
-                code = 70
+        code = _drive(argv, data, out_path, err_path)
+        if code == 0 and reverify is not None:
+            with open(out_path, "rb") as f:
+                code = 100 + _drive(reverify, f.read(), out_path + ".again", err_path + ".again")
     finally:
         os._exit(code)
+
+
+def _drive(argv: list[str], data: bytes, out_path: str, err_path: str) -> int:
+    from shardfix.opt import OptMain
+    with open(out_path, "w") as out, open(err_path, "a") as err:
+        try:
+            return OptMain(stdout=out, stderr=err, stdin=io.BytesIO(data)).run(argv)
+        except BaseException:  # noqa: BLE001  (an escaped exception is the finding)
+            err.write("\nTRACEBACK\n" + traceback.format_exc())
+            return 70
 
 
 class Pool:
@@ -104,13 +113,16 @@ class Pool:
 
     def __init__(self, workdir: Path, jobs: int = 2, timeout: float = 60.0):
         import jax  # noqa: F401  (import once, before forking)
-        import shardfix.jit._jax  # noqa: F401
         import shardfix.opt  # noqa: F401
         import shardfix.passes.fix_shardings  # noqa: F401
+        from shardfix.ir import make_context
+        make_context(False), make_context(True)  # single-threaded: the children share them safely
         self.workdir, self.jobs, self.timeout = workdir, jobs, timeout
         workdir.mkdir(parents=True, exist_ok=True)
 
-    def run_all(self, jobs: list[tuple[list[str], bytes]]) -> list[Run]:
+    def run_all(self, jobs: list[tuple[list[str], bytes]], reverify: list[list[str]] | None = None) -> list[Run]:
+        """Each job's run; with `reverify` (arguments per job), a successful run's output is run again in the
+        same child and that second run is the result's `again`."""
         results: list[Run | None] = [None] * len(jobs)
         running: dict[int, tuple[int, float, str, str]] = {}  # pid -> (job index, start, out, err)
         todo = list(range(len(jobs)))[::-1]
@@ -121,7 +133,7 @@ class Pool:
                 argv, data = jobs[index]
                 pid = os.fork()
                 if pid == 0:
-                    _child(argv, data, out, err)
+                    _child(argv, data, out, err, reverify[index] if reverify is not None else None)
                 running[pid] = (index, time.monotonic(), out, err)
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
@@ -138,7 +150,12 @@ class Pool:
             if pid not in running:
                 continue
             index, start, out, err = running.pop(pid)
-            results[index] = _result(status, out, err, time.monotonic() - start)
+            run = results[index] = _result(status, out, err, time.monotonic() - start)
+            if run.code is not None and run.code >= 100:  # the run succeeded; this is the second run's status
+                run.again = _result(0, out + ".again", err + ".again", 0.0)
+                run.again.code, run.code = run.code - 100, 0
+                if "\nTRACEBACK\n" in run.again.stderr:
+                    run.again.stderr, run.again.traceback = run.again.stderr.split("\nTRACEBACK\n", 1)
         return results  # type: ignore[return-value]
 
 
@@ -202,19 +219,23 @@ def _located(line: str) -> bool:
     return len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit()
 
 
-def judge(cases: list[Case], pool: Pool, pipeline: str = "fix-shardings") -> list[Verdict]:
-    """Run every case plain and through `pipeline`, then re-verify each output."""
+def judge(cases: list[Case], pool: Pool, pipeline: str = "fix-shardings", plain_always: bool = True) -> list[Verdict]:
+    """Run every case through `pipeline` and re-verify each output; run it plain too (always, or only where the
+    pipeline failed: a module that loads as it is must never be refused)."""
     flags = lambda c: ["--allow-unregistered-dialect"] if c.unregistered else []  # noqa: E731
-    jobs = []
-    for case in cases:
-        data = case.text.encode()
-        jobs.append((["-", *flags(case)], data))
-        jobs.append((["-", "-p", pipeline, "--report=json", *flags(case)], data))
-    runs = pool.run_all(jobs)
-    verdicts = [Verdict(case, runs[2 * i], runs[2 * i + 1]) for i, case in enumerate(cases)]
-    again = [v for v in verdicts if v.fix.outcome == "ok"]
-    reparses = pool.run_all([(["-", *flags(v.case)], v.fix.stdout.encode()) for v in again])
-    for verdict, reparse in zip(again, reparses):
-        verdict.reparse = reparse
+    fix = lambda some: pool.run_all([(["-", "-p", pipeline, "--report=json", *flags(c)], c.text.encode())  # noqa: E731
+                                     for c in some], reverify=[["-", *flags(c)] for c in some])
+    fixes = fix(cases)
+    # Like mlir-opt's tests, a case with ops of dialects nobody registered runs with them allowed.
+    retry = [i for i, run in enumerate(fixes) if not cases[i].unregistered and "unregistered dialect" in run.stderr]
+    for i in retry:
+        cases[i].unregistered = True
+    for i, run in zip(retry, fix([cases[i] for i in retry])):
+        fixes[i] = run
+    need_plain = [i for i, run in enumerate(fixes) if plain_always or run.outcome != "ok"]
+    plains = dict(zip(need_plain, pool.run_all([(["-", *flags(cases[i])], cases[i].text.encode())
+                                                for i in need_plain])))
+    verdicts = [Verdict(case, plains.get(i, Run(0)), fixes[i], fixes[i].again) for i, case in enumerate(cases)]
+    for verdict in verdicts:
         verdict.fixes = sum(1 for ln in verdict.fix.stderr.splitlines() if ln.startswith('{"') and '"fix"' in ln)
     return verdicts

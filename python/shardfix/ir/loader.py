@@ -37,8 +37,8 @@ def load_module(source: str | bytes, ctx: ir.Context, source_name: str = "-",
             raise LoadError(explain(strict))
         try:
             module = _parse_op(stand_ins.text, source_name)
-        except ir.MLIRError:
-            raise LoadError(explain(strict)) from None
+        except ir.MLIRError as e:  # what even the stand-ins couldn't hold aside: the reason to give
+            raise LoadError(explain(diagnostics_of(e), frozenset(stand_ins.collective_lines))) from None
         if not _restore(module, stand_ins):
             raise LoadError(explain(strict))
         return module, True

@@ -163,16 +163,18 @@ def manual_needs_repair(op: ir.Operation, meshes: dict[str, Mesh], bound: frozen
         return True
     raw = manual_axes_list(op)
     shardings = lists["in_shardings"] + lists["out_shardings"]
+    if not shardings:  # nothing goes in or out: the verifier asks nothing of the manual axes
+        return False
     try:
-        resolved = {resolve_mesh(s, meshes)[1] for s in shardings}
+        resolved = {m for m in (resolve_mesh(s, meshes)[1] for s in shardings) if not _is_empty(m)}
     except CorrectionError:
         return True
     if len(resolved) > 1:
         return True
-    if not shardings:
+    if not resolved:
         return bool(raw)
     mesh = next(iter(resolved))
-    if list(raw) != valid_manual_axes(raw, mesh, bound):
+    if set(raw) != set(valid_manual_axes(raw, mesh, bound)):
         return True
     manual = set(raw)
     for name, (global_types, local_types) in sides.items():
@@ -260,10 +262,11 @@ def _manual_axes_reasons(raw: Sequence[str], kept: Sequence[str], mesh: Mesh, bo
                                                        f"computation already; dropped"))
     if len(set(raw)) != len(raw):
         reasons.append(Reason("duplicate-axis", "manual axes listed twice are kept once"))
-    survivors = [a for a in dict.fromkeys(raw) if a in kept]
-    if survivors != list(kept):
-        reasons.append(Reason("unordered-axes", "manual axes sorted in mesh order"))
     return reasons
+
+
+def _is_empty(mesh: Mesh) -> bool:
+    return not mesh.axes and not mesh.is_maximal
 
 
 def _common_mesh(shardings: Sequence[TensorSharding], meshes: dict[str, Mesh]):
@@ -273,7 +276,7 @@ def _common_mesh(shardings: Sequence[TensorSharding], meshes: dict[str, Mesh]):
     for s in shardings:
         ref, mesh, why = resolve_mesh(s, meshes)
         reasons.extend(why)
-        if not any(mesh == m for _, m in found):
+        if not _is_empty(mesh) and not any(mesh == m for _, m in found):  # an empty mesh goes with any
             found.append((ref, mesh))
     if not found:
         ref = _default_mesh(meshes)
@@ -292,10 +295,10 @@ def _manual_value(original: TensorSharding | None, global_type: ir.Type, local_t
     if not is_shardable(global_type):
         raise CorrectionError(f"{what} is an unranked tensor or a tuple, which can't be split over manual axes; a "
                               f"repair would need a ranked value")
-    base = TensorSharding(mesh_ref, original.dims, original.replicated, original.unreduced) if original is not None \
-        else open_sharding(mesh_ref, global_type)
-    base = TensorSharding(mesh_ref, tuple(DimSharding(d.axes, True if original is None else d.is_closed, d.priority)
-                                          for d in base.dims), base.replicated, base.unreduced)
+    if original is not None:
+        base = original  # on its own mesh: the common one, or an empty one, which goes with any
+    else:  # a missing sharding: the manual axes the body needs (below), closed, nothing else
+        base = TensorSharding(mesh_ref, tuple(DimSharding() for _ in (shape_of(global_type) or ())))
     global_shape, local_shape = shape_of(global_type), shape_of(local_type)
     site = Site(global_shape, bound, frozenset(axes))
     fixed, why = correct(base, site)
@@ -303,15 +306,14 @@ def _manual_value(original: TensorSharding | None, global_type: ir.Type, local_t
     if global_shape is None:
         return fixed
     manual = set(axes)
-    for d, dim in enumerate(fixed.dims):
-        seen_free = False
-        for ref in dim.axes:
-            if ref.name not in manual:
-                seen_free = True
-            elif seen_free:
-                raise CorrectionError(f"{what}: manual axis \"{ref.name}\" follows a free axis in dim {d}; moving it "
-                                      f"first would change which device holds which block, so a repair needs the "
-                                      f"manual axes written first")
+    ordered = tuple(DimSharding(tuple(a for a in d.axes if a.name in manual) + tuple(a for a in d.axes
+                                                                                   if a.name not in manual),
+                                d.is_closed, d.priority) for d in fixed.dims)
+    if ordered != fixed.dims:  # the verifier wants each dim's manual axes first: the block a body sees is whole
+        moved = [i for i, (a, b) in enumerate(zip(ordered, fixed.dims)) if a != b]
+        reasons.append(Reason("manual-order", f"manual axes moved before the free axes in dim(s) "
+                                              f"{', '.join(map(str, moved))}, so each body gets a contiguous block"))
+        fixed = TensorSharding(fixed.mesh, ordered, fixed.replicated, fixed.unreduced)
     needed = manual_dims(fixed, global_shape, local_shape or (), axes, mesh)
     if needed is None:
         raise CorrectionError(f"{what}: no split of the global shape {list(global_shape)} over the manual axes "
