@@ -54,17 +54,17 @@ class _Statement:
 class _Scanner:
     def __init__(self, text: str, tokens: list[Token]):
         self.text, self.tokens = text, tokens
+        self.words = [text[t.start:t.end] for t in tokens]  # each token's spelling, sliced once
         self.partner = mt.match_brackets(text, tokens)
         self.function = 0  # which func.func the scan is in (SSA names are scoped by function)
         self.meshes: dict[str, Mesh] = {}
         self.aliases: dict[str, tuple[int, int]] = {}  # #alias -> (start, end) offsets of its value
 
     def spelling(self, index: int) -> str:
-        t = self.tokens[index]
-        return self.text[t.start:t.end]
+        return self.words[index]
 
     def is_punct(self, index: int, spelling: str) -> bool:
-        return index < len(self.tokens) and self.tokens[index].kind == mt.PUNCT and self.spelling(index) == spelling
+        return index < len(self.words) and self.words[index] == spelling and self.tokens[index].kind == mt.PUNCT
 
     def group_end(self, index: int) -> int:
         """Index of the token closing the bracket at `index` (itself for a token that opens nothing)."""
@@ -129,14 +129,15 @@ def _collective_names(s: _Scanner) -> set[tuple[int, str]]:
     names: set[tuple[int, str]] = set()
     stack: list[int] = []
     function = 0
+    words = s.words
     for i, token in enumerate(s.tokens):
-        if token.kind == mt.PUNCT:
+        kind = token.kind
+        if kind == mt.PUNCT:
             _track(s, i, stack)
             continue
-        if _is_func(s, i):
-            function += 1
-            continue
-        if token.kind != mt.VALUE:
+        if kind != mt.VALUE:
+            if words[i] in ("func.func", '"func.func"'):
+                function += 1
             continue
         found = s.result_list(i, stack)
         if found is None:
@@ -150,12 +151,6 @@ def _collective_names(s: _Scanner) -> set[tuple[int, str]]:
         if operand is not None:
             names.add((function, s.spelling(operand).split("#")[0]))
     return names
-
-
-def _is_func(s: _Scanner, index: int) -> bool:
-    token = s.tokens[index]
-    return token.kind == mt.IDENT and s.spelling(index) == "func.func" or \
-        token.kind == mt.STRING and s.spelling(index) == '"func.func"'
 
 
 def _first_operand(s: _Scanner, op: int) -> int | None:
@@ -180,10 +175,10 @@ def _first_operand(s: _Scanner, op: int) -> int | None:
 
 def _track(s: _Scanner, index: int, stack: list[int]) -> None:
     """Keep `stack` holding the indices of the open brackets around the current token."""
-    spelling = s.spelling(index)
-    if spelling in mt.OPEN_TO_CLOSE and s.partner[index] > index:
+    partner = s.partner[index]
+    if partner > index:
         stack.append(index)
-    elif spelling in mt.CLOSE_TO_OPEN and stack and s.partner[index] == stack[-1]:
+    elif 0 <= partner < index and stack and partner == stack[-1]:
         stack.pop()
 
 
@@ -210,15 +205,15 @@ class _Rewriter:
         return True
 
     def run(self) -> None:
-        s, stack = self.s, []
+        s, stack, words = self.s, [], self.s.words
         for i, token in enumerate(s.tokens):
             while self.manual_stack and i > self.manual_stack[-1][0]:
                 self.manual_stack.pop()
             if token.kind == mt.PUNCT:
                 _track(s, i, stack)
                 continue
-            spelling = s.spelling(i)
-            if _is_func(s, i):
+            spelling = words[i]
+            if spelling in ("func.func", '"func.func"'):
                 s.function += 1
                 self.function_token = i
                 self.statement = _Statement()

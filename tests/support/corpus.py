@@ -1,7 +1,8 @@
 """Running tools/opt's driver over a corpus of .mlir test cases, each in a forked child with a time limit, and
 judging the outcome (used by tests/test_mutants.py and bench/shardy_corpus.py).
 
-A case is one `// -----` chunk of a file (an `//--- name` split-file is one case: its parts form one program).
+A case is one `// -----` chunk of a file (of a split-file test, `//--- part1.mlir ...`, its first part: the module
+the sharding tools see; the other parts are the interpreter harness around it).
 It is INVALID when it carries an `expected-error`, VALID otherwise. For each case:
   plain   the driver with no pipeline (parse, verify, print)
   fix     `-p fix-shardings --report=json`
@@ -40,7 +41,10 @@ def split_cases(name: str, text: str) -> list[Case]:
     lines = text.split("\n")
     unregistered = "allow-unregistered-dialect" in text
     if any(line.startswith(PARTS_MARKER) for line in lines):
-        body = "\n".join("" if line.startswith(PARTS_MARKER) else line for line in lines)
+        # A split-file test: its first part is the module the sharding tools see; the later parts are the harness
+        # that runs it in the interpreter (functions the harness script writes, ops of its `check` dialect).
+        starts = [i for i, line in enumerate(lines) if line.startswith(PARTS_MARKER)] + [len(lines)]
+        body = "\n" * (starts[0] + 1) + "\n".join(lines[starts[0] + 1:starts[1]]) + "\n"
         return [Case(f"{name}#0", body, "expected-error" in body, unregistered)]
     cases, start = [], 0
     for i, line in enumerate(lines + [SPLIT_MARKER]):
