@@ -18,6 +18,9 @@ from shardfix.report import Report
 from shardfix.sharding import Mesh
 
 
+INT_OPTION_MAX = 2**31 - 1  # integer options end up in MLIR's 32- and 64-bit attributes
+
+
 class PassError(Exception):
     """A pass met input it must not change; carries the place to report."""
 
@@ -87,6 +90,8 @@ def _convert(pass_name: str, key: str, kind, text: str):
             raise OptionError(f"option '{key}' of '{pass_name}' must be an integer; got '{text}'") from None
         if value < 1:
             raise OptionError(f"option '{key}' of '{pass_name}' must be positive; got {value}")
+        if value > INT_OPTION_MAX:
+            raise OptionError(f"option '{key}' of '{pass_name}' is out of range: {value} (at most {INT_OPTION_MAX})")
         return value
     return text
 

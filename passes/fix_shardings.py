@@ -145,10 +145,10 @@ class _Run:
             if changed or any(r.code == KEPT_PADDING for r in reasons):
                 if any(r.code not in _DIVISIBILITY for r in reasons):
                     self.refuse(site.description, CorrectionError(
-                        f"{'; '.join(r.detail for r in reasons)}, and {site.frozen_by} reads it, so it must stay as "
-                        f"it is; a repair would need the collective changed with it"), site.loc)
-                self.remark(f"{site.description} left as it is: {site.frozen_by} reads it and would disagree with "
-                            f"any other sharding ({'; '.join(r.detail for r in reasons)})", site.loc)
+                        f"{'; '.join(r.detail for r in reasons)}; but the sdy collective {site.frozen_by} checks it, "
+                        f"so a repair would need the collective changed with it"), site.loc)
+                self.remark(f"{site.description} left as it is: the sdy collective {site.frozen_by} checks it, so "
+                            f"changing it alone would break that ({'; '.join(r.detail for r in reasons)})", site.loc)
             return
         if not changed:
             for r in reasons:

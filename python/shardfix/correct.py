@@ -260,9 +260,13 @@ def _auto(free: Sequence[AxisRef], n: int, mesh: Mesh, allow_subaxes: bool) -> t
     if not allow_subaxes:
         return best, "; padding is not an option at an entry function's boundary"
     if padded_rows < even_rows:
-        return None, (f"kept the padded split, {padded_rows} rows a device; the best even split, {_axes_text(best)}, "
-                      f"would give each device {even_rows}")
-    return best, f"; {even_rows} rows a device, no more than the padded split's {padded_rows}"
+        return None, (f"kept the padded split, {_rows(padded_rows)} a device; the best even split, "
+                      f"{_axes_text(best)}, would give each device {even_rows}")
+    return best, f"; {_rows(even_rows)} a device, no more than the padded split's {padded_rows}"
+
+
+def _rows(n: int) -> str:
+    return f"{n} row" + ("" if n == 1 else "s")
 
 
 def _keep_dividing(axes: Sequence[AxisRef], n: int, mesh: Mesh, policy: str, allow_subaxes: bool) -> list[AxisRef]:

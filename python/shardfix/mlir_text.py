@@ -7,8 +7,7 @@ or a comment. Pure: imports neither MLIR nor JAX.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 # Token kinds.
 IDENT = "ident"  # bare identifier or keyword: func.func, tensor, in_shardings, x8xf32
@@ -37,8 +36,7 @@ _SPACE = frozenset(" \t\r\n\f\v")
 _SINGLE_PUNCT = frozenset("()[]{}<>,:=?*+|")
 
 
-@dataclass(frozen=True, slots=True)
-class Token:
+class Token(NamedTuple):  # a tuple: modules have hundreds of thousands of tokens
     kind: str
     start: int  # offset of the first character in the text
     end: int  # offset just past the last character
@@ -61,7 +59,9 @@ def tokenize(text: str) -> list[Token]:
     while i < n:
         c = text[i]
         if c in _SPACE:
-            i = _scan(text, i, _SPACE)
+            i += 1
+            if i < n and text[i] in _SPACE:
+                i = _scan(text, i, _SPACE)
             continue
         start = i
         if c == "/" and text.startswith("//", i):

@@ -17,7 +17,7 @@ class OutputError(Exception):
 def write_output(path: str, data: bytes, stdout_fd: int = 1) -> None:
     """Write `data` to `path` ("-" for the file descriptor `stdout_fd`)."""
     if path == "-":
-        _write_fd(stdout_fd, data, "standard output")
+        _write_fd(stdout_fd, data, "to standard output")
         return
     target = os.path.realpath(path)  # through symlinks: the link stays, its target gets the output
     try:
@@ -41,7 +41,7 @@ def _write_fd(fd: int, data: bytes, what: str) -> None:
     except OSError as e:
         reason = {errno.EPIPE: "it was closed by the reader", errno.EBADF: "it is closed",
                   errno.ENOSPC: "no space left on the device"}.get(e.errno, e.strerror)
-        raise OutputError(f"cannot write to {what}: {reason}") from None
+        raise OutputError(f"cannot write {what}: {reason}") from None
 
 
 def _write_special(path: str, target: str, data: bytes) -> None:

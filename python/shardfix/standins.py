@@ -90,7 +90,8 @@ class _Scanner:
 
 
 def stand_in(text: str) -> StandIns | None:
-    """The text with stand-ins, or None when nothing in it could be held (or it doesn't lex as MLIR)."""
+    """The text with stand-ins (false when nothing in it could be held aside), or None when it doesn't lex as
+    MLIR."""
     tokens = mt.tokenize(text)
     if any(t.kind == mt.ERROR for t in tokens):
         return None
@@ -103,7 +104,7 @@ def stand_in(text: str) -> StandIns | None:
     edits: list[tuple[int, int, str]] = []
     _Rewriter(scanner, frozen, out, edits).run()
     if not out.held:
-        return None
+        return out  # nothing to hold aside (false, but it knows which shardings collectives read)
     pieces, pos = [], 0
     for start, end, replacement in sorted(edits, key=lambda e: (e[0], e[1])):
         pieces.append(text[pos:start])
@@ -285,10 +286,10 @@ class _Rewriter:
         results of the op being read."""
         s = self.s
         if len(stack) >= 2 and s.spelling(stack[-2]) == "(":
-            i = stack[-1] - 1
-            while i > stack[-2] and s.tokens[i].kind != mt.VALUE:
-                i = s.partner[i] - 1 if s.spelling(i) in mt.CLOSE_TO_OPEN and s.partner[i] >= 0 else i - 1
-            return (s.spelling(i),) if i > stack[-2] else ()
+            i = stack[-1] - 1  # back to the value this entry's list item starts with, if any
+            while i > stack[-2] and s.tokens[i].kind != mt.VALUE and s.words[i] != ",":
+                i = s.partner[i] - 1 if 0 <= s.partner[i] < i else i - 1
+            return (s.spelling(i),) if i > stack[-2] and s.tokens[i].kind == mt.VALUE else ()
         return self.statement.results
 
     # -- ops in sdy's custom syntax ----------------------------------------------------------------------------

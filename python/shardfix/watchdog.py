@@ -67,6 +67,12 @@ def _fd_open(fd: int) -> bool:
         return False
 
 
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):  # None where the stream was closed when Python started
+        if stream is not None:
+            stream.flush()
+
+
 def run_guarded(work: Callable[[Channel], int], timeout: float, input_name: str, prog: str) -> int:
     """Run `work` in a forked child with a time limit; write what it sends as output; return the exit status."""
     stdout_open = _fd_open(1)
@@ -74,8 +80,7 @@ def run_guarded(work: Callable[[Channel], int], timeout: float, input_name: str,
         if not _fd_open(fd):
             os.dup2(os.open(os.devnull, os.O_RDWR), fd)
     read_end, write_end = os.pipe()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    _flush()
     pid = os.fork()
     if pid == 0:  # the child: do the work, report through the pipe, never return
         code = 70
@@ -83,11 +88,11 @@ def run_guarded(work: Callable[[Channel], int], timeout: float, input_name: str,
             os.close(read_end)
             code = work(Channel(write_end))
         except BaseException as e:  # noqa: BLE001  (reported by the parent as an internal error)
-            print(f"{prog}: internal error: {type(e).__name__}: {e}", file=sys.stderr)
+            if sys.stderr is not None:
+                print(f"{prog}: internal error: {type(e).__name__}: {e}", file=sys.stderr)
             code = 70
         finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
+            _flush()
             os._exit(code)
     os.close(write_end)
     received, deadline = _Received(), time.monotonic() + timeout if timeout > 0 else None

@@ -34,7 +34,8 @@ def load_module(source: str | bytes, ctx: ir.Context, source_name: str = "-",
             raise LoadError(strict)
         stand_ins = stand_in(source)
         if not stand_ins:
-            raise LoadError(explain(strict))
+            lines = frozenset(stand_ins.collective_lines) if stand_ins is not None else frozenset()
+            raise LoadError(explain(strict, lines))
         try:
             module = _parse_op(stand_ins.text, source_name)
         except ir.MLIRError as e:  # what even the stand-ins couldn't hold aside: the reason to give

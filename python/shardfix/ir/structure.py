@@ -34,6 +34,10 @@ def open_sharding(mesh_ref, type_: ir.Type) -> TensorSharding:
     return TensorSharding(mesh_ref, tuple(DimSharding(is_closed=False) for _ in (shape or ())))
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def _list_text(shardings: Sequence[TensorSharding]) -> str:
     return "[" + ", ".join(s.body() for s in shardings) + "]"
 
@@ -103,7 +107,7 @@ def _repair_op_results(problem: Problem, values, meshes, correct: Correct, edits
         reasons.append(Reason("wrong-kind", f"{name} must list one sharding per value; the single sharding is "
                                             f"now a list"))
     if len(originals) != len(types):
-        reasons.append(Reason("value-count", f"{len(originals)} shardings for {len(types)} values; "
+        reasons.append(Reason("value-count", f"{_count(len(originals), 'sharding')} for {_count(len(types), 'value')}; "
                               + ("the surplus dropped" if len(originals) > len(types) else
                                  "the missing ones left open")))
     mesh_ref = next((s.mesh for s in originals), _default_mesh(meshes))
@@ -126,11 +130,11 @@ def _repair_function_value(problem: Problem, meshes, correct: Correct, edits: Ed
     types = ftype.inputs if key == "arg_attrs" else ftype.results
     originals = _entries(attr)
     if index >= len(types) or originals is None or problem.what == "unshardable" or not originals:
-        why = ("a value that can't carry a sharding (an unranked tensor or a tuple of other than one value)"
+        why = ("a value that can't carry one (an unranked tensor or a tuple of other than one value)"
                if problem.what == "unshardable" else "an attribute that is no sharding" if originals is None
                else "an empty list")
         edits.set_entry(fn, key, index, "sdy.sharding", None)
-        record.fix(problem.description, problem.locate(), [Reason("unshardable", f"sdy.sharding is {why}; removed")],
+        record.fix(problem.description, problem.locate(), [Reason("unshardable", f"sdy.sharding on {why}; removed")],
                    str(attr), "(none)", _most_shards(originals or [], meshes), 1)
         return
     reasons = [Reason("wrong-kind", "a function's argument or result takes one sharding, not a list; "
@@ -221,19 +225,19 @@ def repair_manual(op: ir.Operation, bound: frozenset[str], terminator: ir.Operat
                                   f"{len(local_types)}; a repair would need the body changed, not a sharding")
         fixed: list[TensorSharding] = []
         for k, (g, l) in enumerate(zip(global_types, local_types)):
-            reasons = [Reason(r.code, r.detail) for r in mesh_reasons] if k < len(values) else []
             original = values[k] if k < len(values) else None
+            reasons = list(mesh_reasons) if original is not None else [
+                Reason("value-count", f"{what} {k} had no sharding; it gets the manual axes its body's shape needs")]
             fixed.append(_manual_value(original, g, l, mesh_ref, mesh, axes, bound, correct, reasons,
                                        f"{what} {k} of 'sdy.manual_computation'"))
             if original is None or fixed[-1] != original:
-                record.fix(f"{what} {k} of 'sdy.manual_computation'", loc, reasons or [
-                           Reason("value-count", f"{what} {k} had no sharding; now one with its manual axes")],
+                record.fix(f"{what} {k} of 'sdy.manual_computation'", loc, reasons,
                            original.body() if original is not None else "(none)", fixed[-1].body(),
                            _most_shards([original] if original else [], meshes), _most_shards([fixed[-1]], meshes))
         if len(values) > len(global_types):
             record.fix(f"{name} of 'sdy.manual_computation'", loc,
-                       [Reason("value-count", f"{len(values)} shardings for {len(global_types)} {what}s; the surplus "
-                                              f"dropped")], _list_text(values), _list_text(fixed), 1, 1)
+                       [Reason("value-count", f"{_count(len(values), 'sharding')} for {_count(len(global_types), what)}"
+                                              f"; the surplus dropped")], _list_text(values), _list_text(fixed), 1, 1)
         if fixed != values:
             with op.context:
                 edits.set_attribute(op, name, per_value_to_attr(fixed))
@@ -325,8 +329,9 @@ def _manual_value(original: TensorSharding | None, global_type: ir.Type, local_t
     used = {a.name for dim in needed for a in dim}
     dims = tuple(DimSharding(tuple(needed[d]) + tuple(a for a in dim.axes if a.name not in manual and a.name not in used),
                              dim.is_closed, dim.priority) for d, dim in enumerate(fixed.dims))
-    reasons.append(Reason("manual-shape", f"manual axes per dim now {[_axes_text([a.name for a in n]) for n in needed]}, "
-                                          f"which split {list(global_shape)} into the body's {list(local_shape)}"))
+    per_dim = ", ".join(_axes_text([a.name for a in n]) for n in needed)
+    reasons.append(Reason("manual-shape", f"manual axes per dim now [{per_dim}], which split {list(global_shape)} "
+                                          f"into the body's {list(local_shape)}"))
     again, why = correct(TensorSharding(mesh_ref, dims, fixed.replicated, fixed.unreduced), site)
     reasons.extend(why)
     return again
