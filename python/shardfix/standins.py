@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import mlir_text as mt
+from .correct import rejected_anywhere
 from .manual import manual_dims, stand_in_sharding, valid_manual_axes
 from .mlir_text import Token
 from .sdy_syntax import Cursor, read_manual_axes, read_mesh, read_symbol, read_tensor_sharding_body
@@ -113,6 +114,38 @@ def stand_in(text: str) -> StandIns | None:
     pieces.append(text[pos:])
     out.text = "".join(pieces)
     return out
+
+
+def quickly_rejected(text: str) -> bool:
+    """Whether a sharding in the text is one the verifier rejects whatever it is on, judged from the lines that
+    mention sdy alone (MLIR's tokens never span lines, so each line lexes on its own): a quick look that lets a
+    large module skip a strict parse bound to fail (MLIR's error for it prints the whole failing function). A
+    sharding written over several lines is not seen; then the strict parse decides, as for a small module."""
+    meshes: dict[str, Mesh] = {}
+    shardings: list[TensorSharding] = []
+    pos = text.find("sdy")
+    while pos >= 0:
+        start, end = text.rfind("\n", 0, pos) + 1, text.find("\n", pos)
+        end = len(text) if end < 0 else end
+        _read_line(text[start:end], meshes, shardings)
+        pos = text.find("sdy", end)
+    return any(rejected_anywhere(s, meshes) for s in set(shardings))  # a module repeats a few shardings
+
+
+def _read_line(line: str, meshes: dict[str, Mesh], shardings: list[TensorSharding]) -> None:
+    tokens = mt.tokenize(line)
+    words = [line[t.start:t.end] for t in tokens]
+    for i, word in enumerate(words):
+        try:
+            if word == "sdy.mesh" and i + 2 < len(words) and words[i + 2] == "=":
+                c = Cursor(line, tokens, i + 1)
+                name = read_symbol(c)
+                c.expect("=")
+                meshes[name] = read_mesh(c)
+            elif word == "<" and i + 2 < len(words) and (tokens[i + 1].kind == mt.SYMBOL or words[i + 1] == "mesh"):
+                shardings.append(read_tensor_sharding_body(Cursor(line, tokens, i)))
+        except ShardingSyntaxError:
+            continue
 
 
 def _fit(original: str, replacement: str) -> str:

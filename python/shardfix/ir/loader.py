@@ -9,10 +9,16 @@ from __future__ import annotations
 
 from jaxlib.mlir import ir
 
+from ..locations import SourceLoc
 from ..report import Diagnostic
-from ..standins import StandIns, stand_in
+from ..standins import StandIns, quickly_rejected, stand_in
 from .context import LoadError, diagnostics_of
 from ..refusal import explain
+
+
+# Above this size a lenient load first looks for shardings the verifier rejects anywhere, and if it finds one skips
+# the strict parse: MLIR's error for a failing function prints all of it, which takes longer than the function.
+_QUICK_LOOK_BYTES = 1 << 18
 
 
 def parse_module(source: str | bytes, ctx: ir.Context, source_name: str = "-", lenient: bool = False) -> ir.Operation:
@@ -26,23 +32,33 @@ def load_module(source: str | bytes, ctx: ir.Context, source_name: str = "-",
                 lenient: bool = False) -> tuple[ir.Operation, bool]:
     """parse_module, and whether the module needed stand-ins to load (it doesn't verify as it is)."""
     with ctx:
-        try:
-            return _parse_op(source, source_name), False
-        except ir.MLIRError as e:
-            strict = diagnostics_of(e)
-        if not lenient or isinstance(source, bytes):
-            raise LoadError(strict)
+        quick = lenient and isinstance(source, str) and len(source) > _QUICK_LOOK_BYTES and quickly_rejected(source)
+        if not quick:
+            try:
+                return _parse_op(source, source_name), False
+            except ir.MLIRError as e:
+                if not lenient or isinstance(source, bytes):
+                    raise LoadError(diagnostics_of(e)) from None
         stand_ins = stand_in(source)
         if not stand_ins:
             lines = frozenset(stand_ins.collective_lines) if stand_ins is not None else frozenset()
-            raise LoadError(explain(strict, lines))
+            raise LoadError(explain(_strict_errors(source, source_name), lines))
         try:
             module = _parse_op(stand_ins.text, source_name)
         except ir.MLIRError as e:  # what even the stand-ins couldn't hold aside: the reason to give
             raise LoadError(explain(diagnostics_of(e), frozenset(stand_ins.collective_lines))) from None
         if not _restore(module, stand_ins):
-            raise LoadError(explain(strict))
+            raise LoadError(explain(_strict_errors(source, source_name)))
         return module, True
+
+
+def _strict_errors(source: str, source_name: str) -> list[Diagnostic]:
+    """MLIR's own errors for the text as it is."""
+    try:
+        _parse_op(source, source_name)
+    except ir.MLIRError as e:
+        return diagnostics_of(e)
+    return [Diagnostic("error", "the module holds attributes shardfix can't read back", SourceLoc(source_name, 1, 1))]
 
 
 def _parse_op(source: str | bytes, source_name: str) -> ir.Operation:
