@@ -32,7 +32,8 @@ def main() -> None:
               "Ratios are measured side by side in one run (interleaved, median of several rounds).\n\n")
     # Each benchmark's sections replace their earlier versions; sections of benchmarks not run stay.
     from results import write_sections
-    write_sections({section.split("\n", 1)[0]: section for text in sections for section in _split(text)}, header)
+    write_sections({section.split("\n", 1)[0]: section for text in sections for section in _split(text)},
+                   None if sys.argv[1:] else header)  # a partial run keeps the header of the full one
 
 
 def _split(text: str) -> list[str]:
