@@ -9,6 +9,7 @@ import itertools
 import math
 from typing import Sequence
 
+from .mlir_text import quote, tensor_shape
 from .sharding import AxisRef, DimSharding, Mesh, MeshRef, TensorSharding
 
 Shape = tuple  # dims: int, or None for a dynamic dim
@@ -76,3 +77,44 @@ def _combination(split: int, free: Sequence[str], mesh: Mesh) -> list[AxisRef] |
 def stand_in_sharding(mesh_ref: MeshRef, dims: Sequence[tuple[AxisRef, ...]]) -> TensorSharding:
     """A sharding holding only the manual axes: what the verifier needs to check a manual computation's shapes."""
     return TensorSharding(mesh_ref, tuple(DimSharding(axes) for axes in dims))
+
+
+def stand_in_header(originals: dict[str, list[TensorSharding]], axes: Sequence[str], bound: frozenset[str],
+                    types: dict[str, tuple[list[str], list[str]]], meshes: dict[str, Mesh]):
+    """For a manual computation's text: `in_shardings=[...] out_shardings=[...] manual_axes={...}` that the
+    verifier accepts for its body (each value with just the manual axes its local shape needs, valid manual axes
+    only), and those axes; None when no such header exists. `types`: the global and local type texts of the
+    operands ("in_shardings") and of the results ("out_shardings")."""
+    mesh_ref, mesh = None, None
+    for sharding in originals["in_shardings"] + originals["out_shardings"]:
+        if isinstance(sharding.mesh, Mesh) or sharding.mesh in meshes:
+            mesh_ref = sharding.mesh
+            mesh = sharding.mesh if isinstance(sharding.mesh, Mesh) else meshes[sharding.mesh]
+            break
+    if mesh is None:
+        if len(meshes) == 1:
+            (mesh_ref, mesh), = meshes.items()
+        else:
+            mesh_ref = mesh = Mesh(())
+    if any(g is None or l is None or len(g) != len(l) for g, l in types.values()):
+        return None
+    kept = valid_manual_axes(axes, mesh, bound) if any(g for g, _ in types.values()) else []
+    lists = []
+    for name in ("in_shardings", "out_shardings"):
+        global_types, local_types = types[name]
+        shardings = []
+        for k, (g, l) in enumerate(zip(global_types, local_types)):
+            g_shape, l_shape = tensor_shape(g), tensor_shape(l)
+            if g_shape is None and l_shape is None:  # a token or another non-tensor value
+                shardings.append(TensorSharding(mesh_ref, ()))
+                continue
+            if g_shape is None or l_shape is None or "unranked" in (g_shape, l_shape):
+                return None
+            original = originals[name][k] if k < len(originals[name]) else None
+            dims = manual_dims(original, g_shape, l_shape, kept, mesh)
+            if dims is None:
+                return None
+            shardings.append(stand_in_sharding(mesh_ref, dims))
+        lists.append("[" + ", ".join(x.body() for x in shardings) + "]")
+    manual = "{" + ", ".join(quote(a) for a in kept) + "}"
+    return f"in_shardings={lists[0]} out_shardings={lists[1]} manual_axes={manual}", kept

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 
 from . import mlir_text as mt
 from .correct import rejected_anywhere
-from .manual import manual_dims, stand_in_sharding, valid_manual_axes
-from .mlir_text import Token
+from .manual import stand_in_header
 from .sdy_syntax import Cursor, read_manual_axes, read_mesh, read_symbol, read_tensor_sharding_body
 from .sharding import Mesh, ShardingSyntaxError, TensorSharding
+from .token_scan import TokenScan
 
 HELD_KEYS = frozenset({"sdy.sharding", "sdy.propagation_edges", "sdy.block_arg_propagation_edges",
                        "sdy.result_propagation_edges"})
@@ -52,51 +52,13 @@ class _Statement:
     results: tuple[str, ...] = ()
 
 
-class _Scanner:
-    def __init__(self, text: str, tokens: list[Token]):
-        self.text, self.tokens = text, tokens
-        self.words = [text[t.start:t.end] for t in tokens]  # each token's spelling, sliced once
-        self.partner = mt.match_brackets(text, tokens)
-        self.function = 0  # which func.func the scan is in (SSA names are scoped by function)
-        self.meshes: dict[str, Mesh] = {}
-        self.aliases: dict[str, tuple[int, int]] = {}  # #alias -> (start, end) offsets of its value
-
-    def spelling(self, index: int) -> str:
-        return self.words[index]
-
-    def is_punct(self, index: int, spelling: str) -> bool:
-        return index < len(self.words) and self.words[index] == spelling and self.tokens[index].kind == mt.PUNCT
-
-    def group_end(self, index: int) -> int:
-        """Index of the token closing the bracket at `index` (itself for a token that opens nothing)."""
-        return self.partner[index] if self.partner[index] > index else index
-
-    def result_list(self, index: int, stack: list[int]) -> tuple[tuple[str, ...], int] | None:
-        """`%a, %b:2 =` starting at `index` (an op's results): the names and the index of `=`."""
-        if stack and self.spelling(stack[-1]) != "{":
-            return None
-        if index and self.tokens[index - 1].kind == mt.PUNCT and self.spelling(index - 1) in (",", "("):
-            return None
-        names, i, n = [], index, len(self.tokens)
-        while i < n and self.tokens[i].kind == mt.VALUE:
-            names.append(self.spelling(i))
-            i += 1
-            if self.is_punct(i, ":") and i + 1 < n and self.tokens[i + 1].kind == mt.INTEGER:
-                i += 2
-            if self.is_punct(i, ","):
-                i += 1
-                continue
-            break
-        return (tuple(names), i) if names and self.is_punct(i, "=") else None
-
-
 def stand_in(text: str) -> StandIns | None:
     """The text with stand-ins (false when nothing in it could be held aside), or None when it doesn't lex as
     MLIR."""
     tokens = mt.tokenize(text)
     if any(t.kind == mt.ERROR for t in tokens):
         return None
-    scanner = _Scanner(text, tokens)
+    scanner = TokenScan(text, tokens)
     frozen = _collective_names(scanner)
     prefix = "shardfix.held"
     while prefix in text:
@@ -158,7 +120,7 @@ def _fit(original: str, replacement: str) -> str:
     return replacement + "\n" * lines + " " * tail
 
 
-def _collective_names(s: _Scanner) -> set[tuple[int, str]]:
+def _collective_names(s: TokenScan) -> set[tuple[int, str]]:
     """(function, SSA name) of every value an sdy collective reads or defines."""
     names: set[tuple[int, str]] = set()
     stack: list[int] = []
@@ -167,7 +129,7 @@ def _collective_names(s: _Scanner) -> set[tuple[int, str]]:
     for i, token in enumerate(s.tokens):
         kind = token.kind
         if kind == mt.PUNCT:
-            _track(s, i, stack)
+            s.track(i, stack)
             continue
         if kind != mt.VALUE:
             if words[i] in ("func.func", '"func.func"'):
@@ -181,45 +143,16 @@ def _collective_names(s: _Scanner) -> set[tuple[int, str]]:
         if op >= len(s.tokens) or s.spelling(op).strip('"') not in COLLECTIVES:
             continue
         names.update((function, r) for r in results)
-        operand = _first_operand(s, op)
+        operand = s.first_operand(op)
         if operand is not None:
             names.add((function, s.spelling(operand).split("#")[0]))
     return names
 
 
-def _first_operand(s: _Scanner, op: int) -> int | None:
-    """The index of the first operand of the op named at `op`: inside `(...)` for the generic form, else after
-    the op's bracketed parameters and keywords."""
-    i = op + 1
-    if s.tokens[op].kind == mt.STRING:
-        close = s.group_end(i) if s.is_punct(i, "(") else i
-        return i + 1 if i + 1 < close and s.tokens[i + 1].kind == mt.VALUE else None
-    while i < len(s.tokens):
-        token = s.tokens[i]
-        if token.kind == mt.VALUE:
-            return i
-        if token.kind == mt.PUNCT and s.spelling(i) in ("[", "{", "<") and s.group_end(i) > i:
-            i = s.group_end(i) + 1
-        elif token.kind in (mt.IDENT, mt.STRING):
-            i += 1
-        else:
-            return None
-    return None
-
-
-def _track(s: _Scanner, index: int, stack: list[int]) -> None:
-    """Keep `stack` holding the indices of the open brackets around the current token."""
-    partner = s.partner[index]
-    if partner > index:
-        stack.append(index)
-    elif 0 <= partner < index and stack and partner == stack[-1]:
-        stack.pop()
-
-
 class _Rewriter:
     """One pass over the tokens, collecting the edits that put stand-ins in place."""
 
-    def __init__(self, s: _Scanner, frozen: set[tuple[int, str]], out: StandIns, edits: list):
+    def __init__(self, s: TokenScan, frozen: set[tuple[int, str]], out: StandIns, edits: list):
         self.s, self.frozen, self.out, self.edits = s, frozen, out, edits
         self.statement = _Statement()
         self.manual_stack: list[tuple[int, frozenset[str]]] = []  # (region end index, manual axes) around
@@ -244,7 +177,7 @@ class _Rewriter:
             while self.manual_stack and i > self.manual_stack[-1][0]:
                 self.manual_stack.pop()
             if token.kind == mt.PUNCT:
-                _track(s, i, stack)
+                s.track(i, stack)
                 continue
             spelling = words[i]
             if spelling in ("func.func", '"func.func"'):
@@ -395,7 +328,7 @@ class _Rewriter:
                 c.pos = spans[attribute][1] + 1
         if not spans or not c.at("("):
             return
-        block_args = self._names_in(c.pos, s.group_end(c.pos))
+        block_args = s.names_in(c.pos, s.group_end(c.pos))
         c.pos = s.group_end(c.pos) + 1
         if not c.at("{") or self.is_frozen(self.statement.results + block_args, index):
             return
@@ -405,10 +338,6 @@ class _Rewriter:
             held[attribute] = self.hold("#sdy.sharding_per_value<" + body + ">")
             self.edits.append((s.tokens[keyword].start, s.tokens[close].end, ""))
         self._tag(s.group_end(c.pos), held)
-
-    def _names_in(self, open_index: int, close_index: int) -> tuple[str, ...]:
-        s = self.s
-        return tuple(s.spelling(i) for i in range(open_index + 1, close_index) if s.tokens[i].kind == mt.VALUE)
 
     def _manual(self, index: int) -> None:
         s = self.s
@@ -438,22 +367,23 @@ class _Rewriter:
         if not c.at("("):
             return
         block_open, block_close = c.pos, s.group_end(c.pos)
-        local_in = self._typed_list(block_open + 1, block_close)
+        local_in = s.typed_list(block_open + 1, block_close)
         c.pos = block_close + 1
         if not c.at("{"):
             return
         region_open, region_close = c.pos, s.group_end(c.pos)
-        local_out = self._return_types(region_open, region_close)
+        local_out = s.return_types(region_open, region_close)
         c.pos = region_close + 1
         if c.at("{"):
             c.pos = s.group_end(c.pos) + 1
         c.expect(":")
-        global_in, global_out = self._function_type(c)
+        global_in, global_out = s.function_type(c)
         bound = frozenset().union(*(a for _, a in self.manual_stack))
-        if self.is_frozen(self.statement.results + self._names_in(block_open, block_close), index):
+        if self.is_frozen(self.statement.results + s.names_in(block_open, block_close), index):
             self.manual_stack.append((region_close, frozenset(a for a in axes)))
             return
-        stand_ins = self._manual_stand_ins(lists, axes, bound, (global_in, local_in), (global_out, local_out))
+        stand_ins = stand_in_header(lists, axes, bound, {"in_shardings": (global_in, local_in),
+                                                         "out_shardings": (global_out, local_out)}, s.meshes)
         if stand_ins is None:
             self.manual_stack.append((region_close, frozenset(axes)))
             return
@@ -462,118 +392,3 @@ class _Rewriter:
         held = {name: self.hold(value) for name, value in originals.items()}
         self.edits.append((s.tokens[start].start, s.tokens[end].end, text))
         self._tag(region_close, held)
-
-    def _manual_stand_ins(self, lists, axes, bound, inputs, outputs):
-        """`in_shardings=[...] out_shardings=[...] manual_axes={...}` that verify for the body, and the axes."""
-        originals = lists["in_shardings"] + lists["out_shardings"]
-        mesh_ref, mesh = None, None
-        for sharding in originals:
-            if isinstance(sharding.mesh, Mesh) or sharding.mesh in self.s.meshes:
-                mesh_ref = sharding.mesh
-                mesh = sharding.mesh if isinstance(sharding.mesh, Mesh) else self.s.meshes[sharding.mesh]
-                break
-        if mesh is None:
-            if len(self.s.meshes) == 1:
-                (mesh_ref, mesh), = self.s.meshes.items()
-            else:
-                mesh_ref = mesh = Mesh(())
-        (global_in, local_in), (global_out, local_out) = inputs, outputs
-        if global_in is None or local_in is None or global_out is None or local_out is None or \
-                len(global_in) != len(local_in) or len(global_out) != len(local_out):
-            return None
-        kept = valid_manual_axes(axes, mesh, bound) if global_in or global_out else []
-        out = []
-        for values, types in ((lists["in_shardings"], zip(global_in, local_in)),
-                              (lists["out_shardings"], zip(global_out, local_out))):
-            shardings = []
-            for k, (g, l) in enumerate(types):
-                g_shape, l_shape = mt.tensor_shape(g), mt.tensor_shape(l)
-                original = values[k] if k < len(values) else None
-                if g_shape is None and l_shape is None:  # a token or another non-tensor value
-                    shardings.append(TensorSharding(mesh_ref, ()))
-                    continue
-                if g_shape is None or l_shape is None or g_shape == "unranked" or l_shape == "unranked":
-                    return None
-                dims = manual_dims(original, g_shape, l_shape, kept, mesh)
-                if dims is None:
-                    return None
-                shardings.append(stand_in_sharding(mesh_ref, dims))
-            out.append("[" + ", ".join(x.body() for x in shardings) + "]")
-        manual = "{" + ", ".join(mt.quote(a) for a in kept) + "}"
-        return f"in_shardings={out[0]} out_shardings={out[1]} manual_axes={manual}", kept
-
-    # -- types -------------------------------------------------------------------------------------------------
-
-    def _type_end(self, index: int) -> int:
-        """Index of the last token of the type starting at `index`: a name and the bracket group after it."""
-        s = self.s
-        if s.is_punct(index, "("):  # a function type
-            close = s.group_end(index)
-            if s.is_punct(close + 1, "->"):
-                return self._type_end(close + 2)
-            return close
-        if s.is_punct(index + 1, "<") and s.tokens[index + 1].start == s.tokens[index].end:
-            return s.group_end(index + 1)
-        return index
-
-    def _typed_list(self, first: int, close: int) -> list[str] | None:
-        """Types of `%name: type (loc(...))?, ...` between `first` and `close`."""
-        s, types, i = self.s, [], first
-        while i < close:
-            if s.tokens[i].kind != mt.VALUE or not s.is_punct(i + 1, ":"):
-                return None
-            last = self._type_end(i + 2)
-            types.append(s.text[s.tokens[i + 2].start:s.tokens[last].end])
-            i = last + 1
-            if i < close and s.spelling(i) == "loc" and s.is_punct(i + 1, "("):
-                i = s.group_end(i + 1) + 1
-            if i < close and s.is_punct(i, ","):
-                i += 1
-        return types
-
-    def _types(self, i: int, close: int) -> list[str]:
-        """Comma-separated types from `i`, up to `close` or whatever follows the last of them (a location)."""
-        s, types = self.s, []
-        while i < close:
-            last = self._type_end(i)
-            types.append(s.text[s.tokens[i].start:s.tokens[last].end])
-            i = last + 1
-            if not (i < close and s.is_punct(i, ",")):
-                break
-            i += 1
-        return types
-
-    def _function_type(self, c: Cursor) -> tuple[list[str] | None, list[str] | None]:
-        s = self.s
-        if not c.at("("):
-            return None, None
-        close = s.group_end(c.pos)
-        inputs = self._types(c.pos + 1, close)
-        if not s.is_punct(close + 1, "->"):
-            return inputs, None
-        first = close + 2
-        if s.is_punct(first, "("):
-            return inputs, self._types(first + 1, s.group_end(first))
-        return inputs, [s.text[s.tokens[first].start:s.tokens[self._type_end(first)].end]]
-
-    def _return_types(self, region_open: int, region_close: int) -> list[str] | None:
-        """Types the region's last `sdy.return` returns (custom or generic form)."""
-        s = self.s
-        i, last = region_open + 1, None
-        while i < region_close:
-            if s.spelling(i) in ("sdy.return", '"sdy.return"'):
-                last = i
-            i = s.group_end(i) + 1 if s.is_punct(i, "{") else i + 1
-        if last is None:
-            return None
-        i = last + 1
-        if s.spelling(last) == '"sdy.return"':
-            i = s.group_end(i) + 1 if s.is_punct(i, "(") else i
-            if not s.is_punct(i, ":") or not s.is_punct(i + 1, "("):
-                return None
-            return self._types(i + 2, s.group_end(i + 1))
-        while i < region_close and (s.tokens[i].kind == mt.VALUE or s.is_punct(i, ",")):
-            i += 1
-        if not s.is_punct(i, ":"):
-            return []
-        return self._types(i + 1, region_close)

@@ -68,6 +68,15 @@ def repair_problem(problem: Problem, meshes: dict[str, Mesh], correct: Correct, 
         _repair_op_results(problem, types, meshes, correct, edits, record)
 
 
+def _attribute_text(attr: ir.Attribute, entries: list[TensorSharding] | None) -> str:
+    """How a report shows the attribute: from the model where it holds shardings (no printing of attributes)."""
+    if entries is None:
+        return str(attr)  # not a sharding at all: MLIR's own spelling is all there is to show
+    if sdy.TensorShardingAttr.isinstance(attr):
+        return str(entries[0])
+    return "#sdy.sharding_per_value<" + _list_text(entries) + ">"
+
+
 def _entries(attr: ir.Attribute) -> list[TensorSharding] | None:
     if sdy.TensorShardingPerValueAttr.isinstance(attr):
         return [sharding_from_attr(a) for a in sdy.TensorShardingPerValueAttr(attr).shardings]
@@ -79,9 +88,9 @@ def _entries(attr: ir.Attribute) -> list[TensorSharding] | None:
 def _repair_op_results(problem: Problem, values, meshes, correct: Correct, edits: Edits, record: Recorder) -> None:
     op, name = problem.op, problem.attr_name
     attr = op.attributes[name]
-    before_text = str(attr)
     types = [v.type for v in values]
     originals = _entries(attr)
+    before_text = _attribute_text(attr, originals)
     reasons: list[Reason] = []
     if not types and originals and name == "sdy.sharding":  # an op without results may name its device
         new, why = correct(originals[0], Site(None, problem.bound_axes))
@@ -135,14 +144,14 @@ def _repair_function_value(problem: Problem, meshes, correct: Correct, edits: Ed
                else "an empty list")
         edits.set_entry(fn, key, index, "sdy.sharding", None)
         record.fix(problem.description, problem.locate(), [Reason("unshardable", f"sdy.sharding on {why}; removed")],
-                   str(attr), "(none)", _most_shards(originals or [], meshes), 1)
+                   _attribute_text(attr, originals), "(none)", _most_shards(originals or [], meshes), 1)
         return
     reasons = [Reason("wrong-kind", "a function's argument or result takes one sharding, not a list; "
                       + ("its only entry kept" if len(originals) == 1 else f"the first of {len(originals)} kept"))]
     new, why = correct(originals[0], Site(shape_of(types[index]), allow_subaxes=not _is_public(fn)))
     reasons.extend(why)
     edits.set_entry(fn, key, index, "sdy.sharding", new)
-    record.fix(problem.description, problem.locate(), reasons, str(attr), str(new),
+    record.fix(problem.description, problem.locate(), reasons, _attribute_text(attr, originals), str(new),
                _most_shards(originals, meshes), _most_shards([new], meshes))
 
 
@@ -357,10 +366,15 @@ def repair_edges(op: ir.Operation, name: str, meshes: dict[str, Mesh], edits: Ed
         dropped += repaired[1]
     if not dropped:
         return
-    with op.context:
-        parsed = [ir.Attribute.parse(text) for text in new]
-        edits.set_attribute(op, name, parsed[0] if name == "sdy.propagation_edges" else ir.ArrayAttr.get(parsed))
     axes = ", ".join(f'"{a}"' for a in dict.fromkeys(dropped))
-    record.fix(f"'{op.name}' {name}", op_loc(op),
-               [Reason("unknown-axis", f"propagation edges of axes no mesh has ({axes}) dropped")],
-               str(attr), ", ".join(new), 1, 1)
+    empty = "#sdy.propagation_edges<[]>"
+    with op.context:
+        if empty in new:  # no edge left in one of them: the debug attribute goes (sdy has no empty edges)
+            value, after, what = None, "(none)", f"propagation edges of axes no mesh has ({axes}) dropped, and "\
+                                                 f"with them the attribute, left without edges"
+        else:
+            parsed = [ir.Attribute.parse(text) for text in new]
+            value = parsed[0] if name == "sdy.propagation_edges" else ir.ArrayAttr.get(parsed)
+            after, what = ", ".join(new), f"propagation edges of axes no mesh has ({axes}) dropped"
+        edits.set_attribute(op, name, value)
+    record.fix(f"'{op.name}' {name}", op_loc(op), [Reason("unknown-axis", what)], str(attr), after, 1, 1)
