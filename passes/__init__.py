@@ -65,15 +65,15 @@ class Pass:
             if key not in known:
                 names = ", ".join(known) or "none"
                 raise OptionError(f"unknown option '{key}' for pass '{cls.name}' (options: {names})")
-            field_name, kind, _ = known[key]
-            values[field_name] = _convert(cls.name, key, kind, text)
+            field_name, kind, default = known[key]
+            values[field_name] = _convert(cls.name, key, kind, text, minimum=0 if default == 0 else 1)
         return cls(**values)
 
     def describe_options(self) -> str:
         return " ".join(f"{k}={getattr(self, f)}" for k, (f, _, _) in self.options().items())
 
 
-def _convert(pass_name: str, key: str, kind, text: str):
+def _convert(pass_name: str, key: str, kind, text: str, minimum: int = 1):
     if typing.get_origin(kind) is Literal:
         choices = typing.get_args(kind)
         if text not in choices:
@@ -88,8 +88,9 @@ def _convert(pass_name: str, key: str, kind, text: str):
             value = int(text)
         except ValueError:
             raise OptionError(f"option '{key}' of '{pass_name}' must be an integer; got '{text}'") from None
-        if value < 1:
-            raise OptionError(f"option '{key}' of '{pass_name}' must be positive; got {value}")
+        if value < minimum:
+            need = "positive" if minimum == 1 else "0 or more"
+            raise OptionError(f"option '{key}' of '{pass_name}' must be {need}; got {value}")
         if value > INT_OPTION_MAX:
             raise OptionError(f"option '{key}' of '{pass_name}' is out of range: {value} (at most {INT_OPTION_MAX})")
         return value

@@ -11,7 +11,6 @@ from jaxlib.mlir import ir
 
 from shardfix.ring.hoist import Mover
 from shardfix.report import Remark
-from shardfix.ring.permutation import next_channel_handle
 
 from . import Pass, PassContext
 
@@ -23,6 +22,6 @@ class HoistPermutations(Pass):
                                   "permutations across token-wise code")
 
     def apply(self, module: ir.Operation, ctx: PassContext) -> None:
-        motion = Mover(module, next_channel_handle).run()
+        motion = Mover(module).run()
         for message, loc in motion.remarks:
             ctx.report.remarks.append(Remark(self.name, message, loc))

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from shardfix import autofix_shardings
+from support import ring_models
 from support.hlo import collective_bytes
 from shardfix.jit.lowering import patch_lowered
 from support.ring_models import (axis_index_ring_attention, dense_causal_attention, position_ring_attention,
@@ -39,9 +40,19 @@ def test_reordered_equals_unreordered_and_dense(setup, strategy, variant):
     patched, report = patch_lowered(lowered, f"ring-reorder{{strategy={strategy}}}")
     [decision] = report.rings
     if variant == "tile-skipping" and strategy == "striped":
-        # The skip decides per half block: one-token stripes would split the halves, so the pair of halves a
-        # device skips would differ between orders.
-        assert not decision.applied and "a unit of" in decision.why and "stripe" in decision.why
+        # The skip decides per half block, so a stripe must hold whole halves; moving at most one shard a device
+        # then needs cp * cp * half tokens, more than there are.
+        cp, half = mesh.shape["cp"], q.shape[1] // mesh.shape["cp"] // 2
+        assert (decision.strategy, decision.applied) == (f"striped{{stripe={half}}}", False)
+        assert decision.why == f"sequence length {q.shape[1]} is not a multiple of cp*cp*stripe = {cp * cp * half}"
+        # One-token stripes would split the halves: the pair of halves a device skips would differ between orders.
+        _, report = patch_lowered(lowered, "ring-reorder{strategy=striped stripe=1}")
+        source = ring_models.__file__
+        with open(source) as f:
+            line = next(i for i, text in enumerate(f, 1) if "acc_q = jax.lax.cond(" in text)
+        assert [r.why for r in report.rings] == [
+            f"not provably safe with striped{{stripe=1}}: 'stablehlo.case' at {source}:{line} reads positions of "
+            f"units of {half} tokens, which are not a whole part of the 1-token stripe"]
         return
     assert (decision.axis, decision.applied) == ("cp", True), decision.why
     plain_out = lowered.compile()(*args)

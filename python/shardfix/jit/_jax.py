@@ -117,3 +117,14 @@ def fastpath_call(compiled: jax.stages.Compiled, dyn_args, dyn_kwargs):
         executable.xla_executable, out_tree, in_shardings, executable._out_shardings, [o.aval for o in out_flat],
         [o._committed for o in out_flat], kept, executable._dispatch_in_layouts, params.const_args)
     return outs, data
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Inlining (jaxlib's registered `inline` pass inlines nothing in JAX's dialect setup; its own helper does).
+
+
+def inline_call(call: ir.Operation, callee: ir.Operation) -> list:
+    """Inline one func.call of `callee` at its place; returns the values that replace the call's results."""
+    from jaxlib.mlir._mlir_libs import _jax_mlir_ext
+    with ir.InsertionPoint(call):
+        return list(_jax_mlir_ext.inlined_func_call(callee, list(call.operands), call.location))

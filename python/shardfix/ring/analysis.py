@@ -18,7 +18,7 @@ from jaxlib.mlir import ir
 from ..ir import op_loc
 from ..locations import SourceLoc
 from . import coverage as cov_ops
-from .symbolic import Aff, Coord, Node, Other, Pid, PidDiv, Scope, Var, bounds, gpos
+from .symbolic import Aff, Coord, Node, Other, Pid, PidDiv, Scope, Var, bounds, gpos, map_sources, sourced_nodes
 from .symbolic import Dim as SymDim
 from .values import CONST, FREE, Axis, Coverage, Data, Index, Stack, Tok, canonical
 
@@ -66,14 +66,24 @@ class RingInfo:
 @dataclass(frozen=True)
 class Rewrite:
     """Replace operand `operand` of `op` (an integer the kernel computed as a contiguous-layout index of a unit of
-    `unit` tokens) by the index of that unit in the new order."""
+    `unit` tokens) by the index of that unit in the new order, where `op` is reached through the func.call ops
+    `calls` (outermost first; empty: the op is in the region's body). A function is rewritten only for the calls
+    whose analysis asked for it (positions.py specializes it)."""
 
     op: ir.Operation
     operand: int
     unit: int
+    calls: tuple = ()
 
     def key(self):
-        return (self.op, self.operand)
+        return (self.calls, self.op, self.operand)
+
+    def relative_to(self, depth: int) -> "Rewrite":
+        """The same read, seen from inside the first `depth` calls of its path."""
+        return Rewrite(self.op, self.operand, self.unit, self.calls[depth:])
+
+    def under(self, calls: tuple) -> "Rewrite":
+        return Rewrite(self.op, self.operand, self.unit, calls + self.calls)
 
 
 class FnTable:
@@ -115,23 +125,35 @@ class Obligation:
 
 
 @dataclass
+class Shared:
+    """What the analyses of all the regions of a module share: the naming of functions, and the calls analysed
+    (callee, abstract arguments, scope, ring) -> (results, rewrites, units, obligations, ring directions)."""
+
+    fns: FnTable = field(default_factory=FnTable)
+    call_memo: dict = field(default_factory=dict)
+    keep_alive: list = field(default_factory=list)  # placeholders whose ids key `State.carried`
+
+
+@dataclass
 class State:
-    """The analysis of one region group: what is shared between its regions, loops and calls."""
+    """The analysis of one ring region: what its loops and calls share."""
 
     ring: RingInfo
     funcs: dict[str, ir.Operation]
-    fns: FnTable = field(default_factory=FnTable)
+    shared: Shared = field(default_factory=Shared)
     rewrites: dict = field(default_factory=dict)  # (op, operand) -> Rewrite
     units: dict = field(default_factory=dict)  # (tokens, alignment) that must stay whole -> the op relying on it
     obligations: list[Obligation] = field(default_factory=list)
-    call_memo: dict = field(default_factory=dict)
     calling: list = field(default_factory=list)
     call_ops: list = field(default_factory=list)  # the func.call ops being analysed, outermost first
     unknown_vars: set = field(default_factory=set)  # loop-carried quantities being solved for
     directions: set = field(default_factory=set)  # +1 / -1: the ring directions seen
     carried: dict = field(default_factory=dict)  # id of a loop-carried placeholder -> (loop op, index)
     cov_alias: dict = field(default_factory=dict)  # coverage unknowns assumed equal (checked when solved)
-    keep_alive: list = field(default_factory=list)
+
+    @property
+    def fns(self) -> FnTable:
+        return self.shared.fns
 
 
 class Engine:
@@ -218,17 +240,26 @@ class Engine:
         if callee_name in self.state.calling:
             self.refuse(f"calls @{callee_name} recursively", op)
         state = self.state
-        key = (callee_name, tuple((a, state.carried.get(id(a))) for a in args), _scope_key(self.scope))
-        memo = state.call_memo.get(key)
+        here = tuple(state.call_ops) + (op,)
+        # Arguments holding comparisons not yet read as numbers name the ops that built them, in this context: such
+        # calls are analysed afresh each time.
+        key = None if _sourced(args) else \
+            (callee_name, tuple((a, state.carried.get(id(a))) for a in args), _scope_key(self.scope), state.ring)
+        memo = None if key is None else state.shared.call_memo.get(key)
         if memo is not None:  # the same call analysed before: its results, and what it recorded, again
-            results, rewrites, units, obligations = memo
-            state.rewrites.update(rewrites)
+            results, rewrites, units, obligations, directions = memo
+            results = [_with_sources(v, lambda src: src[:2] + (here + src[2],)) for v in results]
+            for rewrite in rewrites:
+                rewrite = rewrite.under(here)
+                state.rewrites[rewrite.key()] = rewrite
             for key, where in units.items():
                 state.units.setdefault(key, where)
             state.obligations.extend(obligations)
+            state.directions |= directions
             return results
         before_rewrites, before_units, before_obligations = dict(state.rewrites), dict(state.units), \
             len(state.obligations)
+        before_directions = set(state.directions)
         state.calling.append(callee_name)
         state.call_ops.append(op)
         try:
@@ -237,9 +268,13 @@ class Engine:
         finally:
             state.calling.pop()
             state.call_ops.pop()
-        recorded = {k: v for k, v in state.rewrites.items() if k not in before_rewrites}
-        state.call_memo[key] = (results, recorded, {k: v for k, v in state.units.items() if k not in before_units},
-                                state.obligations[before_obligations:])
+        if key is None or not all(src[2][:len(here)] == here for v in results for src in _sources(v)):
+            return results
+        depth = len(here)  # what the call recorded, as seen from inside it
+        recorded = [v.relative_to(depth) for k, v in state.rewrites.items() if k not in before_rewrites]
+        state.shared.call_memo[key] = ([_with_sources(v, lambda src: src[:2] + (src[2][depth:],)) for v in results],
+                                       recorded, {k: v for k, v in state.units.items() if k not in before_units},
+                                       state.obligations[before_obligations:], state.directions - before_directions)
         return results
 
     # -- index values read as numbers ----------------------------------------------------------------------------
@@ -276,16 +311,16 @@ class Engine:
                 if src is None:
                     self.refuse("compares or selects on a ring coordinate where the position it stands for can't be "
                                 "rewritten", fallback_op)
-                src_op, operands = src
+                src_op, operands, calls = src
                 args.append(self._position(arg, [a for a in arg.atoms() if isinstance(a, Coord)], shape, src_op,
-                                           operands[i]))
+                                           operands[i], calls))
             else:
                 args.append(self._resolve_expr(arg, shape, fallback_op, 0, top=False))
         if node.op in ("trem", "fmod", "div"):
             self.refuse("divides a ring coordinate in a way that is not a position", fallback_op)
         return Aff.of(Node(node.op, tuple(args)))
 
-    def _position(self, expr: Aff, coords, shape, op, operand) -> Aff:
+    def _position(self, expr: Aff, coords, shape, op, operand, calls: tuple | None = None) -> Aff:
         """A contiguous-layout index of a unit: c_h * (L / unit) + local unit index, with the local index in range."""
         if len(coords) != 1:
             self.refuse("combines the ring coordinates of two blocks", op)
@@ -303,12 +338,13 @@ class Engine:
         if lo < 0 or hi > a - 1:
             self.refuse(f"computes a position whose local part ({rest}) is not within one block", op)
         unit = block // a
-        rewrite = Rewrite(op, operand, unit)
+        calls = tuple(self.state.call_ops) if calls is None else calls
+        rewrite = Rewrite(op, operand, unit, calls)
         previous = self.state.rewrites.get(rewrite.key())
         if previous is not None and previous.unit != unit:
             self.refuse("reads one value as positions of two different unit sizes", op)
         self.state.rewrites[rewrite.key()] = rewrite
-        self.state.units.setdefault((unit, unit), (op, tuple(self.state.call_ops)))
+        self.state.units.setdefault((unit, unit), (op, calls))
         return gpos(expr, unit)
 
     # -- index values as data ------------------------------------------------------------------------------------
@@ -331,6 +367,18 @@ def _aff_has_coord(expr: Aff) -> bool:
         if isinstance(atom, (Coord, Pid, PidDiv)):
             return True
     return False
+
+
+def _sources(value) -> list:
+    return [n.src for n in sourced_nodes(value.expr)] if isinstance(value, Index) else []
+
+
+def _sourced(values) -> bool:
+    return any(isinstance(v, Index) and next(sourced_nodes(v.expr), None) is not None for v in values)
+
+
+def _with_sources(value, fn):
+    return Index(value.shape, map_sources(value.expr, fn)) if isinstance(value, Index) else value
 
 
 def _scope_key(scope: Scope):
@@ -396,4 +444,4 @@ def index_to_data(engine: Engine, value: Index, op) -> Data:
 
 
 __all__ = ["CONST", "FREE", "Axis", "Coverage", "Data", "Engine", "FnTable", "Index", "Obligation", "Refusal",
-           "Rewrite", "RingInfo", "Stack", "State", "Tok", "Var", "cov_ops", "functools"]
+           "Rewrite", "RingInfo", "Shared", "Stack", "State", "Tok", "Var", "cov_ops", "functools"]

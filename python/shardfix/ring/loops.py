@@ -87,8 +87,19 @@ class _Counter:
     trips: int
 
 
+_IDENTITY = ("sdy.sharding_constraint", "sdy.reshard")
+
+
+def _through_identity(value: ir.Value) -> ir.Value:
+    """The value a chain of sharding constraints (which Shardy puts even on loop counters) passes on."""
+    while not isinstance(value.owner, ir.Block) and value.owner.name in _IDENTITY:
+        value = value.owner.operands[0]
+    return value
+
+
 def _const_of(engine: Engine, value: ir.Value, inits: list, block) -> int | None:
     """A constant: a splat constant op, or a loop argument that is passed through unchanged from a constant."""
+    value = _through_identity(value)
     owner = value.owner
     if isinstance(owner, ir.Block):
         if owner == block:
@@ -111,14 +122,14 @@ def _counter(engine: Engine, op, inits: list, passthrough: list[bool]) -> _Count
     """The loop counter: the condition is `arg_i < n` and the body returns `arg_i + step`."""
     cond, body = op.regions[0].blocks[0], op.regions[1].blocks[0]
     cond_ops = [o.operation for o in cond.operations]
-    ret = cond_ops[-1].operands[0]
+    ret = _through_identity(cond_ops[-1].operands[0])
     compare = ret.owner
     if isinstance(compare, ir.Block) or compare.name != "stablehlo.compare":
         return None
     from jaxlib.mlir.dialects import stablehlo
     if stablehlo.ComparisonDirectionAttr(compare.attributes["comparison_direction"]).value != "LT":
         return None
-    lhs, rhs = compare.operands
+    lhs, rhs = (_through_identity(v) for v in compare.operands)
     if not isinstance(lhs.owner, ir.Block):
         return None
     index = ir.BlockArgument(lhs).arg_number
@@ -127,11 +138,11 @@ def _counter(engine: Engine, op, inits: list, passthrough: list[bool]) -> _Count
     if bound is None or not isinstance(init, Index) or not init.expr.is_const or passthrough[index]:
         return None
     terminator = list(body.operations)[-1].operation
-    step_value = terminator.operands[index]
+    step_value = _through_identity(terminator.operands[index])
     add = step_value.owner
     if isinstance(add, ir.Block) or add.name != "stablehlo.add":
         return None
-    a, b = add.operands
+    a, b = (_through_identity(v) for v in add.operands)
     arg = body.arguments[index]
     step = _const_of(engine, b, inits, body) if a == arg else _const_of(engine, a, inits, body) if b == arg else None
     if not step or step < 1:
@@ -191,7 +202,7 @@ def _discover(engine: Engine, op, inits, passthrough, counter) -> _Plan:
             p = cov_ops.fresh_var("p")
             engine.state.unknown_vars.add(p)
             owned[i] = [p]
-            placeholders.append(Index(init.shape, init.expr + Aff.of(p)))
+            placeholders.append(_register(engine, op, i, Index(init.shape, init.expr + Aff.of(p))))
         elif isinstance(init, Data):
             hops = [cov_ops.fresh_var("h") for _ in init.axes]
             engine.state.unknown_vars.update(hops)
@@ -208,6 +219,8 @@ def _discover(engine: Engine, op, inits, passthrough, counter) -> _Plan:
         if i not in owned:
             continue
         ret = returned[i]
+        if isinstance(ret, Written):  # a buffer (that starts as a constant) filled slice by slice
+            continue
         if isinstance(ph, Index):
             step = ret.expr - ph.expr if isinstance(ret, Index) else None
             if step is None or not step.is_const:
@@ -253,6 +266,13 @@ def _unknown_coverage(op, i: int, init: Data):
     return CoverageVar(f"cv{id(op)}_{i}"), CoverageVar(f"sv{id(op)}_{i}")
 
 
+def _register(engine: Engine, op, i: int, value):
+    """`value` is loop-carried value i of `op` (buffer writes into it are recognised)."""
+    engine.state.carried[id(value)] = (id(op), i)
+    engine.state.shared.keep_alive.append(value)
+    return value
+
+
 def _carried(engine: Engine, op, i: int, value: Data, coverage) -> Data:
     """A loop-carried Data value at an unknown iteration: its aggregate's coverage unknown (what earlier
     iterations folded in), registered so that buffer writes into it can be recognised."""
@@ -262,9 +282,7 @@ def _carried(engine: Engine, op, i: int, value: Data, coverage) -> Data:
         agg = Agg(agg.op, agg.home, agg.term, agg.cov.union(Coverage((cv,))), agg.score,
                   agg.shift_cov.union(Coverage((sv,))) if agg.op in ("ssum", "shift", "mdiff") else agg.shift_cov)
         value = value.with_(agg=agg, fn=agg_fn(engine, agg))
-    engine.state.carried[id(value)] = (id(op), i)
-    engine.state.keep_alive.append(value)
-    return value
+    return _register(engine, op, i, value)
 
 
 class _iterating:
@@ -302,7 +320,8 @@ def _analyse(engine: Engine, op, inits, passthrough, counter, plan: _Plan):
             continue
         changing.append(i)
         if isinstance(init, Index):
-            placeholders.append(Index(init.shape, init.expr + Aff.of(k).scale(plan.index_steps.get(i, 0))))
+            placeholders.append(_register(engine, op, i, Index(init.shape, init.expr
+                                                               + Aff.of(k).scale(plan.index_steps.get(i, 0)))))
         elif i in plan.widened:
             template, axes = plan.widened[i]
             placeholders.append(_carried(engine, op, i, template.with_(axes=axes), _unknown_coverage(op, i, template)))
@@ -343,15 +362,15 @@ def _solve(engine: Engine, op, placeholders, returned, changing, k: Var) -> dict
     solution: dict = {}
     for i in changing:
         ph, ret = placeholders[i], returned[i]
+        if isinstance(ret, Written):
+            if ret.slot != i or ret.loop != id(op):
+                engine.refuse("writes into a buffer it doesn't carry", op)
+            continue
         if isinstance(ph, Index):
             step = ret.expr - ph.expr if isinstance(ret, Index) else None
             expected = ph.expr.substitute({k: Aff.of(k) + 1}) - ph.expr
             if step is None or step != expected:
                 engine.refuse("changes a loop-carried integer other than by a constant step", op)
-            continue
-        if isinstance(ret, Written):
-            if ret.slot != i or ret.loop != id(op):
-                engine.refuse("writes into a buffer it doesn't carry", op)
             continue
         if not isinstance(ret, Data) or ret.shape != ph.shape or ret.dims != ph.dims or \
                 [key for key, _ in ret.axes] != [key for key, _ in ph.axes]:
@@ -443,16 +462,16 @@ def _holds(engine: Engine, kind: str, a, b) -> bool:
 
 
 def _exit_value(engine: Engine, op, init, ph, ret, solution, k: Var, trips, final):
+    if isinstance(ret, Written):
+        return _filled(engine, op, ret, k, trips)
     if isinstance(ph, Index):
         return Index(ph.shape, ph.expr.substitute(final))
-    if isinstance(ret, Written):
-        return _filled(engine, op, init, ret, k, trips)
     mapping = {v: cov_ops.substitute(s, final) for v, s in solution.items()}
     mapping.update(final)
     return try_complete(engine, substitute_value(ph, mapping))
 
 
-def _filled(engine: Engine, op, init: Data, written: Written, k: Var, trips: int) -> Data:
+def _filled(engine: Engine, op, written: Written, k: Var, trips: int) -> Data:
     """A buffer written one slice per iteration: every slice written exactly once, then a token dim (slices of
     consecutive runs of a block) or a stacked dim (anything else that varies with the iteration)."""
     d, size = written.dim, written.update.shape[written.dim]

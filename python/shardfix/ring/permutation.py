@@ -53,21 +53,55 @@ def _type(shape, element: str) -> str:
     return f"tensor<{'x'.join(map(str, shape))}x{element}>" if shape else f"tensor<{element}>"
 
 
-def insert_permutation(text: str, point: ir.InsertionPoint, value: ir.Value, context: ir.Context,
-                       location: ir.Location) -> ir.Operation:
-    """Clone the manual computation of a `permutation_module` text at `point`, applied to `value`."""
-    with context, location:
-        template = ir.Module.parse(text)
-        template_op = next(op.operation for op in template.body.operations[1].regions[0].blocks[0].operations
-                           if op.operation.name == "sdy.manual_computation")
-        new = template_op.clone(ip=point).operation
-        # The clone still reads the template's argument: point it at `value` while the template is alive, and
-        # drop the handle to the template's op before the template itself (a handle outliving its module, or a
-        # use of a freed value, corrupts memory).
-        new.operands[0] = value
-        del template_op
-        del template
-    return new
+class Permutations:
+    """Inserts sequence permutations into one module. Each kind of permutation (mesh, sharding, shape, dim,
+    strategy, direction) is parsed once and cloned where needed; every clone gets channel handles of its own,
+    above all those the module used before. Use as a context manager: the templates go when it closes."""
+
+    def __init__(self, module: ir.Operation):
+        self.module = module
+        self._templates: dict = {}
+        self._channel: int | None = None
+
+    def __enter__(self) -> "Permutations":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        # handles to a template's ops must go before the template module (a handle outliving its module
+        # corrupts memory)
+        ops = [op for _, op in self._templates.values()]
+        modules = [module for module, _ in self._templates.values()]
+        self._templates.clear()
+        del ops
+        del modules
+
+    def insert(self, point: ir.InsertionPoint, value: ir.Value, mesh_name: str, mesh: Mesh,
+               sharding: TensorSharding, dim: int, axis: str, strategy: str, stripe: int,
+               inverse: bool) -> ir.Operation:
+        """The permutation (or its inverse) of `value` along `dim`, inserted at `point`."""
+        shaped = ir.RankedTensorType(value.type)
+        element = str(shaped.element_type)
+        key = (mesh_name, mesh, sharding, tuple(shaped.shape), element, dim, axis, strategy, stripe, inverse)
+        found = self._templates.get(key)
+        if found is None:
+            text = permutation_module(mesh_name, mesh, sharding, tuple(shaped.shape), element, dim, axis, strategy,
+                                      stripe, inverse, channel=1)
+            with self.module.context:
+                template = ir.Module.parse(text)
+            template_op = next(op.operation for op in template.body.operations[1].regions[0].blocks[0].operations
+                               if op.operation.name == "sdy.manual_computation")
+            found = self._templates[key] = (template, template_op)
+        new = found[1].clone(ip=point).operation
+        new.operands[0] = value  # it read the template's argument
+        if self._channel is None:  # found only when a permutation is built: scanning the module costs a walk
+            self._channel = next_channel_handle(self.module)
+        for op in new.regions[0].blocks[0].operations:
+            if "channel_handle" in op.attributes:
+                kind = stablehlo.ChannelHandle(op.attributes["channel_handle"]).channel_type
+                op.attributes["channel_handle"] = stablehlo.ChannelHandle.get(self._channel, kind,
+                                                                              context=self.module.context)
+                self._channel += 1
+        return new
 
 
 def permutation_module(mesh_name: str, mesh: Mesh, sharding: TensorSharding, shape: tuple[int, ...], element: str,

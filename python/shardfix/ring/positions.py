@@ -14,6 +14,8 @@ whole under the permutation (prove.unit_problem checks it before anything is rew
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
@@ -21,16 +23,135 @@ from jaxlib.mlir.dialects import stablehlo
 from .analysis import Rewrite
 
 
-def apply_rewrites(rewrites: list[Rewrite], strategy: str, stripe: int, cp: int, block: int) -> int:
-    """Rewrite every recorded read in place (each op's operand once); returns how many reads were rewritten."""
+@dataclass(frozen=True)
+class Layout:
+    """The order a region's reads are rewritten for."""
+
+    strategy: str
+    stripe: int
+    cp: int
+    block: int
+
+
+def apply_rewrites(module: ir.Operation, plans: list[tuple[list[Rewrite], Layout]]) -> int:
+    """Rewrite the recorded reads of each region (its rewrites, the layout it is reordered to). Reads in the
+    region's body are rewritten in place; a function holding reads is rewritten in a copy made for the calls that
+    asked for exactly those reads, so its other callers (regions left as they are, other layouts, other
+    arguments) keep the original; copies are shared between calls that ask for the same. Originals no call
+    reaches any more are erased. Returns how many reads were rewritten."""
+    specializer = _Specializer(module)
     done = 0
-    for rewrite in sorted(rewrites, key=lambda r: (str(r.op.location), r.operand)):
-        op = rewrite.op
-        value = op.operands[rewrite.operand]
-        with ir.InsertionPoint(op), op.location:
-            op.operands[rewrite.operand] = mapped_index(value, rewrite.unit, strategy, stripe, cp, block)
-        done += 1
+    for rewrites, layout in plans:
+        here = [r for r in rewrites if not r.calls]
+        for rewrite in sorted(here, key=lambda r: (str(r.op.location), r.operand)):
+            _rewrite_operand(rewrite.op, rewrite.operand, rewrite.unit, layout)
+        done += len(here)
+        for call, below in _by_first_call([r for r in rewrites if r.calls]).items():
+            specializer.redirect(call, below, layout)
+            done += len(below)
+    specializer.erase_unreached()
     return done
+
+
+def _by_first_call(rewrites: list[Rewrite]) -> dict:
+    """Rewrites grouped by the call they go through first, each as seen from inside that call."""
+    grouped: dict = {}
+    for r in rewrites:
+        grouped.setdefault(r.calls[0], []).append(r.relative_to(1))
+    return grouped
+
+
+def _rewrite_operand(op: ir.Operation, operand: int, unit: int, layout: Layout) -> None:
+    value = op.operands[operand]
+    with ir.InsertionPoint(op), op.location:
+        op.operands[operand] = mapped_index(value, unit, layout.strategy, layout.stripe, layout.cp, layout.block)
+
+
+class _Specializer:
+    """Copies of functions with some of their reads rewritten, one per (function, reads, layout)."""
+
+    def __init__(self, module: ir.Operation):
+        self.module = module
+        self.table = ir.SymbolTable(module)
+        self.copies: dict = {}  # (function name, reads, layout) -> name of the copy
+        self.indexes: dict = {}  # function name -> {op: its place in a pre-order walk}
+        self.redirected: set = set()  # names of functions some call was moved away from
+
+    def redirect(self, call: ir.Operation, rewrites: list[Rewrite], layout: Layout) -> None:
+        name = ir.FlatSymbolRefAttr(call.attributes["callee"]).value
+        call.attributes["callee"] = ir.FlatSymbolRefAttr.get(self.copy(name, rewrites, layout))
+        self.redirected.add(name)
+
+    def copy(self, name: str, rewrites: list[Rewrite], layout: Layout) -> str:
+        """The copy of function `name` with `rewrites` (relative to it) applied."""
+        index = self._index(name)
+        key = (name, frozenset(r.key() + (r.unit,) for r in rewrites), layout)  # ops of the originals
+        found = self.copies.get(key)
+        if found is not None:
+            return found
+        original = self.table[name]
+        with ir.InsertionPoint.after(original):
+            clone = original.operation.clone()
+        clone.attributes["sym_visibility"] = ir.StringAttr.get("private")
+        new_name = self._fresh(f"{name}_{layout.strategy}")
+        clone.attributes["sym_name"] = ir.StringAttr.get(new_name)
+        self.table.insert(clone)
+        self.copies[key] = new_name
+        ops = _preorder(clone)  # the copy's ops, in the same places as the original's
+        here = [r for r in rewrites if not r.calls]
+        for r in sorted(here, key=lambda r: (index[r.op], r.operand)):
+            _rewrite_operand(ops[index[r.op]], r.operand, r.unit, layout)
+        for call, below in _by_first_call([r for r in rewrites if r.calls]).items():
+            self.redirect(ops[index[call]], below, layout)
+        return new_name
+
+    def erase_unreached(self) -> None:
+        """Erase the private functions calls were moved away from once no call reaches them."""
+        if not self.redirected:
+            return
+        callers: dict = {}
+        for op in _preorder(self.module):
+            if op.name == "func.call":
+                callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
+                callers[callee] = callers.get(callee, 0) + 1
+        pending = [n for n in self.redirected if not callers.get(n)]
+        while pending:
+            name = pending.pop()
+            func = self.table[name]
+            if "sym_visibility" not in func.attributes or \
+                    ir.StringAttr(func.attributes["sym_visibility"]).value != "private" or callers.get(name):
+                continue
+            for op in _preorder(func.operation):
+                if op.name == "func.call":
+                    callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
+                    callers[callee] -= 1
+                    if not callers[callee]:
+                        pending.append(callee)
+            self.indexes.pop(name, None)
+            self.table.erase(func)
+
+    def _index(self, name: str) -> dict:
+        found = self.indexes.get(name)
+        if found is None:
+            found = self.indexes[name] = {op: i for i, op in enumerate(_preorder(self.table[name].operation))}
+        return found
+
+    def _fresh(self, base: str) -> str:
+        n = 0
+        while f"{base}_{n}" in self.table:
+            n += 1
+        return f"{base}_{n}"
+
+
+def _preorder(op: ir.Operation) -> list:
+    found = []
+
+    def visit(o):
+        found.append(o)
+        return ir.WalkResult.ADVANCE
+
+    op.walk(visit, ir.WalkOrder.PRE_ORDER)
+    return found
 
 
 def mapped_index(value: ir.Value, unit: int, strategy: str, stripe: int, cp: int, block: int) -> ir.Value:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from jaxlib.mlir import ir
 
 from ..locations import SourceLoc
-from .analysis import Engine, FnTable, Refusal, RingInfo, State
+from .analysis import Engine, Refusal, RingInfo, Shared, State
 from .detect import RingRegion, axis_strides, find_ring_regions, module_funcs
 from .dims import shape
 from .symbolic import Aff, Scope
@@ -53,11 +53,15 @@ def prove_rings(module: ir.Operation, analyse: bool = True) -> list[Verdict]:
             verdicts[id(r.region)].why = "; ".join(r.structure)
     analysable = [r for r in regions if not r.structure]
     groups = _groups(analysable)
+    # One naming of functions and one memo of analysed calls for the whole module: regions that call the same
+    # functions with the same abstract operands (the layers of a model) are analysed once. Operands are named by
+    # their place in their group, so equal names never meet across groups, which share no values.
+    shared = Shared()
     for index, group in enumerate(groups):
         for r in group:
             verdicts[id(r.region)].group = index
         if analyse:
-            _prove_group(group, funcs, verdicts)
+            _prove_group(group, funcs, verdicts, shared)
     return [verdicts[id(r.region)] for r in regions]
 
 
@@ -83,13 +87,12 @@ def _groups(regions: list[RingRegion]) -> list[list[RingRegion]]:
     return list(grouped.values())
 
 
-def _prove_group(group: list[RingRegion], funcs, verdicts: dict) -> None:
+def _prove_group(group: list[RingRegion], funcs, verdicts: dict, shared: Shared) -> None:
     produced: dict = {}  # region result value -> abstract value (per-device values for the group's consumers)
     members = {r.region for r in group}
-    fns = FnTable()  # the group's regions pass each other values: one naming of functions for all of them
     try:
-        for r in group:
-            _prove_region(r, funcs, verdicts[id(r.region)], produced, members, fns)
+        for place, r in enumerate(group):
+            _prove_region(r, place, funcs, verdicts[id(r.region)], produced, members, shared)
     except _GroupRefusal as e:
         for r in group:
             v = verdicts[id(r.region)]
@@ -109,12 +112,15 @@ def _ring_info(r: RingRegion, block: int) -> RingInfo:
     return RingInfo(r.axis, r.cp, block, strides[r.axis], others)
 
 
-def _prove_region(r: RingRegion, funcs, verdict: Verdict, produced: dict, members: set, fns: FnTable) -> None:
+def _prove_region(r: RingRegion, place: int, funcs, verdict: Verdict, produced: dict, members: set,
+                  shared: Shared) -> None:
     body = r.region.regions[0].blocks[0]
     local_shapes = [shape(a) for a in body.arguments]
     ins, outs = r.in_shardings(), r.out_shardings()
     seq_in, block, length = {}, None, None
     for i, sharding in enumerate(ins):
+        if r.region.operands[i] in produced:
+            continue  # a per-device value from a region of the group, in the layout this region will see
         kind = _classify(sharding, r.axis, local_shapes[i])
         if kind is not None and kind[0] == "sequence":
             dim = kind[1]
@@ -128,23 +134,23 @@ def _prove_region(r: RingRegion, funcs, verdict: Verdict, produced: dict, member
         raise _GroupRefusal(Refusal(f"no operand is sharded on the ring axis \"{r.axis}\" along a sequence dim",
                                     r.region), r)
     verdict.block, verdict.length, verdict.sequence_operands = block, length, seq_in
-    state = State(_ring_info(r, block), funcs, fns)
+    state = State(_ring_info(r, block), funcs, shared)
     engine = Engine(state, Scope(r.cp, {}))
     args = []
     for i, sharding in enumerate(ins):
         local = local_shapes[i]
-        fn = state.fns.intern(("operand", id(r.region), i))
-        if i in seq_in:
+        fn = state.fns.intern(("operand", place, i))
+        source = r.region.operands[i]
+        if source in produced:
+            args.append(produced[source])
+        elif i in seq_in:
             dims = tuple(Tok("t", 1) if d == seq_in[i] else (FREE if n > 1 else CONST) for d, n in enumerate(local))
             args.append(canonical(Data(local, dims, (("t", Axis(Aff(), Aff())),), fn)))
         elif _classify(sharding, r.axis, local) is None:
             args.append(Data(local, tuple(FREE if n > 1 else CONST for n in local), (), fn))
         else:
-            source = r.region.operands[i]
-            if source not in produced:
-                raise _GroupRefusal(Refusal(f"operand {i} is a per-device value over the ring axis \"{r.axis}\" "
-                                            "that no reordered ring region produces", r.region), r)
-            args.append(produced[source])
+            raise _GroupRefusal(Refusal(f"operand {i} is a per-device value over the ring axis \"{r.axis}\" "
+                                        "that no reordered ring region produces", r.region), r)
     try:
         results = engine.run_block(body, args)
         if state.obligations:
@@ -182,21 +188,29 @@ def _check_results(r: RingRegion, engine: Engine, results: list, outs, verdict: 
         kind = _classify(sharding, r.axis, _local_shape(r, j))
         where = f"result {j}"
         if kind is None:
-            if not _is_invariant(value):
+            if not _layout_free(engine, value):
                 _refuse_result(r, f"{where} is replicated over \"{r.axis}\" but depends on which tokens a device "
                                "holds", value)
             continue
         if kind[0] == "sequence":
-            _check_sequence_result(r, engine, value, kind[1], verdict.block, where)
-            seq_out[j] = kind[1]
-            continue
+            try:
+                _check_sequence_result(r, engine, value, kind[1], verdict.block, where)
+                seq_out[j] = kind[1]
+                continue
+            except _GroupRefusal:
+                # not the tokens of the dim the ring axis shards: a per-device value (the residuals JAX passes
+                # from a forward to its backward), if only the group's regions read it
+                if not result.uses or any(use.owner not in members for use in result.uses):
+                    raise
+        produced[result] = value
+        if _layout_free(engine, value):
+            continue  # the same on every layout: any reader sees what it saw before
         users = [use.owner for use in result.uses]
         for user in users:
             if user not in members:
                 name = user.name if hasattr(user, "name") else "an op"
                 raise _GroupRefusal(Refusal(f"{where} is a per-device value that '{name}' outside the ring regions "
                                             "reads (it would see the reordered layout)", r.region), r)
-        produced[result] = value
     verdict.sequence_results = seq_out
 
 
@@ -204,6 +218,11 @@ def _local_shape(r: RingRegion, j: int):
     body = r.region.regions[0].blocks[0]
     ops = list(body.operations)
     return shape(ops[-1].operation.operands[j])
+
+
+def _layout_free(engine: Engine, value) -> bool:
+    """The value is the same whichever layout the tokens have."""
+    return _is_invariant(value) and not (isinstance(value, Data) and engine.fns.depends(value.fn))
 
 
 def _is_invariant(value) -> bool:

@@ -1,8 +1,14 @@
-"""One rule per op: the op is accepted only where its rule shows how it maps tokens, and the abstract values of its
-results follow (values.py). An op without a rule is refused, naming it."""
+"""The per-op rules, one table for the whole ring machinery. Each op name maps to an OpRule with
+
+- `transfer`: the sequence-layout analysis's rule (analysis.py): from the abstract values of the operands, those of
+  the results, or a refusal; an op without a rule is refused, naming it;
+- `moves`: for hoist-permutations, where a sequence dim of an operand lands in the result when the op treats every
+  token alike along it (or that an order-free reduction removes it); Blocked otherwise.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 from jaxlib.mlir import ir
@@ -11,27 +17,89 @@ from jaxlib.mlir.dialects import stablehlo
 from . import algebra, loops
 from . import symbolic as sym
 from .analysis import Engine
-from .dims import (ELEMENTWISE, ORDER_FREE_REDUCERS, dot_dims, element_type, ints, is_integer, reducer,
-                   reshape_groups, row_major_strides, shape, splat_number)
+from .dims import (ELEMENTWISE, ORDER_FREE_REDUCERS, dot_dims, dot_result_dims, element_type, ints, is_integer,
+                   rank, reducer, reshape_groups, row_major_strides, shape, splat_number)
 from .symbolic import Aff, Coord, Dim, Pid
 from .values import CONST, FREE, Axis, Data, Index, Stack, Tok, canonical
 
-RULES: dict[str, Callable] = {}
+@dataclass
+class OpRule:
+    transfer: Callable | None = None
+    moves: Callable | None = None
+
+
+RULES: dict[str, OpRule] = {}
 
 
 def rule(*names: str):
+    """Register an analysis rule for these ops."""
     def register(fn):
         for name in names:
-            RULES[name] = fn
+            RULES.setdefault(name, OpRule()).transfer = fn
+        return fn
+    return register
+
+
+def moves_rule(*names: str):
+    """Register a hoist rule for these ops."""
+    def register(fn):
+        for name in names:
+            RULES.setdefault(name, OpRule()).moves = fn
         return fn
     return register
 
 
 def apply_rule(engine: Engine, op: ir.Operation) -> list:
-    handler = RULES.get(op.name)
-    if handler is None:
+    entry = RULES.get(op.name)
+    if entry is None or entry.transfer is None:
         engine.refuse("is not known to treat tokens alike (no rule for it)", op)
-    return handler(engine, op)
+    return entry.transfer(engine, op)
+
+
+class Blocked(Exception):
+    """The op can't be shown to treat every token alike along the sequence dim."""
+
+
+REDUCED = "reduced"  # the dim is removed by an order-free reduction
+
+
+def moves(op: ir.Operation, operand: int, dim: int):
+    """Where dim `dim` of operand `operand` lands in the op's single result (REDUCED: reduced away in an
+    order-free way); Blocked when the op isn't token-wise along it."""
+    entry = RULES.get(op.name)
+    if entry is None or entry.moves is None:
+        raise Blocked("is not known to treat tokens alike")
+    if len(op.results) != 1:
+        raise Blocked("has several results")
+    return entry.moves(op, operand, dim)
+
+
+def carriers(op: ir.Operation, dim: int) -> dict[int, int]:
+    """The operands that carry result dim `dim`, and at which of their dims (an operand constant along it is
+    absent); Blocked when the op isn't token-wise along it."""
+    entry = RULES.get(op.name)
+    if entry is None or entry.moves is None:
+        raise Blocked("is not known to treat tokens alike")
+    if len(op.results) != 1:
+        raise Blocked("has several results")
+    found = {}
+    for i, value in enumerate(op.operands):
+        try:
+            rank = ir.ShapedType(value.type).rank
+        except (TypeError, ValueError):
+            continue
+        for d in range(rank):
+            try:
+                mapped = moves(op, i, d)
+            except Blocked:
+                continue  # a dim that doesn't reach the result (contracted, broadcast from 1): not this one
+            if mapped == dim:
+                found[i] = d
+    # Only a broadcast creates a dim its operand doesn't have (then the value is constant along it). Anywhere else a
+    # result dim no operand carries is a dim the op assembled (merged by a reshape, batched by a dot_general).
+    if not found and op.name != "stablehlo.broadcast_in_dim":
+        raise Blocked("does not carry the sequence dim through from one operand")
+    return found
 
 
 def _ins(engine: Engine, op) -> list:
@@ -98,7 +166,7 @@ def _index_elementwise(engine: Engine, op, ins: list[Index]) -> Index | None:
     scope = engine.scope_for(out)
     e = [x.expr for x in ins]
     name = op.name
-    src = (op, tuple(range(len(ins))))
+    src = (op, tuple(range(len(ins))), tuple(engine.state.call_ops))
     if name == "stablehlo.add":
         return Index(out, e[0] + e[1])
     if name == "stablehlo.subtract":
@@ -439,6 +507,28 @@ rule("stablehlo.while")(loops.while_loop)
 rule("stablehlo.case", "stablehlo.if")(loops.branches)
 
 
+@rule("sdy.manual_computation")
+def nested_manual(engine: Engine, op):
+    """A manual computation inside the region, over other mesh axes (JAX puts the `axis_index` of a
+    partial-manual region in one): followed in place when it slices nothing (every operand and result whole on
+    each device) and returns what every device of its axes agrees on."""
+    from jaxlib.mlir.dialects import sdy
+
+    from ..ir import manual_axes_of, sharding_from_attr
+    for name in ("in_shardings", "out_shardings"):
+        for attr in sdy.TensorShardingPerValueAttr(op.attributes[name]).shardings:
+            if any(d.axes for d in sharding_from_attr(attr).dims):
+                engine.refuse("splits values over mesh axes inside the ring region", op)
+    results = engine.run_block(op.regions[0].blocks[0], _ins(engine, op))
+    inner = manual_axes_of(op)
+    for value in results:
+        atoms = value.expr.free_atoms() if isinstance(value, Index) else set()
+        if any(isinstance(a, Pid) or isinstance(a, sym.PidDiv) or (isinstance(a, sym.Other) and a.axis in inner)
+               for a in atoms):
+            engine.refuse("returns a value that differs between the devices of its manual axes", op)
+    return results
+
+
 @rule("func.call")
 def call(engine: Engine, op):
     callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
@@ -465,7 +555,64 @@ def _positional(engine: Engine, op):
     return [Data(shape(r), tuple(FREE if n > 1 else CONST for n in shape(r)), (), fn) for r in op.results]
 
 
-for _name in _POSITIONAL:
-    RULES[_name] = _positional
+rule(*_POSITIONAL)(_positional)
 
-__all__ = ["RULES", "apply_rule", "rule", "Stack", "Axis"]
+# ---------------------------------------------------------------------------------------------------------------
+# Where a sequence dim goes (hoist-permutations).
+
+
+@moves_rule(*ELEMENTWISE, "sdy.sharding_constraint", "sdy.reshard")
+def _moves_elementwise(op, operand: int, dim: int):
+    if rank(op.operands[operand]) != rank(op.results[0]):
+        raise Blocked("broadcasts a scalar along the sequence")
+    return dim
+
+
+@moves_rule("stablehlo.broadcast_in_dim")
+def _moves_broadcast(op, operand: int, dim: int):
+    target = ints(op.attributes["broadcast_dimensions"])[dim]
+    if shape(op.results[0])[target] != shape(op.operands[0])[dim]:
+        raise Blocked("broadcasts along the sequence dim")
+    return target
+
+
+@moves_rule("stablehlo.transpose")
+def _moves_transpose(op, operand: int, dim: int):
+    return ints(op.attributes["permutation"]).index(dim)
+
+
+@moves_rule("stablehlo.reshape")
+def _moves_reshape(op, operand: int, dim: int):
+    groups = reshape_groups(shape(op.operands[0]), shape(op.results[0]))
+    for gi, gj in groups or ():
+        if dim in gi:
+            sized = [i for i in gi if shape(op.operands[0])[i] > 1]
+            out = [j for j in gj if shape(op.results[0])[j] > 1]
+            if sized == [dim] and len(out) == 1:
+                return out[0]
+    raise Blocked("splits or merges the sequence dim")
+
+
+@moves_rule("stablehlo.reduce")
+def _moves_reduce(op, operand: int, dim: int):
+    if len(op.operands) != 2 or operand != 0:
+        raise Blocked("is a variadic reduction")
+    reduced = ints(op.attributes["dimensions"])
+    if dim in reduced:
+        if reducer(op) not in ORDER_FREE_REDUCERS:
+            raise Blocked("reduces along the sequence with an order-sensitive body")
+        return REDUCED
+    return dim - sum(1 for r in reduced if r < dim)
+
+
+@moves_rule("stablehlo.dot_general")
+def _moves_dot(op, operand: int, dim: int):
+    numbers = dot_dims(op)
+    side = "lhs" if operand == 0 else "rhs"
+    if dim in numbers[f"{side}_batch"] or dim in numbers[f"{side}_contract"]:
+        raise Blocked("contracts or batches over the sequence dim")
+    lhs, rhs = dot_result_dims(op)
+    return (lhs if operand == 0 else rhs)[dim]
+
+
+__all__ = ["Blocked", "OpRule", "REDUCED", "RULES", "apply_rule", "carriers", "moves", "rule", "Stack", "Axis"]

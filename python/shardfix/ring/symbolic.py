@@ -81,6 +81,7 @@ class Node:
 
     op: str  # lt le gt ge eq ne and or not xor select trem div max min fmod opaque gpos
     args: tuple
+    # (op, operand of each arg, the func.call ops the op was reached through)
     src: tuple | None = field(default=None, compare=False, hash=False)
 
     def __str__(self) -> str:
@@ -519,3 +520,28 @@ def _is_bool(value: Aff, scope) -> bool:
     if len(value.terms) == 1 and value.const == 0 and value.terms[0][1] == 1 and isinstance(value.terms[0][0], Node):
         return value.terms[0][0].op in _COMPARISONS or value.terms[0][0].op in ("and", "or", "not", "xor")
     return False
+def sourced_nodes(expr: Aff):
+    """The nodes in `expr` (at any depth) that remember the op that built them."""
+    for atom, _ in expr.terms:
+        if isinstance(atom, Node):
+            if atom.src is not None:
+                yield atom
+            for arg in atom.args:
+                if isinstance(arg, Aff):
+                    yield from sourced_nodes(arg)
+
+
+def map_sources(expr: Aff, fn) -> Aff:
+    """`expr` with each node's `src` replaced by fn(src)."""
+    if next(sourced_nodes(expr), None) is None:
+        return expr
+
+    def atom_map(atom):
+        if not isinstance(atom, Node):
+            return atom
+        args = tuple(map_sources(a, fn) if isinstance(a, Aff) else a for a in atom.args)
+        return Node(atom.op, args, None if atom.src is None else fn(atom.src))
+
+    return Aff(tuple((atom_map(a), c) for a, c in expr.terms), expr.const)
+
+

@@ -1,4 +1,4 @@
-// RUN: %opt %s --split-input-file --verify-diagnostics -p ring-reorder,hoist-permutations
+// RUN: %opt %s --split-input-file --verify-diagnostics -p "ring-reorder{mode=force},hoist-permutations"
 // Whatever can't be shown to treat tokens alike along the sequence stops the motion, said at that op; the
 // permutations on both sides of it stay (results are never changed).
 

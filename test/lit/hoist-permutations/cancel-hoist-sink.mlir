@@ -1,7 +1,7 @@
-// RUN: %opt %s -p ring-reorder | FileCheck %s --check-prefix=PER-LAYER
-// RUN: %opt %s -p ring-reorder,hoist-permutations | FileCheck %s
-// RUN: %opt %s -p ring-reorder,hoist-permutations > %t.once.mlir
-// RUN: %opt %t.once.mlir -p ring-reorder,hoist-permutations > %t.twice.mlir
+// RUN: %opt %s -p "ring-reorder{mode=force}" | FileCheck %s --check-prefix=PER-LAYER
+// RUN: %opt %s -p "ring-reorder{mode=force},hoist-permutations" | FileCheck %s
+// RUN: %opt %s -p "ring-reorder{mode=force},hoist-permutations" > %t.once.mlir
+// RUN: %opt %t.once.mlir -p "ring-reorder{mode=force},hoist-permutations" > %t.twice.mlir
 // RUN: diff %t.once.mlir %t.twice.mlir
 // Two ring regions with token-wise code around them (a projection, tanh, a residual add). ring-reorder alone puts
 // a permutation before and an inverse after each region; hoist-permutations cancels the inverse/forward pair

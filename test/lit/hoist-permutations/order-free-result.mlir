@@ -1,4 +1,4 @@
-// RUN: %opt %s -p ring-reorder,hoist-permutations | FileCheck %s
+// RUN: %opt %s -p "ring-reorder{mode=force},hoist-permutations" | FileCheck %s
 // A result that doesn't depend on token order (a sum over the sequence, as a mean loss is) needs no inverse.
 
 sdy.mesh @mesh = <["cp"=2]>
