@@ -18,6 +18,9 @@ from shardfix.report import Report
 from shardfix.sharding import Mesh
 
 
+INT_OPTION_MAX = 2**31 - 1  # integer options end up in MLIR's 32- and 64-bit attributes
+
+
 class PassError(Exception):
     """A pass met input it must not change; carries the place to report."""
 
@@ -88,6 +91,8 @@ def _convert(pass_name: str, key: str, kind, text: str, minimum: int = 1):
         if value < minimum:
             need = "positive" if minimum == 1 else "0 or more"
             raise OptionError(f"option '{key}' of '{pass_name}' must be {need}; got {value}")
+        if value > INT_OPTION_MAX:
+            raise OptionError(f"option '{key}' of '{pass_name}' is out of range: {value} (at most {INT_OPTION_MAX})")
         return value
     return text
 

@@ -1,4 +1,5 @@
-"""fix-shardings: every sharding valid for its tensor and mesh and evenly divisible, every change reported."""
+"""fix-shardings: every sharding valid for its tensor and mesh and evenly divisible (or, under the auto policy,
+padded where that is cheaper), every change reported."""
 
 from __future__ import annotations
 
@@ -7,23 +8,31 @@ from typing import ClassVar, Literal
 
 from jaxlib.mlir import ir
 
-from shardfix.correct import CorrectionError, Site, correct_sharding, resolve_mesh
-from shardfix.ir import (ShardingSite, manual_axes_of, mesh_to_attr, module_meshes, source_loc,
-                         transform_shardings)
-from shardfix.report import Fix
-from shardfix.sharding import Mesh, parse_mesh_spec, shard_count
+from shardfix.correct import KEPT_PADDING, CorrectionError, Site, correct_sharding, resolve_mesh
+from shardfix.ir import module_meshes, source_loc
+from shardfix.ir.edits import Edits
+from shardfix.ir.retarget import RetargetError, retarget
+from shardfix.ir.structure import manual_needs_repair, repair_edges, repair_manual, repair_problem
+from shardfix.ir.walker import ShardingSite, enclosing_manual_axes, walk_module
+from shardfix.locations import SourceLoc
+from shardfix.report import Fix, Remark
+from shardfix.sharding import parse_mesh_spec, shard_count
 
 from . import Pass, PassContext, PassError
+
+# Reasons that only make an indivisible dim even (or keep it padded): a sharding read by a collective may keep
+# them; any other reason means the verifier rejects the sharding as it is.
+_DIVISIBILITY = frozenset({"indivisible", KEPT_PADDING})
 
 
 @dataclass(frozen=True)
 class FixShardings(Pass):
     name: ClassVar[str] = "fix-shardings"
     description: ClassVar[str] = ("repair invalid and indivisible sdy shardings, keeping as much parallelism as "
-                                  "the policy allows")
+                                  "the policy allows (auto: padding where it costs a device less)")
     accepts_invalid_shardings: ClassVar[bool] = True
 
-    policy: Literal["subaxis", "prefix", "drop"] = "subaxis"
+    policy: Literal["auto", "subaxis", "prefix", "drop"] = "auto"
     target_mesh: str = ""  # 'dp=4,tp=2': retarget the module's mesh first
 
     def apply(self, module: ir.Operation, ctx: PassContext) -> None:
@@ -34,77 +43,122 @@ class FixShardings(Pass):
             except ValueError as e:
                 raise PassError(f"fix-shardings: bad target-mesh: {e}") from None
         if target is not None:
-            retarget(module, target, ctx)
-        meshes = module_meshes(module)
-        # A module repeats a few shardings many times: correct (and describe) each (sharding, site) pair once.
-        corrected: dict = {}
-
-        def fix(site: ShardingSite):
-            key = (site.attr, site.shape, site.bound_axes, site.manual_axes, site.is_entry_boundary)
-            outcome = corrected.get(key)
-            if outcome is None:
-                where = Site(site.shape, site.bound_axes, site.manual_axes, not site.is_entry_boundary)
-                outcome = corrected[key] = self._correct(site.sharding, where, meshes)
-            if isinstance(outcome, CorrectionError):
-                raise PassError(f"{site.description}: {outcome}", site.loc)
-            new, record = outcome
-            if record is not None:
-                ctx.report.fixes.append(Fix(self.name, site.description, site.loc, *record))
-            return new
-
-        transform_shardings(module, fix)
-
-    def _correct(self, sharding, where: Site, meshes):
-        """(new sharding, the Fix fields after site and location, or None when unchanged), or the error."""
-        try:
-            new, reasons = correct_sharding(sharding, where, meshes, self.policy)
-        except CorrectionError as e:
-            return e
-        if new == sharding:
-            return new, None
-        mesh = resolve_mesh(new, meshes)[1]
-        return new, (tuple((r.code, r.detail) for r in reasons), sharding.body(), new.body(),
-                     shard_count(sharding, mesh), shard_count(new, mesh))
+            try:
+                for fields in retarget(module, target):
+                    ctx.report.fixes.append(Fix(self.name, *fields))
+            except RetargetError as e:
+                raise PassError(f"fix-shardings: {e}", e.loc) from None
+        _Run(self, module, ctx).run()
 
 
-def retarget(module: ir.Operation, target: Mesh, ctx: PassContext) -> None:
-    """Put `target` in place of the module's one mesh (keeping its name) and update mhlo.num_partitions."""
-    top = module.regions[0].blocks[0].operations
-    mesh_ops = [op.operation for op in top if op.operation.name == "sdy.mesh"]
-    meshes = module_meshes(module)
-    if len([m for m in meshes.values() if not m.is_maximal]) != 1:
-        names = ", ".join("@" + n for n in meshes) or "none"
-        raise PassError(f"fix-shardings: --target-mesh needs a module with exactly one mesh; found {names}",
-                        source_loc(module.location))
-    for op in mesh_ops:
-        name = ir.StringAttr(op.attributes["sym_name"]).value
-        old = meshes[name]
-        if old.is_maximal or old == target:
-            continue
-        _check_manual_axes(module, name, target)
-        op.attributes["mesh"] = mesh_to_attr(target)
-        ctx.report.fixes.append(Fix(FixShardings.name, f"mesh @{name}", source_loc(op.location),
-                                    (("retarget", f"mesh @{name} {old} replaced by {target}"),),
-                                    str(old), str(target), old.size, target.size))
-    if "mhlo.num_partitions" in module.attributes:
-        module.attributes["mhlo.num_partitions"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(32), target.size)
+class _Run:
+    """One application of the pass: one walk, the corrections (each distinct one computed once), one write."""
+
+    def __init__(self, pass_: FixShardings, module: ir.Operation, ctx: PassContext):
+        self.pass_, self.module, self.ctx = pass_, module, ctx
+        self.meshes = module_meshes(module)
+        self.memo: dict = {}
+        self.edits = Edits()
+        self.flagged: list[ir.Operation] = []
+
+    # -- recording ---------------------------------------------------------------------------------------------
+
+    def fix(self, description: str, loc: SourceLoc, reasons, before: str, after: str, shards_before: int,
+            shards_after: int) -> None:
+        self.ctx.report.fixes.append(Fix(self.pass_.name, description, loc, tuple((r.code, r.detail) for r in reasons),
+                                         before, after, shards_before, shards_after))
+
+    def remark(self, message: str, loc: SourceLoc) -> None:
+        self.ctx.report.remarks.append(Remark(self.pass_.name, message, loc))
+
+    def refuse(self, what: str, error: CorrectionError, loc: SourceLoc):
+        raise PassError(f"fix-shardings can't repair this: {what}: {error}", loc)
+
+    # -- correcting --------------------------------------------------------------------------------------------
+
+    def correct(self, sharding, site: Site) -> tuple:
+        return correct_sharding(sharding, site, self.meshes, self.pass_.policy)
+
+    def site_outcome(self, site: ShardingSite):
+        """(new sharding, reasons, whether it differs) or the CorrectionError, computed once per distinct
+        (sharding, site) pair."""
+        key = (site.attr, site.shape, site.bound_axes, site.manual_axes, site.is_entry_boundary)
+        outcome = self.memo.get(key)
+        if outcome is None:
+            where = Site(site.shape, site.bound_axes, site.manual_axes, not site.is_entry_boundary)
+            try:
+                new, reasons = self.correct(site.sharding, where)
+                outcome = (new, reasons, new != site.sharding)
+            except CorrectionError as e:
+                outcome = e
+            self.memo[key] = outcome
+        return outcome
+
+    # -- the pass ----------------------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        found = walk_module(self.module)
+        flagged = self._manual_to_repair(found)
+        if found.problems or flagged:
+            self._repair_structure(found)
+            found = walk_module(self.module)
+        for site in found.sites:
+            self._fix_site(site)
+        for op, name in found.edges:
+            repair_edges(op, name, self.meshes, self.edits, self)
+        self.edits.apply()
+
+    def _manual_to_repair(self, found) -> list[ir.Operation]:
+        """Manual computations the site-by-site corrections can't repair: wrong counts, invalid manual axes, or a
+        sharding with more wrong than its divisibility."""
+        flagged = {op: None for op in found.manual_ops
+                   if manual_needs_repair(op, self.meshes, enclosing_manual_axes(op), found.terminators.get(op))}
+        for site in found.sites:
+            if site.kind in ("manual-in", "manual-out") and site.op not in flagged:
+                outcome = self.site_outcome(site)
+                if isinstance(outcome, CorrectionError) or any(r.code not in _DIVISIBILITY for r in outcome[1]):
+                    flagged[site.op] = None
+        self.flagged = list(flagged)
+        return self.flagged
+
+    def _repair_structure(self, found) -> None:
+        for problem in found.problems:
+            try:
+                repair_problem(problem, self.meshes, self.correct, self.edits, self)
+            except CorrectionError as e:
+                self.refuse(problem.description, e, problem.locate())
+        for op in self.flagged:
+            try:
+                repair_manual(op, enclosing_manual_axes(op), found.terminators.get(op), self.meshes, self.correct,
+                              self.edits, self)
+            except CorrectionError as e:
+                self.refuse("'sdy.manual_computation'", e, source_loc(op.location))
+        self.edits.apply()
+        self.memo.clear()
+
+    def _fix_site(self, site: ShardingSite) -> None:
+        outcome = self.site_outcome(site)
+        if isinstance(outcome, CorrectionError):
+            self.refuse(site.description, outcome, site.loc)
+        new, reasons, changed = outcome
+        if site.frozen_by:
+            if changed or any(r.code == KEPT_PADDING for r in reasons):
+                if any(r.code not in _DIVISIBILITY for r in reasons):
+                    self.refuse(site.description, CorrectionError(
+                        f"{'; '.join(r.detail for r in reasons)}; but the sdy collective {site.frozen_by} checks it, "
+                        f"so a repair would need the collective changed with it"), site.loc)
+                self.remark(f"{site.description} left as it is: the sdy collective {site.frozen_by} checks it, so "
+                            f"changing it alone would break that ({'; '.join(r.detail for r in reasons)})", site.loc)
+            return
+        if not changed:
+            for r in reasons:
+                if r.code == KEPT_PADDING:
+                    self.remark(f"{site.description}: {r.detail}", site.loc)
+            return
+        mesh = resolve_mesh(new, self.meshes)[1]
+        self.edits.set_site(site, new)
+        self.fix(site.description, site.loc, reasons, site.sharding.body(), new.body(),
+                 shard_count(site.sharding, mesh), shard_count(new, mesh))
 
 
-def _check_manual_axes(module: ir.Operation, mesh_name: str, target: Mesh) -> None:
-    """Manual axes fix the local shapes inside a manual computation: the target must keep each with its size."""
-    old = module_meshes(module)[mesh_name]
-    manual_ops = []
-
-    def collect(op):
-        if op.name == "sdy.manual_computation":
-            manual_ops.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.walk(collect)
-    for op in manual_ops:
-        for axis in sorted(manual_axes_of(op)):
-            if not target.has_axis(axis) or target.axis_size(axis) != old.axis_size(axis):
-                have = f"size {target.axis_size(axis)}" if target.has_axis(axis) else "no such axis"
-                raise PassError(f"fix-shardings: manual computation is manual over \"{axis}\"={old.axis_size(axis)} "
-                                f"but the target mesh has {have}; its body's local shapes would change",
-                                source_loc(op.location))
+__all__ = ["FixShardings"]

@@ -52,7 +52,7 @@ def test_output_file_written_atomically(tmp_path):
 
 
 @pytest.mark.parametrize("pipeline, col, message", [
-    ("fix-shardings{policy=x}", 1, "option 'policy' of 'fix-shardings' must be one of subaxis, prefix, drop; got 'x'"),
+    ("fix-shardings{policy=x}", 1, "option 'policy' of 'fix-shardings' must be one of auto, subaxis, prefix, drop; got 'x'"),
     ("cse, fix-shardings{a=1}", 6, "unknown option 'a' for pass 'fix-shardings'"),
     ("cse,)", 5, "unbalanced ')' in the pipeline"),
 ])

@@ -1,7 +1,11 @@
 """Pure correction core: (sharding, shape, meshes, policy) -> (valid, evenly divisible sharding, reasons).
 
-The rules follow what Shardy's verifier rejects (see the reason codes) and, for indivisible dims, one of three
+The rules follow what Shardy's verifier rejects (see the reason codes) and, for indivisible dims, one of four
 policies:
+  auto     (the default) weigh the work a device gets: inside a function, where the partitioner pads an
+           indivisible dim, keep the padded split when it leaves each device fewer rows than any repair would
+           (2050 rows over 8 devices: 257 padded rows against 1025 for {"dp"}), else repair as subaxis does; at an
+           entry function's boundary, where JAX rejects indivisible shardings, always repair;
   subaxis  major to minor, keep an axis while it divides what is left, then the largest dividing sub-axis (gcd);
   prefix   keep axes while the cumulative product divides;
   drop     drop the dim's (free) axes altogether.
@@ -15,7 +19,8 @@ from typing import Mapping, Sequence
 
 from .sharding import AxisRef, DimSharding, Mesh, TensorSharding, describe_sub_axis
 
-POLICIES = ("subaxis", "prefix", "drop")
+POLICIES = ("auto", "subaxis", "prefix", "drop")
+KEPT_PADDING = "kept-padding"  # a reason that is a decision to change nothing (auto policy)
 
 
 class CorrectionError(ValueError):
@@ -38,11 +43,14 @@ class Site:
     shape: tuple[int | None, ...] | None  # None: not a shaped value (a token)
     bound_axes: frozenset[str] = frozenset()  # bound by an enclosing manual computation
     manual_axes: frozenset[str] = frozenset()  # made manual by this very site (manual_computation in/out)
-    allow_subaxes: bool = True  # False at an entry function's boundary
+    # False at an entry function's boundary: JAX can express neither sub-axes nor a padded split there (it rejects
+    # indivisible shardings), so the auto policy always repairs.
+    allow_subaxes: bool = True
 
 
 def resolve_mesh(sharding: TensorSharding, meshes: Mapping[str, Mesh]) -> tuple[str | Mesh, Mesh, list[Reason]]:
-    """The mesh a sharding refers to; an unknown name falls back to the module's only mesh."""
+    """The mesh a sharding refers to; an unknown name falls back to the module's only mesh, or to an empty mesh
+    when the module has none and the sharding names no axis."""
     if not isinstance(sharding.mesh, str):
         return sharding.mesh, sharding.mesh, []
     if sharding.mesh in meshes:
@@ -50,16 +58,32 @@ def resolve_mesh(sharding: TensorSharding, meshes: Mapping[str, Mesh]) -> tuple[
     if len(meshes) == 1:
         (name, mesh), = meshes.items()
         return name, mesh, [Reason("unknown-mesh", f"mesh @{sharding.mesh} does not exist; using @{name}")]
+    names = {ref.name for ref in sharding.all_axis_refs()}
+    holding = [name for name, mesh in meshes.items() if names and all(mesh.has_axis(n) for n in names)]
+    if len(holding) == 1:
+        name = holding[0]
+        return name, meshes[name], [Reason("unknown-mesh", f"mesh @{sharding.mesh} does not exist; using @{name}, "
+                                                           f"the only mesh with the axes it names")]
+    if not meshes and not names:
+        empty = Mesh(())
+        return empty, empty, [Reason("unknown-mesh", f"mesh @{sharding.mesh} does not exist and the sharding uses "
+                                                     f"no axis; an empty mesh says the same")]
     known = ", ".join("@" + n for n in meshes) or "none"
-    raise CorrectionError(f"unknown mesh: @{sharding.mesh} (meshes in the module: {known})")
+    need = "one mesh in the module, or one mesh with the axes the sharding names" if meshes else \
+        "an `sdy.mesh` definition for it"
+    raise CorrectionError(f"the sharding refers to @{sharding.mesh}, which the module doesn't define (its meshes: "
+                          f"{known}); a repair would need {need}")
 
 
 def correct_sharding(sharding: TensorSharding, site: Site, meshes: Mapping[str, Mesh],
-                     policy: str = "subaxis") -> tuple[TensorSharding, list[Reason]]:
-    """Return a sharding the sdy verifier accepts for `site` whose every sharded dim divides evenly."""
+                     policy: str = "auto") -> tuple[TensorSharding, list[Reason]]:
+    """Return a sharding the sdy verifier accepts for `site` whose every sharded dim divides evenly, or (auto
+    policy, inside a function) keeps an indivisible dim's padded split with a `kept-padding` reason."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy '{policy}' (expected one of {', '.join(POLICIES)})")
     mesh_ref, mesh, reasons = resolve_mesh(sharding, meshes)
+    if mesh.is_maximal:
+        return _single_device(sharding, mesh_ref, reasons)
     dims = _fit_rank(sharding, site.shape, mesh, reasons)
     checker = _AxisChecker(mesh, site.bound_axes, reasons)
     dims = [replace(d, axes=tuple(checker.merge(checker.keep_valid(d.axes, f"dim {i}"), f"dim {i}")))
@@ -85,11 +109,27 @@ def correct_sharding(sharding: TensorSharding, site: Site, meshes: Mapping[str, 
     return fixed, reasons
 
 
+def rejected_anywhere(sharding: TensorSharding, meshes: Mapping[str, Mesh]) -> bool:
+    """Whether the verifier rejects `sharding` on any value: an unknown mesh or axis, a duplicate, a bad sub-axis,
+    unsorted replicated or unreduced axes, a priority on an empty closed dim, dims on a single device."""
+    try:
+        _, reasons = correct_sharding(sharding, Site((None,) * sharding.rank), meshes, "subaxis")
+    except CorrectionError:
+        return True
+    return bool(reasons)
+
+
+def _single_device(sharding: TensorSharding, mesh_ref, reasons: list[Reason]) -> tuple[TensorSharding, list[Reason]]:
+    """A maximal (single-device) sharding names one device and nothing else, whatever the value's rank."""
+    if sharding.dims or sharding.replicated or sharding.unreduced:
+        reasons.append(Reason("rank-mismatch", "a single-device sharding has no dims, replicated or unreduced axes; "
+                                               "dropped"))
+    return TensorSharding(mesh_ref), reasons
+
+
 def _fit_rank(sharding: TensorSharding, shape, mesh: Mesh, reasons: list[Reason]) -> list[DimSharding]:
     dims = list(sharding.dims)
     rank = 0 if shape is None else len(shape)
-    if mesh.is_maximal and not dims:
-        return dims  # a maximal sharding names one device and no dims, whatever the rank
     if shape is None and dims:
         reasons.append(Reason("rank-mismatch", f"a non-shaped value takes a rank-0 sharding; {len(dims)} dims dropped"))
         return []
@@ -130,22 +170,44 @@ class _AxisChecker:
                                             f"dropped")
         size = self.mesh.axis_size(ref.name)
         if ref.is_sub_axis:
-            if ref.size <= 1 or ref.pre_size < 1 or size % (ref.pre_size * ref.size):
-                return say("bad-sub-axis", f"sub-axis {ref} is not a valid part of axis \"{ref.name}\"={size}; "
-                                           f"dropped")
+            if ref.size <= 1:
+                return say("bad-sub-axis", f"sub-axis {ref} splits axis \"{ref.name}\" {ref.size} ways; dropped")
+            if ref.pre_size < 1 or size % (ref.pre_size * ref.size):
+                return self._nearest_sub_axis(ref, size, say)
             if ref.pre_size == 1 and ref.size == size:
                 say("bad-sub-axis", f"sub-axis {ref} is the whole axis; written as \"{ref.name}\"")
                 ref = AxisRef(ref.name)
+        clash = self._clash(ref)
+        if clash is not None:
+            return say(*clash)
+        return ref
+
+    def _clash(self, ref: AxisRef) -> tuple[str, str] | None:
+        """Why `ref` can't be used next to the refs used already (a duplicate or an overlap), or None."""
         start, end = ref.span(self.mesh)
         for other in self.used:
             if other.name != ref.name:
                 continue
             o_start, o_end = other.span(self.mesh)
             if (o_start, o_end) == (start, end):
-                return say("duplicate-axis", f"axis {ref} is used already; dropped")
+                return "duplicate-axis", f"axis {ref} is used already; dropped"
             if max(start, o_start) < min(end, o_end):
-                return say("bad-sub-axis", f"axis {ref} overlaps {other}, used already; dropped")
-        return ref
+                return "bad-sub-axis", f"axis {ref} overlaps {other}, used already; dropped"
+        return None
+
+    def _nearest_sub_axis(self, ref: AxisRef, size: int, say) -> AxisRef | None:
+        """A sub-axis whose pre-size is invalid or doesn't fit the axis: the largest valid sub-axis of at most its
+        size that fits beside the refs used already (`"a":(-1)2` and `"a":(3)2` become `"a":(1)2` on a=8)."""
+        for k in sorted((d for d in range(2, min(ref.size, size) + 1) if size % d == 0 and ref.size % d == 0),
+                        reverse=True):
+            for pre in (p for p in range(1, size // k + 1) if (size // k) % p == 0):
+                candidate = AxisRef(ref.name) if k == size else AxisRef(ref.name, pre, k)
+                if self._clash(candidate) is None:
+                    say("bad-sub-axis", f"sub-axis {ref} is not a part of axis \"{ref.name}\"={size}; "
+                                        f"{candidate} keeps {k} of its {ref.size} ways")
+                    return candidate
+        return say("bad-sub-axis", f"sub-axis {ref} is not a part of axis \"{ref.name}\"={size} and no part of "
+                                   f"it fits; dropped")
 
     def merge(self, refs: Sequence[AxisRef], where: str) -> list[AxisRef]:
         """Merge consecutive sub-axes that are adjacent parts of one axis (the verifier wants them merged)."""
@@ -177,15 +239,45 @@ def _divisible_dim(dim: DimSharding, n: int | None, index: int, mesh: Mesh, site
     if n % manual_size:
         names = ", ".join(map(str, manual))
         raise CorrectionError(f"dim {index} of size {n} is not divisible by its manual axes {names} (size "
-                              f"{manual_size}); fixing it would change the local shapes inside the manual computation")
-    kept = _keep_dividing(free, n // manual_size, mesh, policy, site.allow_subaxes)
+                              f"{manual_size}); another split would change the local shapes the manual computation's "
+                              f"body is written for, so a repair needs a dim size {manual_size} divides")
+    before = _axes_text(dim.axes)
+    if policy == "auto":
+        kept, why = _auto(free, n // manual_size, mesh, site.allow_subaxes)
+        if kept is None:
+            reasons.append(Reason(KEPT_PADDING, f"dim {index} of size {n} over {before} (size {total}): {why}"))
+            return dim
+    else:
+        kept, why = _keep_dividing(free, n // manual_size, mesh, policy, site.allow_subaxes), ""
     new = DimSharding(tuple(manual + kept), dim.is_closed, dim.priority)
-    before = "{" + ", ".join(map(str, dim.axes)) + "}"
-    after = "{" + ", ".join(map(str, new.axes)) + "}"
     words = "".join(f"; {a} is {describe_sub_axis(a, mesh)}" for a in new.axes if a.is_sub_axis)
     reasons.append(Reason("indivisible", f"dim {index} of size {n} is not divisible by {before} (size {total}); "
-                                         f"now {after} (size {math.prod(a.size_in(mesh) for a in new.axes)}{words})"))
+                                         f"now {_axes_text(new.axes)} (size "
+                                         f"{math.prod(a.size_in(mesh) for a in new.axes)}{words}){why}"))
     return new
+
+
+def _axes_text(axes: Sequence[AxisRef]) -> str:
+    return "{" + ", ".join(map(str, axes)) + "}"
+
+
+def _auto(free: Sequence[AxisRef], n: int, mesh: Mesh, allow_subaxes: bool) -> tuple[list[AxisRef] | None, str]:
+    """The cheapest even split of `n` rows over `free`'s axes, or None when padding leaves each device less work
+    (only where padding is possible: inside a function). The second value says why, for the report."""
+    candidates = [_keep_dividing(free, n, mesh, p, allow_subaxes) for p in ("subaxis", "prefix")]
+    best = max(candidates, key=lambda axes: math.prod(a.size_in(mesh) for a in axes))
+    even_rows = n // math.prod(a.size_in(mesh) for a in best)
+    padded_rows = -(-n // math.prod(a.size_in(mesh) for a in free))
+    if not allow_subaxes:
+        return best, "; padding is not an option at an entry function's boundary"
+    if padded_rows < even_rows:
+        return None, (f"kept the padded split, {_rows(padded_rows)} a device; the best even split, "
+                      f"{_axes_text(best)}, would give each device {even_rows}")
+    return best, f"; {_rows(even_rows)} a device, no more than the padded split's {padded_rows}"
+
+
+def _rows(n: int) -> str:
+    return f"{n} row" + ("" if n == 1 else "s")
 
 
 def _keep_dividing(axes: Sequence[AxisRef], n: int, mesh: Mesh, policy: str, allow_subaxes: bool) -> list[AxisRef]:

@@ -1,27 +1,25 @@
 """The command-line driver behind tools/opt and `shardfix-opt`, following mlir-opt's conventions.
 
 Exit status 0 on success, 1 on any user error (located `FILE:LINE:COL: error: ...` on stderr, no traceback, and no
-output file written or changed).
+output file written or changed). `main` runs the work in a child process with a time limit (shardfix.watchdog);
+`OptMain` is the work itself, which tests drive in-process.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
-import tempfile
 from dataclasses import dataclass, field
 
 from . import __version__
-from .ir import LoadError, make_context, parse_module
-from .pipeline import PassContext, Pipeline, PipelineError, build_pass_manager, parse_pipeline, run_pipeline
+from .expectations import check, expectations
+from .output import OutputError, write_output
 from .report import Diagnostic, Report
-from .sharding import parse_mesh_spec
 
 PROG = "shardfix-opt"
-_SPLIT_MARKER = re.compile(r"^[ \t]*// -----[ \t]*$", re.MULTILINE)
-_EXPECTED = re.compile(r"//\s*expected-(error|warning|remark|note)\s*(@(?:above|below|[+-]\d+))?\s*\{\{(.*?)\}\}")
+SPLIT_MARKER = "// -----"
+DEFAULT_TIMEOUT_S = 600.0
 _BYTECODE_MAGIC = b"ML\xefR"
 
 
@@ -35,7 +33,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def make_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description="Run shardfix and MLIR passes on .mlir files.")
+    p = _Parser(prog=PROG, description="Run shardfix and MLIR passes on .mlir files (mlir-opt's conventions; "
+                                       "single-dash long options such as -split-input-file work too).")
     p.add_argument("input", nargs="?", default="-", help="input file, or - for standard input (default)")
     p.add_argument("-o", dest="output", default="-", help="output file (default: standard output)")
     p.add_argument("-p", "--pass-pipeline", dest="pipeline", default=None,
@@ -47,32 +46,88 @@ def make_parser() -> argparse.ArgumentParser:
                    help="print every recorded change and remark to stderr (as JSON lines with =json)")
     p.add_argument("--target-mesh", default=None, help="retarget to this mesh, e.g. 'dp=4,tp=2' (fix-shardings)")
     p.add_argument("--allow-unregistered-dialect", action="store_true", help="accept ops of unknown dialects")
-    p.add_argument("--print-op-generic", action="store_true", help="print ops in generic form")
+    p.add_argument("--print-op-generic", "--mlir-print-op-generic", dest="print_op_generic", action="store_true",
+                   help="print ops in generic form")
     p.add_argument("--mlir-print-debuginfo", action="store_true", help="print locations")
+    p.add_argument("--mlir-print-ir-after-all", action="store_true",
+                   help="print the module to stderr after every pass")
+    p.add_argument("--mlir-timing", action="store_true", help="print the time each pass took to stderr")
+    p.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+                   help=f"give up after this long with an error, writing nothing (0: no limit; default "
+                        f"{DEFAULT_TIMEOUT_S:g})")
     p.add_argument("--list-passes", action="store_true", help="list shardfix's passes and their options")
     p.add_argument("--version", action="store_true", help="print versions and exit")
     return p
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got '{text}'") from None
+    if not 0 <= value <= 10**7:
+        raise argparse.ArgumentTypeError(f"expected 0 to 10000000 seconds, got '{text}'")
+    return value
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """Parse mlir-opt style arguments: `-split-input-file` means `--split-input-file`, `-o=FILE` means `-o FILE`,
+    and `-name` / `--name[=options]` for a pass (ours or MLIR's) appends it to the pipeline."""
+    parser = make_parser()
+    long_options = {s for action in parser._actions for s in action.option_strings if s.startswith("--")}
+    normalized = []
+    for arg in argv:
+        if arg.startswith("-o="):
+            normalized += ["-o", arg[3:]]
+        elif arg.startswith("-") and not arg.startswith("--") and len(arg) > 2 and \
+                "--" + arg[1:].split("=", 1)[0] in long_options:
+            normalized.append("-" + arg)
+        else:
+            normalized.append(arg)
+    args, rest = parser.parse_known_args(normalized)
+    flags = [a for a in rest if a.startswith("-") and len(a) > 1]
+    if len(flags) != len(rest):
+        raise UsageError(f"unrecognized arguments: {' '.join(a for a in rest if a not in flags)}")
+    args.pass_flags = [(a, _pass_flag(a)) for a in flags]
+    if args.pass_flags and args.pipeline is not None:
+        raise UsageError(f"passes given both as flags ({' '.join(flags)}) and with --pass-pipeline")
+    return args
+
+
+def _pass_flag(arg: str) -> str:
+    """`--sdy-foo='a=1 b=2'` -> `sdy-foo{a=1 b=2}`."""
+    name, eq, options = arg.lstrip("-").partition("=")
+    if not name or not all(c.isalnum() or c in "-_." for c in name):
+        raise UsageError(f"unrecognized arguments: {arg}")
+    return f"{name}{{{options}}}" if eq else name
+
+
 @dataclass
 class _Chunk:
-    text: str
-    first_line: int  # 0-based line of the chunk in the whole input
+    text: str | bytes
+    first_line: int  # 1-based line of the chunk in the whole input
     output: str | None = None
     diagnostics: list[Diagnostic] = field(default_factory=list)
 
 
-class OptMain:
-    """One invocation; tests drive `run(argv)` directly with their own streams."""
+class _Failure(Exception):
+    """Already reported to stderr."""
 
-    def __init__(self, stdout=None, stderr=None, stdin=None):
+
+class OptMain:
+    """One invocation; tests drive `run(argv)` directly with their own streams. With a `channel` (the watchdog's
+    child), progress and output go to it rather than to the streams."""
+
+    def __init__(self, stdout=None, stderr=None, stdin=None, channel=None):
         self.stdout = stdout or sys.stdout
         self.stderr = stderr or sys.stderr
         self.stdin = stdin or sys.stdin.buffer
+        self.channel = channel
 
     def run(self, argv: list[str]) -> int:
+        from .pipeline import PipelineError
         try:
-            return self._run(make_parser().parse_args(argv))
+            return self._run(parse_args(argv))
         except UsageError as e:
             self._error(f"{PROG}: error: {e}")
         except PipelineError as e:
@@ -86,39 +141,68 @@ class OptMain:
 
     def _run(self, args) -> int:
         if args.version:
-            import jax, jaxlib
+            import jax
+            import jaxlib
             print(f"{PROG} {__version__} (jax {jax.__version__}, jaxlib {jaxlib.__version__})", file=self.stdout)
             return 0
         if args.list_passes:
             self.stdout.write(_list_passes())
             return 0
+        from .ir import make_context
+        from .pipeline import PassContext, Pipeline, PipelineError, build_pass_manager, parse_pipeline
+        from .sharding import parse_mesh_spec
         pass_ctx = PassContext(Report())
         if args.target_mesh is not None:
             try:
                 pass_ctx.target_mesh = parse_mesh_spec(args.target_mesh)
             except ValueError as e:
                 raise UsageError(f"--target-mesh: {e}") from None
-        pipeline = parse_pipeline(args.pipeline) if args.pipeline else Pipeline(())
+        ctx = make_context(args.allow_unregistered_dialect)
+        for flag, element in args.pass_flags:  # a flag that names no pass is an unknown option, as in mlir-opt
+            try:
+                build_pass_manager(parse_pipeline(element), ctx, pass_ctx)
+            except PipelineError:
+                raise UsageError(f"unrecognized arguments: {flag}") from None
+        text = args.pipeline if args.pipeline is not None else ",".join(e for _, e in args.pass_flags)
+        pipeline = parse_pipeline(text) if text else Pipeline(())
         if args.target_mesh is not None and not any(e.ours is not None and e.ours.name == "fix-shardings"
                                                     for e in pipeline.elements):
             raise UsageError("--target-mesh is applied by fix-shardings; add it to the pipeline (-p fix-shardings)")
         name, source = self._read(args.input)
-        ctx = make_context(args.allow_unregistered_dialect)
         build_pass_manager(pipeline, ctx, pass_ctx)  # reject unknown MLIR passes before reading any module
 
         chunks = _split(source, args.split_input_file)
         ok = True
         for chunk in chunks:
+            if self.channel is not None:
+                self.channel.progress(chunk.first_line)
             ok &= self._process(chunk, name, pipeline, ctx, pass_ctx, args)
         if args.verify_diagnostics:
             ok = all([self._verify(chunk, name) for chunk in chunks])
         if args.report and pass_ctx.report:
             self.stderr.write(pass_ctx.report.render_json() if args.report == "json"
                               else pass_ctx.report.render_text())
-        if not ok:
-            return 1
-        self._write(args.output, "// -----\n".join(c.output or "" for c in chunks))
-        return 0
+        written = [c.output for c in chunks if c.output is not None]
+        if ok or (args.output == "-" and written and not args.verify_diagnostics):
+            # Like mlir-opt, standard output gets every chunk that succeeded even when another failed; a file
+            # is written only when all did.
+            self._emit(args.output, (SPLIT_MARKER + "\n").join(written))
+        return 0 if ok else 1
+
+    def _emit(self, path: str, text: str) -> None:
+        if self.channel is not None:
+            self.channel.output(path, text)
+            return
+        try:
+            if path == "-":
+                self.stdout.write(text)
+                self.stdout.flush()
+            else:
+                write_output(path, text.encode())
+        except (OutputError, OSError, ValueError) as e:
+            reason = e if isinstance(e, OutputError) else f"cannot write to standard output: {e}"
+            self._error(f"{PROG}: error: {reason}")
+            raise _Failure() from None
 
     def _read(self, path: str) -> tuple[str, str | bytes]:
         if path == "-":
@@ -150,11 +234,16 @@ class OptMain:
             raise _Failure()
         return name, text
 
-    def _process(self, chunk: _Chunk, name: str, pipeline: Pipeline, ctx, pass_ctx: PassContext, args) -> bool:
+    def _process(self, chunk: _Chunk, name: str, pipeline, ctx, pass_ctx, args) -> bool:
+        from .ir import LoadError
+        from .ir.loader import load_module
+        from .pipeline import run_pipeline
         before = len(pass_ctx.report.fixes), len(pass_ctx.report.remarks), len(pass_ctx.report.rings)
         try:
-            module = parse_module(chunk.text, ctx, name, lenient=pipeline.loads_leniently)
-            run_pipeline(module, pipeline, ctx, pass_ctx)
+            module, held = load_module(chunk.text, ctx, name, lenient=pipeline.loads_leniently)
+            self.stderr.flush()
+            run_pipeline(module, pipeline, ctx, pass_ctx, explain_failures=held,
+                         print_ir_after_all=args.mlir_print_ir_after_all, timing=args.mlir_timing)
         except LoadError as e:
             chunk.diagnostics = e.diagnostics
             if not args.verify_diagnostics:
@@ -174,65 +263,24 @@ class OptMain:
         return True
 
     def _verify(self, chunk: _Chunk, name: str) -> bool:
-        expected = []
-        lines = chunk.text.split("\n")
-        for i, line in enumerate(lines):
-            for m in _EXPECTED.finditer(line):
-                target = i + 1
-                if m.group(2):
-                    at = m.group(2)[1:]
-                    target += {"above": -1, "below": 1}.get(at, None) or int(at)
-                expected.append([m.group(1), target, m.group(3), i + 1, m.start() + 1, False])
-        ok = True
-        for d in chunk.diagnostics:
-            if d.severity == "note" and not any(e[0] == "note" for e in expected):
-                continue
-            match = next((e for e in expected if not e[5] and e[0] == d.severity and e[1] == d.loc.line
-                          and e[2] in d.message), None)
-            if match is None:
-                self._error(f"{d.loc if d.loc.file else name}: error: unexpected {d.severity}: {d.message}")
-                ok = False
-            else:
-                match[5] = True
-        for severity, _, text, line, col, seen in expected:
-            if not seen:
-                self._error(f"{name}:{line}:{col}: error: expected {severity} \"{text}\" was not produced")
-                ok = False
-        return ok
-
-    def _write(self, path: str, text: str) -> None:
-        if path == "-":
-            self.stdout.write(text)
-            return
-        directory = os.path.dirname(os.path.abspath(path))
-        try:
-            fd, tmp = tempfile.mkstemp(prefix=".shardfix-", dir=directory)
-        except OSError as e:
-            self._error(f"{PROG}: error: cannot write output file '{path}': {e.strerror}")
-            raise _Failure() from None
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-            os.replace(tmp, path)
-        except OSError as e:
-            os.unlink(tmp)
-            self._error(f"{PROG}: error: cannot write output file '{path}': {e.strerror}")
-            raise _Failure() from None
-
-
-class _Failure(Exception):
-    """Already reported to stderr."""
+        text = chunk.text if isinstance(chunk.text, str) else ""
+        errors = check(expectations(text), chunk.diagnostics, name)
+        for line in errors:
+            self._error(line)
+        return not errors
 
 
 def _split(source: str | bytes, split: bool) -> list[_Chunk]:
+    """The input's `// -----` chunks, each padded with blank lines so its diagnostics keep the file's lines."""
     if isinstance(source, bytes) or not split:
-        return [_Chunk(source, 0)]
-    chunks, start, line = [], 0, 0
-    for m in _SPLIT_MARKER.finditer(source):
-        chunks.append(_Chunk("\n" * line + source[start:m.start()], line))
-        line += source[start:m.end()].count("\n")
-        start = m.end()
-    chunks.append(_Chunk("\n" * line + source[start:], line))
+        return [_Chunk(source, 1)]
+    lines = source.split("\n")
+    chunks, start = [], 0
+    for i, line in enumerate(lines):
+        if line.strip() == SPLIT_MARKER:
+            chunks.append(_Chunk("\n" * start + "\n".join(lines[start:i]), start + 1))
+            start = i + 1
+    chunks.append(_Chunk("\n" * start + "\n".join(lines[start:]), start + 1))
     return chunks
 
 
@@ -255,16 +303,36 @@ def _kind_text(kind) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """tools/opt: the run in a child process with a time limit; a crash or a bug is one line, never a traceback."""
+    from .watchdog import run_guarded
+    argv = sys.argv[1:] if argv is None else argv
     try:
-        return OptMain().run(sys.argv[1:] if argv is None else argv)
-    except KeyboardInterrupt:
-        return 130
-    except Exception as e:  # a bug in shardfix: say so in one line, the traceback only on request
+        args = parse_args(argv)
+    except UsageError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+    if args.timeout == 0 or args.version or args.list_passes:
+        return _unguarded(argv)
+    input_name = "<stdin>" if args.input == "-" else args.input
+    return run_guarded(lambda channel: _work(argv, channel), args.timeout, input_name, PROG)
+
+
+def _work(argv: list[str], channel) -> int:
+    try:
+        return OptMain(channel=channel).run(argv)
+    except Exception as e:  # a bug in shardfix: one line, the traceback only on request
         if os.environ.get("SHARDFIX_TRACEBACK"):
             raise
         print(f"{PROG}: internal error: {type(e).__name__}: {e} (set SHARDFIX_TRACEBACK=1 for details)",
               file=sys.stderr)
         return 1
+
+
+def _unguarded(argv: list[str]) -> int:
+    try:
+        return _work(argv, None)
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

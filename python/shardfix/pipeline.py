@@ -17,6 +17,7 @@ from shardfix.passes import OptionError, Pass, PassContext, PassError
 
 from .ir import LoadError, diagnostics_of
 from .locations import SourceLoc
+from .refusal import explain
 from .report import Diagnostic
 
 
@@ -116,8 +117,10 @@ def _split_top_level(text: str, sep: str, offset: int):
     yield text[start:], offset + start + 1
 
 
-def build_pass_manager(pipeline: Pipeline, ctx: ir.Context, pass_ctx: PassContext,
-                       verify_each: bool = True) -> passmanager.PassManager:
+def build_pass_manager(pipeline: Pipeline, ctx: ir.Context, pass_ctx: PassContext, verify_each: bool = True,
+                       print_ir_after_all: bool = False, timing: bool = False) -> passmanager.PassManager:
+    """A PassManager for the pipeline; MLIR prints the module after every pass (`print_ir_after_all`) and the
+    time of each pass (`timing`, when the manager is deleted) to stderr."""
     with ctx:
         pm = passmanager.PassManager("builtin.module")
         for element in pipeline.elements:
@@ -129,6 +132,10 @@ def build_pass_manager(pipeline: Pipeline, ctx: ir.Context, pass_ctx: PassContex
             except ValueError as e:
                 raise PipelineError(_mlir_pipeline_message(str(e), element.text), element.col) from None
         pm.enable_verifier(verify_each)
+        if print_ir_after_all:
+            pm.enable_ir_printing(print_after_all=True, print_module_scope=True)
+        if timing:
+            pm.enable_timing()
     return pm
 
 
@@ -149,21 +156,27 @@ def _mlir_pipeline_message(message: str, element: str) -> str:
 
 
 def run_pipeline(module: ir.Operation, pipeline: Pipeline, ctx: ir.Context, pass_ctx: PassContext,
-                 verify_each: bool = True) -> None:
+                 verify_each: bool = True, explain_failures: bool = False, print_ir_after_all: bool = False,
+                 timing: bool = False) -> None:
     """Run the pipeline on the module in place; failures raise LoadError with located diagnostics. The result
-    is verified after every pass, or (verify_each=False, cheaper for long pipelines) once at the end."""
+    is verified after every pass, or (verify_each=False, cheaper for long pipelines) once at the end.
+    `explain_failures` (for a module loaded with stand-ins, which held shardings the verifier rejects): a
+    verifier error is said in shardfix's words, as what the repair couldn't do."""
     if not pipeline.elements:
         return
-    pm = build_pass_manager(pipeline, ctx, pass_ctx, verify_each)
+    pm = build_pass_manager(pipeline, ctx, pass_ctx, verify_each, print_ir_after_all, timing)
     try:
         with ctx:
             pm.run(module)
             if not verify_each:
                 module.verify()
     except ir.MLIRError as e:
-        raise LoadError(diagnostics_of(e)) from None
+        diagnostics = diagnostics_of(e)
+        raise LoadError(explain(diagnostics) if explain_failures else diagnostics) from None
     except PassError as e:
         raise LoadError([Diagnostic("error", str(e), e.loc)]) from None
+    finally:
+        del pm  # MLIR prints the timing report now
 
 
 __all__ = ["Pipeline", "PipelineError", "parse_pipeline", "build_pass_manager", "run_pipeline", "PassContext",

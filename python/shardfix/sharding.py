@@ -14,9 +14,10 @@ Printed syntax (what `str()` gives and `parse_*` reads) is the sdy assembly synt
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence, Union
+
+from .mlir_text import quote
 
 
 class ShardingSyntaxError(ValueError):
@@ -49,7 +50,7 @@ class AxisRef:
         return self.size if self.is_sub_axis else mesh.axis_size(self.name)
 
     def __str__(self) -> str:
-        text = _quote(self.name)
+        text = quote(self.name)
         if self.is_sub_axis:
             text += f":({self.pre_size}){self.size}"
         return text
@@ -99,7 +100,7 @@ class Mesh:
         return self.axis_names.index(name)
 
     def __str__(self) -> str:
-        text = "<[" + ", ".join(f"{_quote(n)}={s}" for n, s in self.axes) + "]"
+        text = "<[" + ", ".join(f"{quote(n)}={s}" for n, s in self.axes) + "]"
         if self.device_ids is not None:
             text += ", device_ids=[" + ", ".join(map(str, self.device_ids)) + "]"
         return text + ">"
@@ -185,233 +186,65 @@ def dim_shard_count(dim: DimSharding, mesh: Mesh) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Reading sdy syntax.
+# Printing names, and reading: the sdy syntax readers live in shardfix.sdy_syntax (on MLIR tokens).
 
-_NAME_CHARS = re.compile(r"[A-Za-z0-9_$.\-]+")
-_INT = re.compile(r"-?\d+")
-
-
-def _quote(name: str) -> str:
-    return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+_SYMBOL_START = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_")
+_SYMBOL_CHARS = _SYMBOL_START | frozenset("0123456789$.")
+AXIS_SIZE_MAX = 2**31 - 1  # mhlo.num_partitions is a 32-bit integer
 
 
 def _symbol(name: str) -> str:
-    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_$.]*", name):
+    """A symbol name as MLIR prints it: bare when it is a valid identifier, quoted otherwise."""
+    if name and name[0] in _SYMBOL_START and all(c in _SYMBOL_CHARS for c in name):
         return name
-    return _quote(name)
-
-
-class _Reader:
-    def __init__(self, text: str, pos: int = 0):
-        self.text, self.pos = text, pos
-
-    def skip(self) -> None:
-        while self.pos < len(self.text) and self.text[self.pos] in " \t\r\n":
-            self.pos += 1
-
-    def peek(self, token: str) -> bool:
-        self.skip()
-        return self.text.startswith(token, self.pos)
-
-    def accept(self, token: str) -> bool:
-        if self.peek(token):
-            self.pos += len(token)
-            return True
-        return False
-
-    def expect(self, token: str) -> None:
-        if not self.accept(token):
-            found = self.text[self.pos:self.pos + 12] or "end of input"
-            raise ShardingSyntaxError(f"expected '{token}' but found '{found}'", self.pos)
-
-    def integer(self) -> int:
-        self.skip()
-        m = _INT.match(self.text, self.pos)
-        if not m:
-            raise ShardingSyntaxError("expected an integer", self.pos)
-        self.pos = m.end()
-        return int(m.group())
-
-    def string(self) -> str:
-        self.skip()
-        if not self.text.startswith('"', self.pos):
-            raise ShardingSyntaxError("expected a quoted axis name", self.pos)
-        out, i = [], self.pos + 1
-        while i < len(self.text) and self.text[i] != '"':
-            if self.text[i] == "\\" and i + 1 < len(self.text):
-                i += 1
-            out.append(self.text[i])
-            i += 1
-        if i >= len(self.text):
-            raise ShardingSyntaxError("unterminated string", self.pos)
-        self.pos = i + 1
-        return "".join(out)
-
-    def symbol(self) -> str:
-        self.expect("@")
-        if self.peek('"'):
-            return self.string()
-        m = _NAME_CHARS.match(self.text, self.pos)
-        if not m:
-            raise ShardingSyntaxError("expected a symbol name", self.pos)
-        self.pos = m.end()
-        return m.group()
-
-    def separated(self, close: str, item):
-        """Items separated by commas up to `close` (consumed)."""
-        items = []
-        if self.accept(close):
-            return items
-        while True:
-            items.append(item())
-            if self.accept(close):
-                return items
-            self.expect(",")
-
-
-def _read_axis_ref(r: _Reader) -> AxisRef:
-    name = r.string()
-    if r.accept(":"):
-        r.expect("(")
-        pre = r.integer()
-        r.expect(")")
-        return AxisRef(name, pre, r.integer())
-    return AxisRef(name)
-
-
-def _read_mesh(r: _Reader) -> Mesh:
-    r.expect("<")
-    r.expect("[")
-
-    def axis():
-        name = r.string()
-        r.expect("=")
-        return name, r.integer()
-
-    axes = r.separated("]", axis)
-    device_ids = None
-    if r.accept(","):
-        r.expect("device_ids")
-        r.expect("=")
-        r.expect("[")
-        device_ids = tuple(r.separated("]", r.integer))
-    r.expect(">")
-    return Mesh(tuple(axes), device_ids)
-
-
-def _read_dim(r: _Reader) -> DimSharding:
-    r.expect("{")
-    axes, closed = [], True
-    if not r.accept("}"):
-        while True:
-            if r.accept("?"):
-                closed = False
-                r.expect("}")
-                break
-            axes.append(_read_axis_ref(r))
-            if r.accept("}"):
-                break
-            r.expect(",")
-    priority = None
-    if r.peek("p") and _INT.match(r.text, r.pos + 1):
-        r.pos += 1
-        priority = r.integer()
-    return DimSharding(tuple(axes), closed, priority)
-
-
-def _read_tensor_sharding_body(r: _Reader) -> TensorSharding:
-    r.expect("<")
-    mesh: MeshRef = r.symbol() if r.peek("@") else (r.expect("mesh"), _read_mesh(r))[1]
-    r.expect(",")
-    r.expect("[")
-    dims = r.separated("]", lambda: _read_dim(r))
-    extra: dict[str, tuple[AxisRef, ...]] = {"replicated": (), "unreduced": ()}
-    while r.accept(","):
-        keyword = "replicated" if r.accept("replicated") else (r.expect("unreduced"), "unreduced")[1]
-        r.expect("=")
-        r.expect("{")
-        extra[keyword] = tuple(r.separated("}", lambda: _read_axis_ref(r)))
-    r.expect(">")
-    return TensorSharding(mesh, tuple(dims), extra["replicated"], extra["unreduced"])
-
-
-def _whole(text: str, read):
-    r = _Reader(text)
-    value = read(r)
-    r.skip()
-    if r.pos != len(text):
-        raise ShardingSyntaxError(f"unexpected trailing text '{text[r.pos:r.pos + 12]}'", r.pos)
-    return value
+    return quote(name)
 
 
 def parse_mesh(text: str) -> Mesh:
     """Read `<["a"=2, ...]>` or `#sdy.mesh<[...]>`."""
-    text = text.strip()
-    return _whole(text[len("#sdy.mesh"):] if text.startswith("#sdy.mesh") else text, _read_mesh)
+    from .sdy_syntax import parse_mesh as read
+    return read(text)
 
 
 def parse_tensor_sharding(text: str) -> TensorSharding:
     """Read `#sdy.sharding<...>` or the bare `<...>` form used in op assembly."""
-    text = text.strip()
-    return _whole(text[len("#sdy.sharding"):] if text.startswith("#sdy.sharding<") else text,
-                  _read_tensor_sharding_body)
+    from .sdy_syntax import parse_tensor_sharding as read
+    return read(text)
 
 
 def parse_sharding_per_value(text: str) -> ShardingPerValue:
-    text = text.strip()
-    prefix = "#sdy.sharding_per_value"
-    if not text.startswith(prefix):
-        raise ShardingSyntaxError(f"expected '{prefix}'", 0)
-
-    def read(r: _Reader) -> ShardingPerValue:
-        r.pos = len(prefix)
-        r.expect("<")
-        r.expect("[")
-        values = r.separated("]", lambda: _read_tensor_sharding_body(r))
-        r.expect(">")
-        return ShardingPerValue(tuple(values))
-
-    return _whole(text, read)
+    """Read `#sdy.sharding_per_value<[...]>`."""
+    from .sdy_syntax import parse_sharding_per_value as read
+    return read(text)
 
 
 def parse_manual_axes(text: str) -> tuple[str, ...]:
     """Read `#sdy<manual_axes{"a", "b"}>` or `{"a", "b"}` (a manual computation's manual axes)."""
-    text = text.strip()
-    for prefix in ("#sdy<manual_axes", "manual_axes"):
-        if text.startswith(prefix):
-            text = text[len(prefix):].strip()
-            if text.endswith(">") and prefix.startswith("#"):
-                text = text[:-1]
-            break
-
-    def read(r: _Reader) -> tuple[str, ...]:
-        r.expect("{")
-        return tuple(r.separated("}", r.string))
-
-    return _whole(text, read)
-
-
-def read_tensor_sharding_at(text: str, pos: int) -> tuple[TensorSharding, int]:
-    """Read one bare `<...>` tensor sharding starting at `pos`; returns it and the offset just past it."""
-    r = _Reader(text, pos)
-    value = _read_tensor_sharding_body(r)
-    return value, r.pos
+    from .sdy_syntax import parse_manual_axes as read
+    return read(text)
 
 
 def parse_mesh_spec(text: str) -> Mesh:
-    """Read the command-line form `dp=4,tp=2` (an empty string is not a mesh)."""
-    axes = []
+    """Read the command-line form `dp=4,tp=2` (an empty string is not a mesh); sizes from 1 to 2**31-1, and so
+    is the product (the device count)."""
+    axes: list[tuple[str, int]] = []
     for part in text.split(","):
-        m = re.fullmatch(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(\d+)\s*", part)
-        if not m:
+        name, eq, size_text = (s.strip() for s in part.partition("="))
+        if not eq or not name or name[0] not in _SYMBOL_START or not all(c in _SYMBOL_CHARS - {"$", "."} for c in name) \
+                or not size_text.isdigit() or not size_text.isascii():
             raise ValueError(f"expected NAME=SIZE[,NAME=SIZE...], got '{text}'")
-        name, size = m.group(1), int(m.group(2))
+        size = int(size_text)
         if size < 1:
             raise ValueError(f"axis '{name}' must have a positive size, got {size}")
+        if size > AXIS_SIZE_MAX:
+            raise ValueError(f"axis '{name}' size {size} is out of range (at most {AXIS_SIZE_MAX})")
         if any(n == name for n, _ in axes):
             raise ValueError(f"axis '{name}' appears twice in '{text}'")
         axes.append((name, size))
-    return Mesh(tuple(axes))
+    mesh = Mesh(tuple(axes))
+    if mesh.size > AXIS_SIZE_MAX:
+        raise ValueError(f"a mesh of {mesh.size} devices is out of range (at most {AXIS_SIZE_MAX})")
+    return mesh
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """MLIR glue: the context, strict and lenient loading, sdy attributes <-> the sharding model, the sharding-site
-walker, and source locations."""
+walker and its batched edits, structural repairs, retargeting, and source locations."""
 
 from .attrs import (manual_axes_of, mesh_from_attr, mesh_to_attr, module_meshes, per_value_to_attr,
                     sharding_from_attr, sharding_to_attr)

@@ -7,7 +7,8 @@ import functools
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import sdy
 
-from ..sharding import AxisRef, DimSharding, Mesh, TensorSharding, parse_manual_axes
+from ..sdy_syntax import parse_manual_axes
+from ..sharding import AxisRef, DimSharding, Mesh, TensorSharding
 
 
 def mesh_from_attr(attr: ir.Attribute) -> Mesh:
@@ -76,11 +77,20 @@ def module_meshes(module: ir.Operation) -> dict[str, Mesh]:
 
 
 def manual_axes_of(op: ir.Operation) -> frozenset[str]:
-    """The axes a sdy.manual_computation makes manual (the bindings give ManualAxesAttr no accessor: its printed
-    form is read with the sdy syntax reader)."""
+    """The axes a sdy.manual_computation makes manual."""
+    return frozenset(manual_axes_list(op))
+
+
+def manual_axes_list(op: ir.Operation) -> tuple[str, ...]:
+    """A sdy.manual_computation's manual axes as written, duplicates and order included (the bindings give
+    ManualAxesAttr no accessor: its printed form is read with the sdy syntax reader)."""
     return _manual_axes(op.attributes["manual_axes"])
 
 
 @functools.lru_cache(maxsize=4096)
-def _manual_axes(attr: ir.Attribute) -> frozenset[str]:
-    return frozenset(parse_manual_axes(str(attr)))
+def _manual_axes(attr: ir.Attribute) -> tuple[str, ...]:
+    return parse_manual_axes(str(attr))
+
+
+def manual_axes_to_attr(axes) -> ir.Attribute:
+    return sdy.ManualAxesAttr.get([ir.StringAttr.get(a) for a in axes])

@@ -1,83 +1,64 @@
-"""Loading modules: strict (parse and verify), and lenient (a module the sdy verifier rejects only because of its
-shardings loads too, holding those shardings unchanged, so fix-shardings can repair it)."""
+"""Loading modules: strict (parse and verify), and lenient (a module the sdy verifier rejects because of its
+shardings loads too, holding those shardings as written, so fix-shardings can repair it).
+
+The bindings verify whatever they parse, so a lenient load parses the text with stand-ins the verifier accepts
+(shardfix.standins) and then puts the original attributes back through the bindings.
+"""
 
 from __future__ import annotations
 
-import re
-from typing import Iterator
-
 from jaxlib.mlir import ir
 
-from ..sharding import DimSharding, Mesh, ShardingSyntaxError, TensorSharding, read_tensor_sharding_at
+from ..locations import SourceLoc
+from ..report import Diagnostic
+from ..standins import StandIns, quickly_rejected, stand_in
 from .context import LoadError, diagnostics_of
-from .walker import walk_shardings
+from ..refusal import explain
 
-_PLACEHOLDER_BASE = 1_000_000_007  # device id tag of a placeholder sharding; far above any real device count
+
+# Above this size a lenient load first looks for shardings the verifier rejects anywhere, and if it finds one skips
+# the strict parse: MLIR's error for a failing function prints all of it, which takes longer than the function.
+_QUICK_LOOK_BYTES = 1 << 18
 
 
 def parse_module(source: str | bytes, ctx: ir.Context, source_name: str = "-", lenient: bool = False) -> ir.Operation:
-    """Parse and verify a module; with `lenient`, a module the sdy verifier rejects only because of its shardings
-    loads too, holding those shardings unchanged (it won't verify until they are repaired)."""
+    """Parse and verify a module; with `lenient`, a module the sdy verifier rejects because of its shardings
+    loads too, holding those shardings unchanged (it won't verify until they are repaired). A module that can't
+    be loaded even so is a LoadError; for a lenient load, one that says why in shardfix's words."""
+    return load_module(source, ctx, source_name, lenient)[0]
+
+
+def load_module(source: str | bytes, ctx: ir.Context, source_name: str = "-",
+                lenient: bool = False) -> tuple[ir.Operation, bool]:
+    """parse_module, and whether the module needed stand-ins to load (it doesn't verify as it is)."""
     with ctx:
+        quick = lenient and isinstance(source, str) and len(source) > _QUICK_LOOK_BYTES and quickly_rejected(source)
+        if not quick:
+            try:
+                return _parse_op(source, source_name), False
+            except ir.MLIRError as e:
+                if not lenient or isinstance(source, bytes):
+                    raise LoadError(diagnostics_of(e)) from None
+        stand_ins = stand_in(source)
+        if not stand_ins:
+            lines = frozenset(stand_ins.collective_lines) if stand_ins is not None else frozenset()
+            raise LoadError(explain(_strict_errors(source, source_name), lines))
         try:
-            return _parse_op(source, source_name)
-        except ir.MLIRError as e:
-            strict_error = e
-        if not lenient or isinstance(source, bytes):
-            raise LoadError(diagnostics_of(strict_error))
-        sanitized, originals = _sanitize_shardings(source)
-        if not originals:
-            raise LoadError(diagnostics_of(strict_error))
-        try:
-            module = _parse_op(sanitized, source_name)
-        except ir.MLIRError:
-            raise LoadError(diagnostics_of(strict_error)) from None
-        _restore_shardings(module, originals)
-        return module
+            module = _parse_op(stand_ins.text, source_name)
+        except ir.MLIRError as e:  # what even the stand-ins couldn't hold aside: the reason to give
+            raise LoadError(explain(diagnostics_of(e), frozenset(stand_ins.collective_lines))) from None
+        if not _restore(module, stand_ins):
+            raise LoadError(explain(_strict_errors(source, source_name)))
+        return module, True
 
 
-_MANUAL_AXES = re.compile(r'manual_axes\s*=\s*(?:#sdy<manual_axes)?\{([^}]*)\}')
-
-
-def _sanitize_shardings(text: str) -> tuple[str, dict]:
-    """Replace each tensor sharding in the text by a stand-in the verifier accepts for any tensor.
-
-    Ordinary shardings become a maximal sharding whose device id tags the original; a manual computation's
-    in/out shardings keep only their manual axes, which the op needs to check its body's local shapes.
-    """
-    out, originals, pos = [], {"tagged": {}, "manual": []}, 0
-    manual_seen: dict[int, int] = {}  # manual computation line start -> shardings met so far
-    for start in _code_positions(text):
-        if start < pos:
-            continue
-        try:
-            sharding, end = read_tensor_sharding_at(text, start)
-        except ShardingSyntaxError:
-            continue
-        line_start = text.rfind("\n", 0, start) + 1
-        line_end = text.find("\n", start)
-        line = text[line_start:line_end if line_end >= 0 else len(text)]
-        manual = _MANUAL_AXES.search(line) if "manual_computation" in line else None
-        if manual:
-            axes = set(re.findall(r'"((?:[^"\\]|\\.)*)"', manual.group(1)))
-            dims = [DimSharding(tuple(a for a in d.axes if a.name in axes)) for d in sharding.dims]
-            index = manual_seen.get(line_start, 0)
-            manual_seen[line_start] = index + 1
-            ranks = _manual_computation_ranks(text, line_start + line.index("manual_computation"))
-            if ranks is not None and index < len(ranks):
-                dims = dims[:ranks[index]] + [DimSharding()] * (ranks[index] - len(dims))
-            stand_in = TensorSharding(sharding.mesh, tuple(dims)).body()
-            originals["manual"].append(sharding)
-        else:
-            tag = _PLACEHOLDER_BASE + len(originals["tagged"])
-            stand_in = f"<mesh<[], device_ids=[{tag}]>, []>"
-            originals["tagged"][tag] = sharding
-        out.append(text[pos:start])
-        out.append(stand_in)
-        pos = end
-    out.append(text[pos:])
-    found = originals["tagged"] or originals["manual"]
-    return "".join(out), (originals if found else {})
+def _strict_errors(source: str, source_name: str) -> list[Diagnostic]:
+    """MLIR's own errors for the text as it is."""
+    try:
+        _parse_op(source, source_name)
+    except ir.MLIRError as e:
+        return diagnostics_of(e)
+    return [Diagnostic("error", "the module holds attributes shardfix can't read back", SourceLoc(source_name, 1, 1))]
 
 
 def _parse_op(source: str | bytes, source_name: str) -> ir.Operation:
@@ -107,43 +88,52 @@ def _wrap_in_module(text: str) -> str:
     return "\n".join(lines) + "\n}"
 
 
-_CODE_TOKENS = re.compile(r'"(?:[^"\\\n]|\\.)*"|//[^\n]*|<(?=\s*(?:@|mesh\s*<))')
+def _restore(module: ir.Operation, stand_ins: StandIns) -> bool:
+    """Put the held attributes back (each parsed from its original text); False if one doesn't parse or wasn't
+    found where the stand-ins left it."""
+    prefix, entry_prefix = stand_ins.prefix, stand_ins.prefix + "."
+    try:  # an original that doesn't parse on its own: MLIR rejects the attribute itself, not its use
+        parsed = [ir.Attribute.parse(text) for text in stand_ins.held]
+    except ir.MLIRError:
+        return False
+    restored: set[int] = set()
+
+    def attribute(number: int) -> ir.Attribute:
+        restored.add(number)
+        return parsed[number]
+
+    def restore_dict(dictionary: ir.Attribute) -> ir.Attribute | None:
+        entries = ir.DictAttr(dictionary)
+        values = {entries[i].name: entries[i].attr for i in range(len(entries))}
+        held = [name for name in values if name.startswith(entry_prefix)]
+        if not held:
+            return None
+        for name in held:
+            values[name[len(entry_prefix):]] = attribute(ir.IntegerAttr(values.pop(name)).value)
+        return ir.DictAttr.get(values)
+
+    def visit(op: ir.Operation):
+        attrs = op.attributes
+        names = [attrs[i].name for i in range(len(attrs))]
+        for name in names:
+            if name == prefix:
+                for attr_name, number in stand_ins.tagged_ops[ir.IntegerAttr(attrs[name]).value].items():
+                    attrs[attr_name] = attribute(number)
+                del attrs[name]
+            elif name.startswith(entry_prefix):
+                attrs[name[len(entry_prefix):]] = attribute(ir.IntegerAttr(attrs[name]).value)
+                del attrs[name]
+        if op.name == "func.func":
+            for key in ("arg_attrs", "res_attrs"):
+                if key in attrs:
+                    dicts = list(ir.ArrayAttr(attrs[key]))
+                    new = [restore_dict(d) for d in dicts]
+                    if any(d is not None for d in new):
+                        attrs[key] = ir.ArrayAttr.get([n if n is not None else d for n, d in zip(new, dicts)])
+        return ir.WalkResult.ADVANCE
+
+    module.walk(visit, ir.WalkOrder.PRE_ORDER)
+    return len(restored) == len(stand_ins.held)
 
 
-_TENSOR_RANK = re.compile(r"tensor<((?:[0-9?]+x)*)")
-
-
-def _manual_computation_ranks(text: str, start: int) -> list[int] | None:
-    """Ranks of a manual computation's operands then results, read off the signature after its body."""
-    body = text.find("{", text.find(")", text.find("manual_axes", start)))
-    if body < 0:
-        return None
-    depth = 0
-    for m in re.finditer(r'"(?:[^"\\\n]|\\.)*"|//[^\n]*|[{}]', text[body:]):
-        depth += {"{": 1, "}": -1}.get(m.group(), 0)
-        if depth == 0:
-            signature = re.match(r"\s*:\s*\(([^)]*)\)\s*->\s*(\([^)]*\)|[^\n]*)", text[body + m.end():])
-            if not signature:
-                return None
-            types = signature.group(1) + "," + signature.group(2)
-            return [m2.group(1).count("x") for m2 in _TENSOR_RANK.finditer(types)]
-    return None
-
-
-def _code_positions(text: str) -> Iterator[int]:
-    """Where a tensor sharding may start, outside string literals and `//` comments."""
-    for m in _CODE_TOKENS.finditer(text):
-        if m.group() == "<":
-            yield m.start()
-
-
-def _restore_shardings(module: ir.Operation, originals: dict) -> None:
-    manual = iter(originals["manual"])
-    for site in walk_shardings(module):
-        mesh = site.sharding.mesh
-        if isinstance(mesh, Mesh) and mesh.is_maximal and mesh.device_ids[0] in originals["tagged"]:
-            site.replace(originals["tagged"][mesh.device_ids[0]])
-        elif site.kind in ("manual-in", "manual-out"):
-            site.replace(next(manual))
-
-
+__all__ = ["Diagnostic", "LoadError", "load_module", "parse_module"]

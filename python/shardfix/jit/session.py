@@ -24,7 +24,7 @@ from . import _jax, notify
 from .lowering import is_patched, patch_module
 
 RING_MODES = ("auto", "off", "zigzag", "striped")
-DEFAULT_POLICY = "subaxis"
+DEFAULT_POLICY = "auto"
 
 
 def default_pipeline(policy: str = DEFAULT_POLICY, ring_reorder: str = "auto") -> str:

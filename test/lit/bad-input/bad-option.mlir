@@ -5,7 +5,7 @@
 // RUN: not %opt %s --no-such-flag 2>&1 | FileCheck %s --check-prefix=FLAG
 // RUN: not %opt %s --report=xml 2>&1 | FileCheck %s --check-prefix=REPORT
 
-// CHOICE: <pass-pipeline>:1:1: error: option 'policy' of 'fix-shardings' must be one of subaxis, prefix, drop; got 'sideways'
+// CHOICE: <pass-pipeline>:1:1: error: option 'policy' of 'fix-shardings' must be one of auto, subaxis, prefix, drop; got 'sideways'
 // UNKNOWN: <pass-pipeline>:1:1: error: unknown option 'colour' for pass 'fix-shardings' (options: policy, target-mesh)
 // INT: <pass-pipeline>:1:1: error: option 'stripe' of 'ring-reorder' must be an integer; got 'two'
 // MLIR: <pass-pipeline>:1:1: error: no such option bogus in 'canonicalize{bogus=1}'

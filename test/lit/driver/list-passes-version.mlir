@@ -2,7 +2,7 @@
 // RUN: %opt --version | FileCheck %s --check-prefix=VERSION
 
 // CHECK: fix-shardings: repair invalid and indivisible sdy shardings
-// CHECK-NEXT: policy=subaxis|prefix|drop (default: 'subaxis')
+// CHECK-NEXT: policy=auto|subaxis|prefix|drop (default: 'auto')
 // CHECK-NEXT: target-mesh=str (default: '')
 // CHECK: ring-reorder:
 // CHECK-NEXT: strategy=zigzag|striped (default: 'zigzag')

@@ -1,4 +1,4 @@
-// RUN: %opt %s -p fix-shardings | FileCheck %s
+// RUN: %opt %s -p 'fix-shardings{policy=subaxis}' | FileCheck %s
 // A manual computation's free axes are fixed like any others; its manual axes (which set the body's local
 // shapes) are kept.
 

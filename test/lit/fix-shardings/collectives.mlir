@@ -1,0 +1,38 @@
+// RUN: not %opt %s --split-input-file -p 'fix-shardings{policy=subaxis}' 2>/dev/null | FileCheck %s
+// RUN: not %opt %s --split-input-file -p 'fix-shardings{policy=subaxis}' --report 2>&1 >/dev/null | FileCheck %s --check-prefix=STDERR
+// An sdy collective checks its out_sharding against its operand's sharding: fix-shardings leaves both as they
+// are, with a remark, and repairs the rest; the output verifies. A sharding a collective reads that the verifier
+// rejects can't be changed alone: a located refusal (its error comes first: chunks print their errors as they
+// run, the report at the end).
+// STDERR: collectives.mlir:35:8: error: fix-shardings can't repair this: a sharding that an sdy collective reads (or the collective's own) is wrong, and fix-shardings keeps those as they are; it would need the sharding and the collective corrected together, by hand: changing one alone would break the other
+// STDERR-NEXT: collectives.mlir:35:8: note: MLIR: 'stablehlo.add' op result - unknown axis name: "z"
+
+sdy.mesh @mesh = <["x"=4, "y"=2]>
+
+// STDERR: remark: {{.*}}collectives.mlir:[[# @LINE + 10]]:8: fix-shardings: 'sdy.all_slice' out_sharding left as it is: the sdy collective 'sdy.all_gather' at {{.*}}collectives.mlir:[[# @LINE + 11]]:8 checks it, so changing it alone would break that (dim 0 of size 7 is not divisible by {"x"} (size 4); now {} (size 1)
+// STDERR: remark: {{.*}}collectives.mlir:[[# @LINE + 10]]:8: fix-shardings: 'sdy.all_gather' out_sharding left as it is
+// CHECK-LABEL: func @collectives
+// CHECK: sdy.all_slice [{"x"}, {"y"}] %arg0 out_sharding=<@mesh, [{"x"}, {"y"}]>
+// CHECK: sdy.all_gather [{}, {"y"}] %0 out_sharding=<@mesh, [{"x"}, {}]>
+// CHECK: stablehlo.add %arg1, %arg1 {sdy.sharding = #sdy.sharding_per_value<[<@mesh, [{"x":(1)2}, {}]>]>}
+// CHECK: stablehlo.add %arg1, %arg1 {sdy.sharding = #sdy.sharding_per_value<[<@mesh, [{"y"}, {}]>]>}
+// CHECK: sdy.all_gather [{"y"}, {}] %3 out_sharding=<@mesh, [{}, {}]>
+// CHECK-NOT: error
+func.func @collectives(%arg0: tensor<7x7xi32>, %arg1: tensor<6x8xi32>) -> (tensor<7x7xi32>, tensor<6x8xi32>, tensor<6x8xi32>) {
+  %0 = sdy.all_slice [{"x"}, {"y"}] %arg0 out_sharding=<@mesh, [{"x"}, {"y"}]> : tensor<7x7xi32>
+  %1 = sdy.all_gather [{}, {"y"}] %0 out_sharding=<@mesh, [{"x"}, {}]> : tensor<7x7xi32>
+  %2 = stablehlo.add %arg1, %arg1 {sdy.sharding = #sdy.sharding_per_value<[<@mesh, [{"x", "y"}, {}]>]>} : tensor<6x8xi32>
+  %3 = stablehlo.add %arg1, %arg1 {sdy.sharding = #sdy.sharding_per_value<[<@mesh, [{"y"}, {}]>]>} : tensor<6x8xi32>
+  %4 = sdy.all_gather [{"y"}, {}] %3 out_sharding=<@mesh, [{}, {}]> : tensor<6x8xi32>
+  return %1, %2, %4 : tensor<7x7xi32>, tensor<6x8xi32>, tensor<6x8xi32>
+}
+
+// -----
+
+sdy.mesh @mesh = <["x"=4, "y"=2]>
+
+func.func @invalid_and_read_by_a_collective(%arg0: tensor<8x8xi32>) -> tensor<8x8xi32> {
+  %0 = stablehlo.add %arg0, %arg0 {sdy.sharding = #sdy.sharding_per_value<[<@mesh, [{"y", "z"}, {}]>]>} : tensor<8x8xi32>
+  %1 = sdy.all_gather [{"y"}, {}] %0 out_sharding=<@mesh, [{}, {}]> : tensor<8x8xi32>
+  return %1 : tensor<8x8xi32>
+}

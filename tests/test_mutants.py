@@ -1,0 +1,22 @@
+"""Mutants of Shardy's test cases (tests/data/shardy_mutants.mlir, made by bench/shardy_mutants.py): each comes
+out of `-p fix-shardings` verifying, or is refused in shardfix's words at a file:line:col; never a crash, hang,
+traceback or output that doesn't verify. Each runs in a forked child with a time limit."""
+
+import os
+from pathlib import Path
+
+from support.corpus import Pool, judge, split_cases
+
+MUTANTS = Path(__file__).parent / "data" / "shardy_mutants.mlir"
+
+
+def test_every_mutant_is_repaired_or_refused(tmp_path):
+    cases = split_cases(MUTANTS.name, MUTANTS.read_text())
+    assert len(cases) >= 1000
+    for case in cases:
+        case.expects_error = True  # a mutant may still be valid; either way it must be repaired or refused
+    verdicts = judge(cases, Pool(tmp_path, jobs=min(4, os.cpu_count() or 2), timeout=120), plain_always=False)
+    bad = [f"{v.case.name}: {v.result}: {(v.fix.stderr.strip().splitlines() or [''])[0]}"
+           for v in verdicts if v.result.startswith("BAD")]
+    assert not bad, "\n".join(bad[:20])
+    assert {v.result for v in verdicts} <= {"repaired", "unchanged", "refused"}
