@@ -22,7 +22,7 @@ STAMP := $(VENV)/.installed
 export XLA_FLAGS := --xla_force_host_platform_device_count=8
 export JAX_PLATFORMS := cpu
 
-.PHONY: demo test test-oldest test-install print-python pytest lit bench clean
+.PHONY: demo test test-oldest test-install print-python pytest lit bench bench-ring _bench-ring clean
 
 $(STAMP): pyproject.toml $(REQUIREMENTS)
 	rm -rf $(VENV)
@@ -54,6 +54,13 @@ lit: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
+	$(MAKE) bench-ring
+
+bench-ring:
+	$(MAKE) _bench-ring PYTHON=$(OLDEST_PYTHON) VENV=.venv-oldest REQUIREMENTS=requirements-oldest.txt
+
+_bench-ring: $(STAMP)
+	$(BIN)/python bench/run_all.py bench_ring
 
 clean:
 	rm -rf .venv .venv-oldest .venv-install build *.egg-info python/*.egg-info

@@ -1,81 +1,157 @@
-"""ring-reorder: load balance of a tile-skipping causal ring attention before and after the pass, and the bytes
-the inserted permutation moves per device against one local shard.
+"""ring-reorder on the ring attention people run: ejkernel's XLA `ring_attention` (causal; blockwise lax.scan over
+chunks, skipping a (query chunk, key chunk) tile when every key follows every query), unmodified.
 
-The kernel counts, for each query token and ring step, the (q half, kv half) tiles it computed; the counts come
-back in token order, and each device's work at a step is read off through the layout the pass applied.
+Balance: the tiles each device computes at each ring step, counted on the running program (tests/support/tiles.py
+threads a log through the kernel's skip conditionals), before and after the pass; the bytes the permutation adds;
+the error against dense causal attention.
+
+Cost: ring-reorder + hoist-permutations against sdy-propagation-pipeline on the same module, a training step
+(value_and_grad) of a model with one ejkernel ring attention per layer, at 4, 16, 64 and 256 layers.
+
+ejkernel needs jax~=0.10: run this in the oldest environment (`make bench-ring`).
+
+    python bench/bench_ring.py [--layers 4 16 64 256] [--rounds 3]
 """
 
 from __future__ import annotations
 
-import common  # noqa: F401  (sets XLA_FLAGS first)
+import argparse
+import statistics
+import sys
+import time
+
+import common  # noqa: F401  (sets XLA_FLAGS first, puts tests/ on the path)
+
+BALANCE = "## ring-reorder: balance of ejkernel's causal ring attention (goal: critical path / ideal at most 1.05)"
+COST = "## ring-reorder + hoist-permutations vs sdy-propagation-pipeline on a ring-attention training step"
+CHUNK = 8
 
 
-def device_tokens(length: int, cp: int, layout: str) -> list[np.ndarray]:
-    """Token indices each device holds under `layout` (contiguous, zigzag, striped)."""
-    from shardfix.layout import sequence_permutation
-    order = np.arange(length) if layout == "contiguous" else sequence_permutation(length, cp, layout)
-    return list(order.reshape(cp, -1))
+def _mesh(cp: int):
+    import jax
+    return jax.make_mesh((8 // cp, cp), ("dp", "cp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
 
 
-def balance(tiles: np.ndarray, cp: int, layout: str) -> tuple[list[float], float, int]:
-    """Per-step max/mean work over devices, critical path / ideal, and total tiles computed."""
-    length = tiles.shape[1]
-    per_tile = length // cp // 2  # tokens in a q half tile
-    work = np.array([[tiles[0, toks, s].sum() / per_tile for s in range(cp)]
-                     for toks in device_tokens(length, cp, layout)])  # [device, step]
-    steps = [float(work[:, s].max() / work[:, s].mean()) for s in range(cp)]
-    return steps, float(work.max(axis=0).sum() / work.mean(axis=0).sum()), int(work.sum())
+def balance_rows() -> list[dict]:
+    import jax
+    import numpy as np
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from shardfix import autofix_shardings
+    from support import ejkernel_models as ejk
+    from support import tiles
+    from support.hlo import collective_bytes
+
+    rows = []
+    for cp in (4, 8):
+        mesh = _mesh(cp)
+        length = 2 * CHUNK * cp  # two chunks a device
+        spec = P("dp", "cp", None, None)
+        q, k, v = (jax.device_put(x, NamedSharding(mesh, spec)) for x in ejk.inputs(mesh, length)[:3])
+        dense = np.asarray(ejk.dense_causal(*(np.asarray(x) for x in (q, k, v))))
+        logged = tiles.with_skip_log(lambda q, k, v: ejk.ring_attention(q, k, v, axis="cp", chunk=CHUNK), mesh,
+                                     (spec,) * 3, spec, entries=cp * 4)
+        plain = jax.jit(logged).lower(q, k, v)
+        fixed = autofix_shardings(logged).lower(q, k, v)
+        assert [r.applied for r in fixed.rings] == [True], [r.why for r in fixed.rings]
+        shard = q.nbytes // mesh.size
+        before = collective_bytes(plain.compile().as_text())
+        for name, program in (("contiguous (as written)", plain), ("zigzag (@autofix_shardings)", fixed)):
+            out, log = tiles.instrumented(program).compile()(q, k, v)
+            counts = tiles.tiles_per_step(np.asarray(log), cp)
+            after = collective_bytes(program.compile().as_text())
+            added = sorted(after.get("collective-permute", []) + after.get("all-to-all", [])
+                           + after.get("all-gather", []))
+            for b in before.get("collective-permute", []):
+                added.remove(b)
+            rows.append({"cp": cp, "layout": name, "first": counts[0].tolist(), "last": counts[cp - 1].tolist(),
+                         "busiest": counts.max(axis=0).tolist(), "ratio": tiles.critical_path_over_ideal(counts),
+                         "tiles": int(counts.sum()), "moved": sum(added),
+                         "shard": shard, "error": float(np.abs(np.asarray(out) - dense).max())})
+            print(rows[-1], file=sys.stderr, flush=True)
+    return rows
 
 
-def main() -> str:
+def render_balance(rows: list[dict]) -> str:
+    table = ["| cp | layout | device 0's tiles per step | last device's tiles per step | busiest device per step "
+             "| critical path / ideal | tiles in all | permutation bytes per device (in and out) | one local shard "
+             "(bytes) | max error vs dense |",
+             "|---:|---|---|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        table.append(f"| {r['cp']} | {r['layout']} | {r['first']} | {r['last']} | {r['busiest']} | {r['ratio']:.3f} "
+                     f"| {r['tiles']} | {r['moved']} | {r['shard']} | {r['error']:.1e} |")
+    return (f"{BALANCE}\n\n"
+            "Command: `make bench-ring` (`python bench/bench_ring.py` in `.venv-oldest`: ejkernel 0.0.80.3 needs "
+            "jax~=0.10). dp x cp = 8 simulated CPU devices, chunk 8, two chunks a device, batch 2, 2 heads of 16. "
+            "A tile is a (query chunk, key chunk) pair the kernel computes; the counts are read from the running "
+            "program. *critical path / ideal*: the sum over ring steps of the busiest device's tiles over the "
+            "total spread evenly (1.0 is perfect balance). *permutation bytes*: what the inserted permutations add "
+            "to the collectives of the compiled program, per device, for q, k, v in and the output out (two "
+            "half-shard collective permutes each: one local shard per tensor at most).\n\n" + "\n".join(table) + "\n")
+
+
+def cost_rows(layers_list: list[int], rounds: int) -> list[dict]:
     import jax
 
-    from support.hlo import collective_bytes
-    from shardfix.jit.lowering import patch_lowered
-    from support.ring_models import dense_causal_attention, tile_skipping_ring_attention
+    from shardfix.ir import make_context, parse_module
+    from shardfix.pipeline import PassContext, build_pass_manager, parse_pipeline
+    from support import ejkernel_models as ejk
 
-    rows = ["| cp | layout | per-step max/mean work | critical path / ideal | tiles computed | permutation bytes "
-            "moved per device | one local shard (bytes) | max error vs dense |",
-            "|---:|---|---|---:|---:|---:|---:|---:|"]
-    for shape, length in (((2, 4), 64), ((1, 8), 128)):
-        mesh = jax.make_mesh(shape, ("dp", "cp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
-        cp = mesh.shape["cp"]
-        rng = np.random.default_rng(0)
-        q, k, v = (rng.standard_normal((shape[0], length, 16)).astype(np.float32) for _ in range(3))
-        pos = np.broadcast_to(np.arange(length, dtype=np.int32), q.shape[:2]).copy()
-        args = (q, k, v, pos, pos)
-        lowered = jax.jit(tile_skipping_ring_attention(mesh)).lower(*args)
-        shard = q.nbytes // mesh.size
-        dense = np.asarray(dense_causal_attention(q, k, v))
-        for layout in ("contiguous", "zigzag", "striped"):
-            if layout == "contiguous":
-                compiled, moved = lowered.compile(), 0
-            else:
-                patched, report = patch_lowered(lowered, f"ring-reorder{{strategy={layout}}}")
-                assert report.rings[0].applied, report.rings[0].why
-                compiled = patched.compile()
-                before, after = (collective_bytes(c.as_text()) for c in (lowered.compile(), compiled))
-                added = after.get("collective-permute", []) + after.get("all-to-all", [])
-                for b in before.get("collective-permute", []):
-                    added.remove(b)
-                moved = max(added)  # one tensor's permutation; q, k, v are the same size
-                if layout == "zigzag":
-                    moved = sum(sorted(added)[-2:])  # two half shards per tensor
-            out, tiles = compiled(*args)
-            steps, path, total = balance(np.asarray(tiles), cp, layout)
-            err = float(np.abs(np.asarray(out) - dense).max())
-            rows.append(f"| {cp} | {layout} | {', '.join(f'{x:.2f}' for x in steps)} | {path:.3f} | {total} "
-                        f"| {moved} | {shard} | {err:.1e} |")
-    return ("## ring-reorder: balance of a tile-skipping causal ring attention (goal: at most 1.05)\n\n"
-            "Tiles are (q half, kv half) pairs of a device's block; a tile is computed when any query may see any "
-            "key. Work counts come from the running kernel. Striped order (stripe 1) balances the steps, but with "
-            "tiles this coarse almost no tile is fully masked, so it computes more tiles in total. Bytes moved: "
-            "per device, for one of q/k/v (zigzag: two half-shard collective_permutes; striped: one all_to_all, "
-            "one piece of which stays home). No all-gather is added.\n\n"
-            + "\n".join(rows) + "\n")
+    mesh = _mesh(4)
+    ctx = make_context()
+    rows = []
+    for layers in layers_list:
+        attention = ejk.sharded(mesh, CHUNK, False, entry="vjp")
+        weights, x = ejk.model_inputs(mesh, layers, 64)
+        text = jax.jit(jax.value_and_grad(ejk.model_loss(attention))).lower(weights, x).as_text(debug_info=True)
+        pipelines = ["ring-reorder,hoist-permutations", "sdy-propagation-pipeline"]
+        times: dict[str, list[float]] = {p: [] for p in pipelines}
+        report = None
+        for i in range(rounds):
+            for pipeline in (pipelines if i % 2 == 0 else pipelines[::-1]):
+                module = parse_module(text, ctx, "<lowered>")
+                pass_ctx = PassContext()
+                pm = build_pass_manager(parse_pipeline(pipeline), ctx, pass_ctx, verify_each=False)
+                start = time.process_time()
+                with ctx:
+                    pm.run(module)
+                times[pipeline].append(time.process_time() - start)
+                if pipeline.startswith("ring"):
+                    report = pass_ctx.report
+                    permutations = str(module).count("shardfix.sequence_permutation")
+        ring, prop = (statistics.median(times[p]) for p in pipelines)
+        rows.append({"layers": layers, "kib": len(text) // 1024, "rings": len(report.rings),
+                     "applied": sum(r.applied for r in report.rings), "permutations": permutations,
+                     "ring": ring, "prop": prop})
+        print(rows[-1], file=sys.stderr, flush=True)
+    return rows
 
 
-import numpy as np  # noqa: E402
+def render_cost(rows: list[dict], rounds: int) -> str:
+    table = ["| layers | module (KiB) | ring regions (reordered) | permutations left | ring-reorder + hoist (s) "
+             "| sdy-propagation-pipeline (s) | ratio | ms per ring region |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        table.append(f"| {r['layers']} | {r['kib']} | {r['rings']} ({r['applied']}) | {r['permutations']} "
+                     f"| {r['ring']:.3f} | {r['prop']:.3f} | {r['ring'] / r['prop']:.3f}x "
+                     f"| {r['ring'] / r['rings'] * 1e3:.2f} |")
+    return (f"{COST} (goal: at most 0.25x at 256 layers, time per region flat)\n\n"
+            f"Command: `make bench-ring` (CPU seconds, median of {rounds} runs, each pipeline on a freshly parsed "
+            "module, the two alternating). The model: tests/support/ejkernel_models.py, a residual stack with one "
+            "ejkernel ring attention (its custom_vjp entry) per layer, value_and_grad, dp=2 x cp=4, lowered with "
+            "debug info; each layer has a forward and a backward ring region. Layers call the same kernel "
+            "functions, so the analysis of the first stands for the rest (one memo per module).\n\n"
+            + "\n".join(table) + "\n")
+
+
+def main(argv=None) -> str:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", type=int, nargs="+", default=[4, 16, 64, 256])
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args([] if argv is None and __name__ != "__main__" else argv)
+    return render_balance(balance_rows()) + "\n" + render_cost(cost_rows(args.layers, args.rounds), args.rounds)
+
 
 if __name__ == "__main__":
     print(main())

@@ -40,8 +40,6 @@ def with_skip_log(body, mesh, in_specs, out_specs, entries: int):
 def instrumented(lowered, placeholder: int = -1):
     """A copy of `lowered` whose ring region writes its skip log into result `placeholder` of the region."""
     import jax
-    if not isinstance(lowered, jax.stages.Lowered):
-        lowered = lowered._lowered  # an autofix_shardings lower() that wraps JAX's
     ctx = make_context()
     buffer = io.BytesIO()
     lowered.compiler_ir("stablehlo").operation.write_bytecode(buffer)
@@ -64,7 +62,7 @@ def instrumented(lowered, placeholder: int = -1):
         with ir.InsertionPoint(terminator):
             terminator.operands[placeholder] = stablehlo.reshape(target.type, state.log)
         module.operation.verify()
-    return _jax.relowered(lowered, module)
+    return _jax.relowered(lowered, module, *_jax.compile_shardings(lowered), jax.stages.Lowered)
 
 
 def tiles_per_step(log: np.ndarray, cp: int) -> np.ndarray:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
-from ..report import Fix, Report, RingDecision
+from ..report import Fix, Report, RingDecision, merge_fixes
 from . import _jax
 
 if TYPE_CHECKING:
@@ -24,7 +24,7 @@ class AutofixTraced(jax.stages.Traced):
 
     @property
     def fixes(self) -> list[Fix]:
-        return list(self.report.fixes)
+        return merge_fixes(self.report.fixes)
 
     def lower(self, *, lowering_platforms: tuple[str, ...] | None = None, _private_parameters: Any = None
               ) -> "AutofixLowered":
@@ -43,7 +43,7 @@ class AutofixLowered(jax.stages.Lowered):
 
     @property
     def fixes(self) -> list[Fix]:
-        return list(self.report.fixes)
+        return merge_fixes(self.report.fixes)
 
     @property
     def rings(self) -> list[RingDecision]:
