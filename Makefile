@@ -22,7 +22,7 @@ STAMP := $(VENV)/.installed
 export XLA_FLAGS := --xla_force_host_platform_device_count=8
 export JAX_PLATFORMS := cpu
 
-.PHONY: demo test test-oldest test-install print-python pytest lit bench bench-ring _bench-ring clean
+.PHONY: demo ring-demo _ring-demo test test-oldest test-install print-python pytest lit bench bench-ring _bench-ring clean
 
 $(STAMP): pyproject.toml $(REQUIREMENTS)
 	rm -rf $(VENV)
@@ -34,6 +34,14 @@ $(STAMP): pyproject.toml $(REQUIREMENTS)
 
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py
+	$(MAKE) ring-demo
+
+# ejkernel (the ring attention the second part balances) needs jax~=0.10: that part runs in the oldest environment.
+ring-demo:
+	$(MAKE) _ring-demo PYTHON=$(OLDEST_PYTHON) VENV=.venv-oldest REQUIREMENTS=requirements-oldest.txt
+
+_ring-demo: $(STAMP)
+	$(BIN)/python examples/ring_demo.py
 
 test: pytest lit
 

@@ -3,7 +3,10 @@ dot_general, slice). Read through the bindings' typed accessors where they exist
 
 from __future__ import annotations
 
+import functools
 import math
+from types import MappingProxyType
+from typing import Mapping
 
 import numpy as np
 from jaxlib.mlir import ir
@@ -49,17 +52,30 @@ def ints(attr: ir.Attribute) -> list[int]:
         return [int(ir.IntegerAttr(x).value) for x in ir.ArrayAttr(attr)]
 
 
-def dot_dims(op: ir.Operation) -> dict[str, list[int]]:
-    numbers = stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
-    return {"lhs_batch": list(numbers.lhs_batching_dimensions), "rhs_batch": list(numbers.rhs_batching_dimensions),
-            "lhs_contract": list(numbers.lhs_contracting_dimensions),
-            "rhs_contract": list(numbers.rhs_contracting_dimensions)}
+def dot_dims(op: ir.Operation) -> Mapping[str, tuple[int, ...]]:
+    """A dot_general's batching and contracting dims: lhs_batch, rhs_batch, lhs_contract, rhs_contract."""
+    return _dot_dims(op.attributes["dot_dimension_numbers"])
 
 
-def dot_result_dims(op: ir.Operation) -> tuple[dict[int, int], dict[int, int]]:
+# Attributes are uniqued per context and immutable: equal dimension numbers are one attribute, read once. The
+# results are read-only (tuples in a read-only mapping).
+@functools.lru_cache(maxsize=4096)
+def _dot_dims(attr: ir.Attribute) -> Mapping[str, tuple[int, ...]]:
+    numbers = stablehlo.DotDimensionNumbers(attr)
+    return MappingProxyType({"lhs_batch": tuple(numbers.lhs_batching_dimensions),
+                             "rhs_batch": tuple(numbers.rhs_batching_dimensions),
+                             "lhs_contract": tuple(numbers.lhs_contracting_dimensions),
+                             "rhs_contract": tuple(numbers.rhs_contracting_dimensions)})
+
+
+def dot_result_dims(op: ir.Operation) -> tuple[Mapping[int, int], Mapping[int, int]]:
     """(lhs dim -> result dim, rhs dim -> result dim) for batch and free dims (contracted dims are absent)."""
-    dims = dot_dims(op)
-    lhs_rank, rhs_rank = rank(op.operands[0]), rank(op.operands[1])
+    return _dot_result_dims(op.attributes["dot_dimension_numbers"], rank(op.operands[0]), rank(op.operands[1]))
+
+
+@functools.lru_cache(maxsize=4096)
+def _dot_result_dims(attr: ir.Attribute, lhs_rank: int, rhs_rank: int) -> tuple[Mapping[int, int], Mapping[int, int]]:
+    dims = _dot_dims(attr)
     lhs_free = [d for d in range(lhs_rank) if d not in dims["lhs_batch"] + dims["lhs_contract"]]
     rhs_free = [d for d in range(rhs_rank) if d not in dims["rhs_batch"] + dims["rhs_contract"]]
     batch = len(dims["lhs_batch"])
@@ -67,7 +83,7 @@ def dot_result_dims(op: ir.Operation) -> tuple[dict[int, int], dict[int, int]]:
     rhs = {d: i for i, d in enumerate(dims["rhs_batch"])}
     lhs.update({d: batch + i for i, d in enumerate(lhs_free)})
     rhs.update({d: batch + len(lhs_free) + i for i, d in enumerate(rhs_free)})
-    return lhs, rhs
+    return MappingProxyType(lhs), MappingProxyType(rhs)
 
 
 def reducer(op: ir.Operation) -> str | None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import sdy
@@ -281,21 +281,25 @@ class Mover:
             return shared.result
         point = ir.InsertionPoint.at_block_begin(value.owner) if owner is None else ir.InsertionPoint.after(owner)
         new = self._build(point, value, dim, like, inverse=False)
-        body.add(perm_of(new))
-        return new.results[0]
+        body.add(new)
+        return new.result
 
     def _insert_after(self, body: _Function, op: ir.Operation, like: Perm, dim: int) -> None:
         result = op.results[0]
         new = self._build(ir.InsertionPoint.after(op), result, dim, like, inverse=True)
-        result.replace_all_uses_except(new.results[0], new)
-        body.add(perm_of(new))
+        result.replace_all_uses_except(new.result, new.op)
+        body.add(new)
 
-    def _build(self, point: ir.InsertionPoint, value: ir.Value, dim: int, like: Perm,
-               inverse: bool) -> ir.Operation:
+    def _build(self, point: ir.InsertionPoint, value: ir.Value, dim: int, like: Perm, inverse: bool) -> Perm:
+        """A permutation of `like`'s kind of dim `dim` of `value`, inserted at `point` (what perm_of would read
+        back from it)."""
         mesh = self.meshes[like.kind.mesh_name]
-        sharding = _derive_sharding(like, list(_shape(like.source)), list(_shape(value)), dim, mesh)
-        return self.permutations.insert(point, value, like.kind.mesh_name, mesh, sharding, dim, like.kind.axis,
-                                        like.kind.strategy, like.kind.stripe, inverse, like.manual_axes)
+        shape = list(_shape(value))
+        sharding = _derive_sharding(like, list(_shape(like.source)), shape, dim, mesh)
+        op = self.permutations.insert(point, value, like.kind.mesh_name, mesh, sharding, dim, like.kind.axis,
+                                      like.kind.strategy, like.kind.stripe, inverse, like.manual_axes)
+        kind = like.kind if shape[dim] == like.kind.length else replace(like.kind, length=shape[dim])
+        return Perm(op, kind, dim, inverse, sharding, like.manual_axes)
 
     def _say(self, perm: Perm, op: ir.Operation, why: Blocked) -> None:
         key = (str(perm.kind), perm.inverse, op.name, str(why), str(source_loc(op.location)))

@@ -1,5 +1,5 @@
 """Sequence permutations as IR: the attributes that mark them, their builders (a small manual computation over
-every mesh axis that moves at most one local shard per device), channel handles, and inserting one at a value.
+every mesh axis that moves at most one local shard per device), and inserting one at a value.
 ring-reorder and hoist-permutations both build and recognise permutations through this module."""
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ import math
 
 import numpy as np
 from jaxlib.mlir import ir
-from jaxlib.mlir.dialects import stablehlo
 
 from ..sharding import DimSharding, Mesh, TensorSharding
 
@@ -16,19 +15,9 @@ REORDERED_ATTR = "shardfix.ring_reorder"  # on a region already reordered (so th
 # On the permutations the pass inserts: {axis, dim, inverse, strategy, stripe}, what it takes to recognise them,
 # cancel them against each other, and build more of the same kind.
 PERMUTATION_ATTR = "shardfix.sequence_permutation"
-
-
-def next_channel_handle(module: ir.Operation) -> int:
-    """A channel handle above every one the module uses."""
-    handles = [0]
-
-    def visit(op):
-        if "channel_handle" in op.attributes:
-            handles.append(stablehlo.ChannelHandle(op.attributes["channel_handle"]).handle)
-        return ir.WalkResult.ADVANCE
-
-    module.walk(visit)
-    return max(handles) + 1
+# The channel handle of every collective a permutation holds: the one JAX gives all the collectives it lowers
+# (jax 0.10 and later), device to device.
+CHANNEL = 1
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -55,13 +44,12 @@ def _type(shape, element: str) -> str:
 
 class Permutations:
     """Inserts sequence permutations into one module. Each kind of permutation (mesh, sharding, shape, dim,
-    strategy, direction) is parsed once and cloned where needed; every clone gets channel handles of its own,
-    above all those the module used before. Use as a context manager: the templates go when it closes."""
+    strategy, direction) is parsed once and cloned where needed. Use as a context manager: the templates go when it
+    closes."""
 
     def __init__(self, module: ir.Operation):
         self.module = module
         self._templates: dict = {}
-        self._channel: int | None = None
 
     def __enter__(self) -> "Permutations":
         return self
@@ -86,7 +74,7 @@ class Permutations:
         found = self._templates.get(key)
         if found is None:
             text = permutation_module(mesh_name, mesh, sharding, tuple(shaped.shape), element, dim, axis, strategy,
-                                      stripe, inverse, channel=1, manual_axes=manual_axes)
+                                      stripe, inverse, manual_axes=manual_axes)
             with self.module.context:
                 template = ir.Module.parse(text)
             template_op = next(op.operation for op in template.body.operations[1].regions[0].blocks[0].operations
@@ -94,19 +82,11 @@ class Permutations:
             found = self._templates[key] = (template, template_op)
         new = found[1].clone(ip=point).operation
         new.operands[0] = value  # it read the template's argument
-        if self._channel is None:  # found only when a permutation is built: scanning the module costs a walk
-            self._channel = next_channel_handle(self.module)
-        for op in new.regions[0].blocks[0].operations:
-            if "channel_handle" in op.attributes:
-                kind = stablehlo.ChannelHandle(op.attributes["channel_handle"]).channel_type
-                op.attributes["channel_handle"] = stablehlo.ChannelHandle.get(self._channel, kind,
-                                                                              context=self.module.context)
-                self._channel += 1
         return new
 
 
 def permutation_module(mesh_name: str, mesh: Mesh, sharding: TensorSharding, shape: tuple[int, ...], element: str,
-                       dim: int, axis: str, strategy: str, stripe: int, inverse: bool, channel: int,
+                       dim: int, axis: str, strategy: str, stripe: int, inverse: bool,
                        manual_axes: tuple[str, ...] | None = None) -> str:
     """Text of a module whose function applies the sequence permutation (or its inverse) to dim `dim` of a
     tensor with `sharding`, as one manual computation over `manual_axes` (default: all mesh axes). Over some axes
@@ -122,7 +102,7 @@ def permutation_module(mesh_name: str, mesh: Mesh, sharding: TensorSharding, sha
         local[i] //= math.prod(a.size_in(mesh) for a in d.axes if a.name in manual_axes)
     g_type, l_type = _type(shape, element), _type(local, element)
     body = (_zigzag_body if strategy == "zigzag" else _striped_body)(mesh, axis, cp, local, element, dim, stripe,
-                                                                     inverse, channel, mesh_name, free)
+                                                                     inverse, mesh_name, free)
     manual = ", ".join(f'"{n}"' for n in manual_axes)
     params = (f'{{axis = "{axis}", dim = {dim} : i64, inverse = {str(inverse).lower()}, strategy = "{strategy}", '
               f"stripe = {stripe} : i64}}")
@@ -166,7 +146,7 @@ def _ring_parity(mesh: Mesh, axis: str, cp: int, mesh_name: str, free: tuple[str
             f"manual_axes={{{names}}} () {{\n{text}      sdy.return %e : tensor<i1>\n    }} : () -> tensor<i1>\n")
 
 
-def _zigzag_body(mesh, axis, cp, local, element, dim, stripe, inverse, channel, mesh_name, free) -> str:
+def _zigzag_body(mesh, axis, cp, local, element, dim, stripe, inverse, mesh_name, free) -> str:
     """Each device holds two half shards; two one-to-one collective_permutes move them, a select orders them.
 
     Forward: chunk c (2 per device, contiguous) goes to device c if c < cp else 2cp-1-c. The first permute moves
@@ -183,9 +163,9 @@ def _zigzag_body(mesh, axis, cp, local, element, dim, stripe, inverse, channel, 
     permute = ('    %{out} = "stablehlo.collective_permute"(%{src}) <{{channel_handle = #stablehlo.channel_handle'
                '<handle = {handle}, type = 1>, source_target_pairs = {pairs}}}> : ({t}) -> {t}\n')
     if not inverse:
-        lines.append(permute.format(out="p1", src="a", handle=channel, t=h_type,
+        lines.append(permute.format(out="p1", src="a", handle=CHANNEL, t=h_type,
                                     pairs=_pairs(mesh, axis, lambda r: home(2 * r))))
-        lines.append(permute.format(out="p2", src="b", handle=channel + 1, t=h_type,
+        lines.append(permute.format(out="p2", src="b", handle=CHANNEL, t=h_type,
                                     pairs=_pairs(mesh, axis, lambda r: home(2 * r + 1))))
         lines.append(f"    %lo = stablehlo.concatenate %p1, %p2, dim = {dim} : ({h_type}, {h_type}) -> {l_type}\n")
         lines.append(f"    %hi = stablehlo.concatenate %p2, %p1, dim = {dim} : ({h_type}, {h_type}) -> {l_type}\n")
@@ -195,16 +175,16 @@ def _zigzag_body(mesh, axis, cp, local, element, dim, stripe, inverse, channel, 
         chunk_odd = lambda r: r if r % 2 == 1 else 2 * cp - 1 - r  # noqa: E731
         lines.append(f"    %e = stablehlo.select %even, %a, %b : tensor<i1>, {h_type}\n")
         lines.append(f"    %o = stablehlo.select %even, %b, %a : tensor<i1>, {h_type}\n")
-        lines.append(permute.format(out="p1", src="e", handle=channel, t=h_type,
+        lines.append(permute.format(out="p1", src="e", handle=CHANNEL, t=h_type,
                                     pairs=_pairs(mesh, axis, lambda r: chunk_even(r) // 2)))
-        lines.append(permute.format(out="p2", src="o", handle=channel + 1, t=h_type,
+        lines.append(permute.format(out="p2", src="o", handle=CHANNEL, t=h_type,
                                     pairs=_pairs(mesh, axis, lambda r: chunk_odd(r) // 2)))
         lines.append(f"    %y = stablehlo.concatenate %p1, %p2, dim = {dim} : ({h_type}, {h_type}) -> {l_type}\n")
     lines.append(f"    sdy.return %y : {l_type}\n")
     return "".join(lines)
 
 
-def _striped_body(mesh, axis, cp, local, element, dim, stripe, inverse, channel, mesh_name, free) -> str:
+def _striped_body(mesh, axis, cp, local, element, dim, stripe, inverse, mesh_name, free) -> str:
     """One all_to_all: a device's contiguous block, seen as (rows, cp, stripe), sends column e to device e."""
     rows = local[dim] // (cp * stripe)  # the local block is rows * cp * stripe tokens
     split_shape = local[:dim] + [rows, cp, stripe] + local[dim + 1:]
@@ -219,7 +199,7 @@ def _striped_body(mesh, axis, cp, local, element, dim, stripe, inverse, channel,
                                      free)
     groups = ring_groups(mesh, axis)
     return (f"    %s = stablehlo.reshape %x : ({l_type}) -> {src_type}\n"
-            f'    %t = "stablehlo.all_to_all"(%s) <{{channel_handle = #stablehlo.channel_handle<handle = {channel}, '
+            f'    %t = "stablehlo.all_to_all"(%s) <{{channel_handle = #stablehlo.channel_handle<handle = {CHANNEL}, '
             f"type = 1>, concat_dimension = {concat_dim} : i64, replica_groups = dense<{groups.tolist()}> : "
             f"tensor<{groups.shape[0]}x{groups.shape[1]}xi64>, split_count = {cp} : i64, split_dimension = "
             f"{split_dim} : i64}}> : ({src_type}) -> {dst_type}\n"
@@ -260,7 +240,7 @@ def _exchange_by_permutes(mesh, axis, cp, element, l_type, src, dst, split_dim, 
             received.append("%p0")
             continue
         lines.append(f'    %r{t} = "stablehlo.collective_permute"(%p{t}) <{{channel_handle = '
-                     f"#stablehlo.channel_handle<handle = {t}, type = 1>, source_target_pairs = "
+                     f"#stablehlo.channel_handle<handle = {CHANNEL}, type = 1>, source_target_pairs = "
                      f"{_pairs(mesh, axis, lambda r, t=t: (r + t) % cp)}}}> : ({p_type}) -> {p_type}\n")
         received.append(f"%r{t}")
     order = [received[0]] + received[:0:-1]  # by source, starting from this device: c, c + 1, ...

@@ -18,7 +18,7 @@ sdy.mesh @mesh = <["dp"=2, "cp"=4]>
 // CHECK-LABEL: func.func @total_sum(%arg0: tensor<2x64xf32>)
 // CHECK-NEXT:   %[[P:.*]] = sdy.manual_computation(%arg0) in_shardings=[<@mesh, [{"dp"}, {"cp"}]>] out_shardings=[<@mesh, [{"dp"}, {"cp"}]>] manual_axes={"dp", "cp"} (%[[X:.*]]: tensor<1x16xf32>) {
 // CHECK-NEXT:     %[[S:.*]] = stablehlo.reshape %[[X]] : (tensor<1x16xf32>) -> tensor<1x4x4x1xf32>
-// CHECK-NEXT:     %[[T:.*]] = "stablehlo.all_to_all"(%[[S]]) <{channel_handle = #stablehlo.channel_handle<handle = 4, type = 1>, concat_dimension = 1 : i64, replica_groups = dense<{{\[}}[0, 1, 2, 3], [4, 5, 6, 7]]> : tensor<2x4xi64>, split_count = 4 : i64, split_dimension = 2 : i64}> : (tensor<1x4x4x1xf32>) -> tensor<1x16x1x1xf32>
+// CHECK-NEXT:     %[[T:.*]] = "stablehlo.all_to_all"(%[[S]]) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, concat_dimension = 1 : i64, replica_groups = dense<{{\[}}[0, 1, 2, 3], [4, 5, 6, 7]]> : tensor<2x4xi64>, split_count = 4 : i64, split_dimension = 2 : i64}> : (tensor<1x4x4x1xf32>) -> tensor<1x16x1x1xf32>
 // CHECK-NEXT:     %[[Y:.*]] = stablehlo.reshape %[[T]] : (tensor<1x16x1x1xf32>) -> tensor<1x16xf32>
 // CHECK-NEXT:     sdy.return %[[Y]] : tensor<1x16xf32>
 // CHECK-NEXT:   } {shardfix.sequence_permutation = {axis = "cp", dim = 1 : i64, inverse = false, strategy = "striped", stripe = 1 : i64}} : (tensor<2x64xf32>) -> tensor<2x64xf32>
@@ -26,7 +26,7 @@ sdy.mesh @mesh = <["dp"=2, "cp"=4]>
 // CHECK:        } {shardfix.ring_reorder = "striped{stripe=1}"} : (tensor<2x64xf32>) -> tensor<2x64xf32>
 // CHECK-NEXT:   %[[I:.*]] = sdy.manual_computation(%[[REG]]) in_shardings=[<@mesh, [{"dp"}, {"cp"}]>] out_shardings=[<@mesh, [{"dp"}, {"cp"}]>] manual_axes={"dp", "cp"} (%[[Z:.*]]: tensor<1x16xf32>) {
 // CHECK-NEXT:     %[[IS:.*]] = stablehlo.reshape %[[Z]] : (tensor<1x16xf32>) -> tensor<1x16x1x1xf32>
-// CHECK-NEXT:     %[[IT:.*]] = "stablehlo.all_to_all"(%[[IS]]) <{channel_handle = #stablehlo.channel_handle<handle = 5, type = 1>, concat_dimension = 2 : i64, replica_groups = dense<{{\[}}[0, 1, 2, 3], [4, 5, 6, 7]]> : tensor<2x4xi64>, split_count = 4 : i64, split_dimension = 1 : i64}> : (tensor<1x16x1x1xf32>) -> tensor<1x4x4x1xf32>
+// CHECK-NEXT:     %[[IT:.*]] = "stablehlo.all_to_all"(%[[IS]]) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, concat_dimension = 2 : i64, replica_groups = dense<{{\[}}[0, 1, 2, 3], [4, 5, 6, 7]]> : tensor<2x4xi64>, split_count = 4 : i64, split_dimension = 1 : i64}> : (tensor<1x16x1x1xf32>) -> tensor<1x4x4x1xf32>
 // CHECK-NEXT:     %[[IY:.*]] = stablehlo.reshape %[[IT]] : (tensor<1x4x4x1xf32>) -> tensor<1x16xf32>
 // CHECK-NEXT:     sdy.return %[[IY]] : tensor<1x16xf32>
 // CHECK-NEXT:   } {shardfix.sequence_permutation = {axis = "cp", dim = 1 : i64, inverse = true, strategy = "striped", stripe = 1 : i64}} : (tensor<2x64xf32>) -> tensor<2x64xf32>
@@ -36,7 +36,7 @@ sdy.mesh @mesh = <["dp"=2, "cp"=4]>
 // STRIPE2-LABEL: func.func @total_sum(%arg0: tensor<2x64xf32>)
 // STRIPE2-NEXT:   %[[P:.*]] = sdy.manual_computation(%arg0) {{.*}} (%[[X:.*]]: tensor<1x16xf32>) {
 // STRIPE2-NEXT:     %[[S:.*]] = stablehlo.reshape %[[X]] : (tensor<1x16xf32>) -> tensor<1x2x4x2xf32>
-// STRIPE2-NEXT:     %[[T:.*]] = "stablehlo.all_to_all"(%[[S]]) <{channel_handle = #stablehlo.channel_handle<handle = 4, type = 1>, concat_dimension = 1 : i64, replica_groups = dense<{{\[}}[0, 1, 2, 3], [4, 5, 6, 7]]> : tensor<2x4xi64>, split_count = 4 : i64, split_dimension = 2 : i64}> : (tensor<1x2x4x2xf32>) -> tensor<1x8x1x2xf32>
+// STRIPE2-NEXT:     %[[T:.*]] = "stablehlo.all_to_all"(%[[S]]) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, concat_dimension = 1 : i64, replica_groups = dense<{{\[}}[0, 1, 2, 3], [4, 5, 6, 7]]> : tensor<2x4xi64>, split_count = 4 : i64, split_dimension = 2 : i64}> : (tensor<1x2x4x2xf32>) -> tensor<1x8x1x2xf32>
 // STRIPE2-NEXT:     %[[Y:.*]] = stablehlo.reshape %[[T]] : (tensor<1x8x1x2xf32>) -> tensor<1x16xf32>
 // STRIPE2-NEXT:     sdy.return %[[Y]] : tensor<1x16xf32>
 // STRIPE2-NEXT:   } {shardfix.sequence_permutation = {axis = "cp", dim = 1 : i64, inverse = false, strategy = "striped", stripe = 2 : i64}}
@@ -44,7 +44,7 @@ sdy.mesh @mesh = <["dp"=2, "cp"=4]>
 // STRIPE2:        } {shardfix.ring_reorder = "striped{stripe=2}"}
 // STRIPE2-NEXT:   %[[I:.*]] = sdy.manual_computation(%[[REG]]) {{.*}} (%[[Z:.*]]: tensor<1x16xf32>) {
 // STRIPE2-NEXT:     %[[IS:.*]] = stablehlo.reshape %[[Z]] : (tensor<1x16xf32>) -> tensor<1x8x1x2xf32>
-// STRIPE2-NEXT:     %[[IT:.*]] = "stablehlo.all_to_all"(%[[IS]]) <{channel_handle = #stablehlo.channel_handle<handle = 5, type = 1>, concat_dimension = 2 : i64, replica_groups = dense<{{\[}}[0, 1, 2, 3], [4, 5, 6, 7]]> : tensor<2x4xi64>, split_count = 4 : i64, split_dimension = 1 : i64}> : (tensor<1x8x1x2xf32>) -> tensor<1x2x4x2xf32>
+// STRIPE2-NEXT:     %[[IT:.*]] = "stablehlo.all_to_all"(%[[IS]]) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, concat_dimension = 2 : i64, replica_groups = dense<{{\[}}[0, 1, 2, 3], [4, 5, 6, 7]]> : tensor<2x4xi64>, split_count = 4 : i64, split_dimension = 1 : i64}> : (tensor<1x8x1x2xf32>) -> tensor<1x2x4x2xf32>
 // STRIPE2-NEXT:     %[[IY:.*]] = stablehlo.reshape %[[IT]] : (tensor<1x2x4x2xf32>) -> tensor<1x16xf32>
 // STRIPE2-NEXT:     sdy.return %[[IY]] : tensor<1x16xf32>
 // STRIPE2-NEXT:   } {shardfix.sequence_permutation = {axis = "cp", dim = 1 : i64, inverse = true, strategy = "striped", stripe = 2 : i64}}

@@ -29,8 +29,8 @@ sdy.mesh @mesh = <["cp"=4]>
 // CHECK-NEXT:     %[[R:.*]] = stablehlo.remainder %[[Q]], %[[CP]] : tensor<ui32>
 // CHECK-NEXT:     %[[PAR:.*]] = stablehlo.remainder %[[R]], %[[TWO]] : tensor<ui32>
 // CHECK-NEXT:     %[[EVEN:.*]] = stablehlo.compare EQ, %[[PAR]], %[[ZERO]], UNSIGNED : (tensor<ui32>, tensor<ui32>) -> tensor<i1>
-// CHECK-NEXT:     %[[P1:.*]] = "stablehlo.collective_permute"(%[[A]]) <{channel_handle = #stablehlo.channel_handle<handle = 4, type = 1>, source_target_pairs = dense<{{\[}}[0, 0], [1, 2], [2, 3], [3, 1]]> : tensor<4x2xi64>}> : (tensor<2x8xf32>) -> tensor<2x8xf32>
-// CHECK-NEXT:     %[[P2:.*]] = "stablehlo.collective_permute"(%[[B]]) <{channel_handle = #stablehlo.channel_handle<handle = 5, type = 1>, source_target_pairs = dense<{{\[}}[0, 1], [1, 3], [2, 2], [3, 0]]> : tensor<4x2xi64>}> : (tensor<2x8xf32>) -> tensor<2x8xf32>
+// CHECK-NEXT:     %[[P1:.*]] = "stablehlo.collective_permute"(%[[A]]) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, source_target_pairs = dense<{{\[}}[0, 0], [1, 2], [2, 3], [3, 1]]> : tensor<4x2xi64>}> : (tensor<2x8xf32>) -> tensor<2x8xf32>
+// CHECK-NEXT:     %[[P2:.*]] = "stablehlo.collective_permute"(%[[B]]) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, source_target_pairs = dense<{{\[}}[0, 1], [1, 3], [2, 2], [3, 0]]> : tensor<4x2xi64>}> : (tensor<2x8xf32>) -> tensor<2x8xf32>
 // CHECK-NEXT:     %[[LO:.*]] = stablehlo.concatenate %[[P1]], %[[P2]], dim = 0 : (tensor<2x8xf32>, tensor<2x8xf32>) -> tensor<4x8xf32>
 // CHECK-NEXT:     %[[HI:.*]] = stablehlo.concatenate %[[P2]], %[[P1]], dim = 0 : (tensor<2x8xf32>, tensor<2x8xf32>) -> tensor<4x8xf32>
 // CHECK-NEXT:     %[[Y:.*]] = stablehlo.select %[[EVEN]], %[[LO]], %[[HI]] : tensor<i1>, tensor<4x8xf32>
@@ -57,8 +57,8 @@ sdy.mesh @mesh = <["cp"=4]>
 // CHECK-NEXT:     %[[IEVEN:.*]] = stablehlo.compare EQ, %[[IPAR]], %[[IZERO]], UNSIGNED : (tensor<ui32>, tensor<ui32>) -> tensor<i1>
 // CHECK-NEXT:     %[[E:.*]] = stablehlo.select %[[IEVEN]], %[[IA]], %[[IB]] : tensor<i1>, tensor<2x8xf32>
 // CHECK-NEXT:     %[[O:.*]] = stablehlo.select %[[IEVEN]], %[[IB]], %[[IA]] : tensor<i1>, tensor<2x8xf32>
-// CHECK-NEXT:     %[[IP1:.*]] = "stablehlo.collective_permute"(%[[E]]) <{channel_handle = #stablehlo.channel_handle<handle = 6, type = 1>, source_target_pairs = dense<{{\[}}[0, 0], [1, 3], [2, 1], [3, 2]]> : tensor<4x2xi64>}> : (tensor<2x8xf32>) -> tensor<2x8xf32>
-// CHECK-NEXT:     %[[IP2:.*]] = "stablehlo.collective_permute"(%[[O]]) <{channel_handle = #stablehlo.channel_handle<handle = 7, type = 1>, source_target_pairs = dense<{{\[}}[0, 3], [1, 0], [2, 2], [3, 1]]> : tensor<4x2xi64>}> : (tensor<2x8xf32>) -> tensor<2x8xf32>
+// CHECK-NEXT:     %[[IP1:.*]] = "stablehlo.collective_permute"(%[[E]]) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, source_target_pairs = dense<{{\[}}[0, 0], [1, 3], [2, 1], [3, 2]]> : tensor<4x2xi64>}> : (tensor<2x8xf32>) -> tensor<2x8xf32>
+// CHECK-NEXT:     %[[IP2:.*]] = "stablehlo.collective_permute"(%[[O]]) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, source_target_pairs = dense<{{\[}}[0, 3], [1, 0], [2, 2], [3, 1]]> : tensor<4x2xi64>}> : (tensor<2x8xf32>) -> tensor<2x8xf32>
 // CHECK-NEXT:     %[[IY:.*]] = stablehlo.concatenate %[[IP1]], %[[IP2]], dim = 0 : (tensor<2x8xf32>, tensor<2x8xf32>) -> tensor<4x8xf32>
 // CHECK-NEXT:     sdy.return %[[IY]] : tensor<4x8xf32>
 // CHECK-NEXT:   } {shardfix.sequence_permutation = {axis = "cp", dim = 0 : i64, inverse = true, strategy = "zigzag", stripe = 1 : i64}} : (tensor<16x8xf32>) -> tensor<16x8xf32>
@@ -101,8 +101,8 @@ sdy.mesh @mesh = <["cp"=4, "tp"=2]>
 // CHECK-NEXT:     %[[R:.*]] = stablehlo.remainder %[[Q]], %[[CP]] : tensor<ui32>
 // CHECK-NEXT:     %[[PAR:.*]] = stablehlo.remainder %[[R]], %[[TWO]] : tensor<ui32>
 // CHECK-NEXT:     %[[EVEN:.*]] = stablehlo.compare EQ, %[[PAR]], %[[ZERO]], UNSIGNED : (tensor<ui32>, tensor<ui32>) -> tensor<i1>
-// CHECK-NEXT:     %[[P1:.*]] = "stablehlo.collective_permute"(%[[A]]) <{channel_handle = #stablehlo.channel_handle<handle = 4, type = 1>, source_target_pairs = dense<{{\[}}[0, 0], [2, 4], [4, 6], [6, 2], [1, 1], [3, 5], [5, 7], [7, 3]]> : tensor<8x2xi64>}> : (tensor<1x2xf32>) -> tensor<1x2xf32>
-// CHECK-NEXT:     %[[P2:.*]] = "stablehlo.collective_permute"(%[[B]]) <{channel_handle = #stablehlo.channel_handle<handle = 5, type = 1>, source_target_pairs = dense<{{\[}}[0, 2], [2, 6], [4, 4], [6, 0], [1, 3], [3, 7], [5, 5], [7, 1]]> : tensor<8x2xi64>}> : (tensor<1x2xf32>) -> tensor<1x2xf32>
+// CHECK-NEXT:     %[[P1:.*]] = "stablehlo.collective_permute"(%[[A]]) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, source_target_pairs = dense<{{\[}}[0, 0], [2, 4], [4, 6], [6, 2], [1, 1], [3, 5], [5, 7], [7, 3]]> : tensor<8x2xi64>}> : (tensor<1x2xf32>) -> tensor<1x2xf32>
+// CHECK-NEXT:     %[[P2:.*]] = "stablehlo.collective_permute"(%[[B]]) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, source_target_pairs = dense<{{\[}}[0, 2], [2, 6], [4, 4], [6, 0], [1, 3], [3, 7], [5, 5], [7, 1]]> : tensor<8x2xi64>}> : (tensor<1x2xf32>) -> tensor<1x2xf32>
 // CHECK-NEXT:     %[[LO:.*]] = stablehlo.concatenate %[[P1]], %[[P2]], dim = 1 : (tensor<1x2xf32>, tensor<1x2xf32>) -> tensor<1x4xf32>
 // CHECK-NEXT:     %[[HI:.*]] = stablehlo.concatenate %[[P2]], %[[P1]], dim = 1 : (tensor<1x2xf32>, tensor<1x2xf32>) -> tensor<1x4xf32>
 // CHECK-NEXT:     %[[Y:.*]] = stablehlo.select %[[EVEN]], %[[LO]], %[[HI]] : tensor<i1>, tensor<1x4xf32>
@@ -113,8 +113,8 @@ sdy.mesh @mesh = <["cp"=4, "tp"=2]>
 // CHECK-NEXT:   %[[I:.*]] = sdy.manual_computation(%[[REG]])
 // CHECK:          %[[E:.*]] = stablehlo.select %{{.*}}, %{{.*}}, %{{.*}} : tensor<i1>, tensor<1x2xf32>
 // CHECK-NEXT:     %[[O:.*]] = stablehlo.select %{{.*}}, %{{.*}}, %{{.*}} : tensor<i1>, tensor<1x2xf32>
-// CHECK-NEXT:     %[[IP1:.*]] = "stablehlo.collective_permute"(%[[E]]) <{channel_handle = #stablehlo.channel_handle<handle = 6, type = 1>, source_target_pairs = dense<{{\[}}[0, 0], [2, 6], [4, 2], [6, 4], [1, 1], [3, 7], [5, 3], [7, 5]]> : tensor<8x2xi64>}>
-// CHECK-NEXT:     %[[IP2:.*]] = "stablehlo.collective_permute"(%[[O]]) <{channel_handle = #stablehlo.channel_handle<handle = 7, type = 1>, source_target_pairs = dense<{{\[}}[0, 6], [2, 0], [4, 4], [6, 2], [1, 7], [3, 1], [5, 5], [7, 3]]> : tensor<8x2xi64>}>
+// CHECK-NEXT:     %[[IP1:.*]] = "stablehlo.collective_permute"(%[[E]]) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, source_target_pairs = dense<{{\[}}[0, 0], [2, 6], [4, 2], [6, 4], [1, 1], [3, 7], [5, 3], [7, 5]]> : tensor<8x2xi64>}>
+// CHECK-NEXT:     %[[IP2:.*]] = "stablehlo.collective_permute"(%[[O]]) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, source_target_pairs = dense<{{\[}}[0, 6], [2, 0], [4, 4], [6, 2], [1, 7], [3, 1], [5, 5], [7, 3]]> : tensor<8x2xi64>}>
 // CHECK-NEXT:     %[[IY:.*]] = stablehlo.concatenate %[[IP1]], %[[IP2]], dim = 1 : (tensor<1x2xf32>, tensor<1x2xf32>) -> tensor<1x4xf32>
 // CHECK-NEXT:     sdy.return %[[IY]] : tensor<1x4xf32>
 // CHECK-NEXT:   } {shardfix.sequence_permutation = {axis = "cp", dim = 1 : i64, inverse = true, strategy = "zigzag", stripe = 1 : i64}} : (tensor<2x16xf32>) -> tensor<2x16xf32>
