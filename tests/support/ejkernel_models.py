@@ -75,6 +75,39 @@ def model_loss(attention):
     return loss
 
 
+def llama_loss(attention):
+    """A Llama-style stack: per layer RMSNorm, attention (q/k/v/o projections), residual add, RMSNorm, SwiGLU MLP,
+    residual add; loss = mean(final RMSNorm(x) ** 2). loss(weights, x, *pos) with weights from llama_inputs."""
+
+    def norm(x, scale):
+        return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6) * scale
+
+    def loss(weights, x, *pos):
+        for w in weights:
+            h = norm(x, w["attn_norm"])
+            q, k, v = (jnp.einsum("bsd,dhk->bshk", h, w[name]) for name in ("wq", "wk", "wv"))
+            x = x + jnp.einsum("bshk,hkd->bsd", attention(q, k, v, *pos), w["wo"])
+            h = norm(x, w["mlp_norm"])
+            x = x + (jax.nn.silu(h @ w["w_gate"]) * (h @ w["w_up"])) @ w["w_down"]
+        return jnp.mean(norm(x, 1.0) ** 2)
+
+    return loss
+
+
+def llama_inputs(mesh, layers: int, length: int, batch: int = 2, d_model: int = 32, heads: int = 2,
+                 head_dim: int = 16, ffn: int = 64, seed: int = 0):
+    """(weights, x) for llama_loss, placed as model_inputs places them."""
+    weights, x = model_inputs(mesh, layers, length, batch, d_model, heads, head_dim, seed)
+    key = jax.random.key(seed + 1)
+    for i, w in enumerate(weights):
+        ks = jax.random.split(jax.random.fold_in(key, i), 3)
+        w["attn_norm"] = w["mlp_norm"] = jnp.ones((d_model,), jnp.float32)
+        w["w_gate"] = jax.random.normal(ks[0], (d_model, ffn), jnp.float32) / np.sqrt(d_model)
+        w["w_up"] = jax.random.normal(ks[1], (d_model, ffn), jnp.float32) / np.sqrt(d_model)
+        w["w_down"] = jax.random.normal(ks[2], (ffn, d_model), jnp.float32) / np.sqrt(ffn * layers)
+    return jax.device_put(weights, NamedSharding(mesh, P())), x
+
+
 def model_inputs(mesh, layers: int, length: int, batch: int = 2, d_model: int = 32, heads: int = 2,
                  head_dim: int = 16, seed: int = 0):
     """(weights, x) placed on `mesh`: weights replicated, x sharded P("dp", "cp", None)."""

@@ -25,6 +25,8 @@ from jaxlib.mlir.dialects import sdy
 from ..ir import manual_axes_of, module_meshes, sharding_from_attr, source_loc
 from ..locations import SourceLoc
 from ..sharding import AxisRef, DimSharding, Mesh, TensorSharding
+from .detect import module_funcs
+from .dims import ELEMENTWISE
 from .dims import shape as _shape
 from .permutation import PERMUTATION_ATTR, Permutations
 from .rules import REDUCED, Blocked, carriers, moves, reduced_with
@@ -122,6 +124,34 @@ class Mover:
         self.meshes: dict[str, Mesh] = module_meshes(module)
         self.motion = Motion([])
         self._said: set = set()
+        self._funcs: dict[str, ir.Operation] | None = None
+        self._elementwise: dict[str, bool] = {}
+
+    # -- where the sequence dim goes: the rule table, and calls of elementwise functions ----------------------
+
+    def _moves(self, op: ir.Operation, operand: int, dim: int):
+        if op.name == "func.call" and self._elementwise_call(op):
+            return dim
+        return moves(op, operand, dim)
+
+    def _carriers(self, op: ir.Operation, dim: int) -> dict[int, int]:
+        if op.name == "func.call" and self._elementwise_call(op):
+            return {i: dim for i in range(len(op.operands))}
+        return carriers(op, dim)
+
+    def _elementwise_call(self, op: ir.Operation) -> bool:
+        """A call of a function that is elementwise as a whole (jax.nn.silu, say, lowers to one): its arguments and
+        single result of one type, and its body only elementwise ops on them and on splat constants (and
+        broadcasts of scalars), so every token of the result is computed from the same token of the arguments."""
+        if not len(op.results) or any(v.type != op.results[0].type for v in list(op.operands) + list(op.results)):
+            return False
+        callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
+        if callee not in self._elementwise:
+            if self._funcs is None:
+                self._funcs = module_funcs(self.module)
+            func = self._funcs.get(callee)
+            self._elementwise[callee] = func is not None and _is_elementwise_body(func, op.results[0].type)
+        return self._elementwise[callee]
 
     def run(self) -> Motion:
         with Permutations(self.module) as self.permutations:
@@ -190,9 +220,9 @@ class Mover:
                     body.queue.append(later)  # a forward permutation right after: they may cancel
                 continue  # at the function's output, at a region's input, or inside another region: it stays
             try:
-                dim = moves(user, use.operand_number, inv.dim)
+                dim = self._moves(user, use.operand_number, inv.dim)
                 operand_dims = {use.operand_number: inv.dim, **reduced_with(user, use.operand_number, inv.dim)} \
-                    if dim == REDUCED else carriers(user, dim)
+                    if dim == REDUCED else self._carriers(user, dim)
                 self._check_sizes(user, operand_dims, inv.kind)
             except Blocked as why:
                 self._say(inv, user, why)
@@ -248,7 +278,7 @@ class Mover:
         if owner.name == "sdy.manual_computation":
             return
         try:
-            operand_dims = carriers(owner, fwd.dim)
+            operand_dims = self._carriers(owner, fwd.dim)
             self._check_sizes(owner, operand_dims, fwd.kind)
         except Blocked as why:
             self._say(fwd, owner, why)
@@ -257,8 +287,14 @@ class Mover:
             return
         for index, operand_dim in operand_dims.items():
             owner.operands[index] = self._in_permuted_order(body, owner.operands[index], operand_dim, fwd)
-        fwd.result.replace_all_uses_with(owner.results[0])
+        source = fwd.source
+        fwd.result.replace_all_uses_with(source)
         self._erase(body, fwd)
+        # the owner's other results (an elementwise call's) are now in permuted order too: restore them for their
+        # users
+        others = [r for r in owner.results if r != source]
+        if others:
+            self._insert_after(body, owner, fwd, fwd.dim, others)
 
     # -- helpers ------------------------------------------------------------------------------------------------
 
@@ -278,17 +314,21 @@ class Mover:
             return like.source
         shared = body.by_source.get((value, like.kind, dim, False))
         if shared is not None and not shared.erased:
+            body.queue.append(shared)  # the value may have no user in contiguous order left: it may move now
             return shared.result
         point = ir.InsertionPoint.at_block_begin(value.owner) if owner is None else ir.InsertionPoint.after(owner)
         new = self._build(point, value, dim, like, inverse=False)
         body.add(new)
         return new.result
 
-    def _insert_after(self, body: _Function, op: ir.Operation, like: Perm, dim: int) -> None:
-        result = op.results[0]
-        new = self._build(ir.InsertionPoint.after(op), result, dim, like, inverse=True)
-        result.replace_all_uses_except(new.result, new.op)
-        body.add(new)
+    def _insert_after(self, body: _Function, op: ir.Operation, like: Perm, dim: int, results=None) -> None:
+        """Inverse permutations of dim `dim` of the op's results (all of them, or `results`) that have users."""
+        for result in op.results if results is None else results:
+            if not list(result.uses):
+                continue
+            new = self._build(ir.InsertionPoint.after(op), result, dim, like, inverse=True)
+            result.replace_all_uses_except(new.result, new.op)
+            body.add(new)
 
     def _build(self, point: ir.InsertionPoint, value: ir.Value, dim: int, like: Perm, inverse: bool) -> Perm:
         """A permutation of `like`'s kind of dim `dim` of `value`, inserted at `point` (what perm_of would read
@@ -312,6 +352,30 @@ class Mover:
             name += f"' to '@{ir.FlatSymbolRefAttr(op.attributes['callee']).value}"
         self.motion.remarks.append((f"{what} {perm.kind} permutation stops at '{name}': it {why}",
                                     source_loc(op.location)))
+
+
+def _is_elementwise_body(func: ir.Operation, whole: ir.Type) -> bool:
+    blocks = func.regions[0].blocks
+    if len(blocks) != 1:
+        return False
+    for opview in blocks[0].operations:
+        op = opview.operation
+        if op.name == "func.return":
+            pass
+        elif op.name == "stablehlo.constant":
+            if not ir.DenseElementsAttr(op.attributes["value"]).is_splat:
+                return False
+        elif op.name == "stablehlo.broadcast_in_dim":
+            if ir.ShapedType(op.operands[0].type).rank != 0:
+                return False
+        elif op.name not in ELEMENTWISE or op.regions and len(op.regions) or len(op.results) != 1 \
+                or op.results[0].type != whole and ir.ShapedType(op.results[0].type).shape != ir.ShapedType(whole).shape:
+            return False
+        else:
+            for value in op.operands:
+                if ir.ShapedType(value.type).shape != ir.ShapedType(whole).shape:
+                    return False
+    return True
 
 
 def _owner(value: ir.Value) -> ir.Operation | None:
