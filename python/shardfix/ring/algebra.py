@@ -461,7 +461,8 @@ def _scale(engine: Engine, op, values: list[Data]) -> Data:
             if x.op == y.op == "shift" and x.score == y.score:
                 _same_cov(engine, op, x.shift_cov, y.cov, "chains rescalings of different maxima")
                 return with_agg(engine, a, Agg("shift", x.home, 0, x.cov, x.score, y.shift_cov))
-        engine.refuse("multiplies two partial aggregates", op)
+        what = {"stablehlo.multiply": "multiplies", "stablehlo.divide": "divides"}.get(op.name, "combines")
+        engine.refuse(f"{what} two partial aggregates", op)
     s, t = (a, b) if a.agg is not None else (b, a)
     if op.name == "stablehlo.divide" and s is b:
         engine.refuse("divides by a partial aggregate", op)

@@ -55,6 +55,7 @@ class Perm:
     sharding: TensorSharding
     manual_axes: tuple[str, ...] = ()
     erased: bool = False
+    placeholder: bool = False  # stands for a permutation while they move: one cheap op, made real at the end
 
     @property
     def source(self) -> ir.Value:
@@ -63,6 +64,11 @@ class Perm:
     @property
     def result(self) -> ir.Value:
         return self.op.results[0]
+
+
+# What a permutation hoist-permutations adds is while the permutations move (most are cancelled or moved again
+# before the end): an op of the builtin dialect that passes its operand through, never left in the module.
+PLACEHOLDER = "builtin.unrealized_conversion_cast"
 
 
 def perm_of(op: ir.Operation) -> Perm | None:
@@ -165,6 +171,7 @@ class Mover:
                     if perm is not None:
                         body.add(perm)
                 self._drain(body)
+                self._materialize(body)
         del self.permutations
         return self.motion
 
@@ -183,6 +190,18 @@ class Mover:
                 self._hoist(body, perm)
 
     # -- the rules ----------------------------------------------------------------------------------------------
+
+    def _materialize(self, body: _Function) -> None:
+        """The permutations that stay where the motion left them, built in place of their placeholders."""
+        for perm in list(body.by_result.values()):
+            if not perm.placeholder:
+                continue
+            real = self.permutations.insert(ir.InsertionPoint(perm.op), perm.source, perm.kind.mesh_name,
+                                            self.meshes[perm.kind.mesh_name], perm.sharding, perm.dim,
+                                            perm.kind.axis, perm.kind.strategy, perm.kind.stripe, perm.inverse,
+                                            perm.manual_axes)
+            perm.result.replace_all_uses_with(real.results[0])
+            perm.op.erase()
 
     def _erase(self, body: _Function, perm: Perm) -> None:
         body.forget(perm)
@@ -214,8 +233,9 @@ class Mover:
     def _sink(self, body: _Function, inv: Perm) -> None:
         for use in list(inv.result.uses):
             user = use.owner.operation
-            if user.name in ("func.return", "sdy.manual_computation") or user.parent != inv.op.parent:
-                later = body.perm(user)
+            later = body.perm(user)
+            if later is not None or user.name in ("func.return", "sdy.manual_computation") \
+                    or user.parent != inv.op.parent:
                 if later is not None:
                     body.queue.append(later)  # a forward permutation right after: they may cancel
                 continue  # at the function's output, at a region's input, or inside another region: it stays
@@ -275,7 +295,7 @@ class Mover:
         owner = _owner(fwd.source)
         if owner is None or owner.parent != fwd.op.parent or len(list(fwd.source.uses)) != 1:
             return  # at the function's input, or the value is needed in order elsewhere too
-        if owner.name == "sdy.manual_computation":
+        if owner.name == "sdy.manual_computation" or body.perm(owner) is not None:
             return
         try:
             operand_dims = self._carriers(owner, fwd.dim)
@@ -336,10 +356,10 @@ class Mover:
         mesh = self.meshes[like.kind.mesh_name]
         shape = list(_shape(value))
         sharding = _derive_sharding(like, list(_shape(like.source)), shape, dim, mesh)
-        op = self.permutations.insert(point, value, like.kind.mesh_name, mesh, sharding, dim, like.kind.axis,
-                                      like.kind.strategy, like.kind.stripe, inverse, like.manual_axes)
+        op = ir.Operation.create(PLACEHOLDER, results=[value.type], operands=[value],
+                                 loc=ir.Location.unknown(self.module.context), ip=point)
         kind = like.kind if shape[dim] == like.kind.length else replace(like.kind, length=shape[dim])
-        return Perm(op, kind, dim, inverse, sharding, like.manual_axes)
+        return Perm(op, kind, dim, inverse, sharding, like.manual_axes, placeholder=True)
 
     def _say(self, perm: Perm, op: ir.Operation, why: Blocked) -> None:
         key = (str(perm.kind), perm.inverse, op.name, str(why), str(source_loc(op.location)))
