@@ -145,7 +145,13 @@ def row_major_strides(sizes: list[int], base: int) -> list[int]:
 
 def splat_number(op: ir.Operation):
     """The value of a splat constant (int, float or bool), or None for anything else."""
-    attr = op.attributes["value"]
+    return _splat_number(op.attributes["value"])
+
+
+# Constants repeat (0, 1, -inf in every layer) and attributes are uniqued: each is read once (the bindings signal a
+# mismatched cast with an exception, which costs more than the rest).
+@functools.lru_cache(maxsize=4096)
+def _splat_number(attr: ir.Attribute):
     try:
         dense = ir.DenseElementsAttr(attr)
     except (TypeError, ValueError):
