@@ -64,6 +64,19 @@ def test_calls_that_move_arguments_correct_and_trace_once():
     assert out.sharding.spec == P("dp") and x.sharding.spec == P(None, "tp")
 
 
+def test_the_same_function_decorated_again_reports_again():
+    messages = []
+    for _ in range(2):  # the same function with the same options, decorated twice: each tells its first call
+        f = autofix_shardings(matmul, in_shardings=(P("dp", "fsdp"), P()), mesh=MESH)
+        with warnings.catch_warnings(record=True) as told:
+            warnings.simplefilter("always")
+            f(X, W)
+            f(X, W)
+        messages.append([str(w.message) for w in told if issubclass(w.category, ShardingFixWarning)])
+    assert messages[0] == messages[1] and len(messages[0]) == 1
+    assert "in_shardings[0] (shape (8, 8)): P('dp', 'fsdp') -> P('dp', None) [unknown-axis]" in messages[0][0]
+
+
 MISMATCHES = [
     (matmul, (P("dp"), P(), P()), (X, W),
      "in_shardings must be a tree prefix of the function's positional arguments: in_shardings is a tuple of length 3 "

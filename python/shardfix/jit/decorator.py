@@ -142,14 +142,14 @@ class AutofixFunction:
         run), inside a session. Returns what JAX's returns: (outputs, data for the dispatcher's fast path, flag).
 
         Called inside another function's trace that shardfix repairs (a decorated function's, or any jit's under the
-        plugin), the fixes go into that trace's report; else they are told here, once per trace or compile (a call
+        plugin), the fixes go into that trace's report; else they are told here, once per call signature (a call
         that only moves arguments for an executable made before says nothing again)."""
         self.function.cache_misses += 1
         nested = _jax.under_trace()
         enclosing = tracing.active() if nested else None
         unrepaired_outer = nested and current() is None
         with self._session() as session:
-            moves = self._moves_for(args, kwargs, session.report, enclosing)
+            moves, again = self._moves_for(args, kwargs, session.report, enclosing)
             moved = moves.apply(args)
             result = _jax.jit_cache_miss(moves.jitted)(*moved, **kwargs)
             if moved is not args:  # arguments are moved on every call: no fast path that would skip the move
@@ -163,30 +163,35 @@ class AutofixFunction:
                         "specs while tracing it, but the sharding and ring passes run only where the outermost call "
                         "is compiled; decorate the outermost function, or enable shardfix for every jit with "
                         "shardfix.enable()")
-            fixes = session.report.fixes if session.traces or session.compiles else []
+            # A call made again (arguments moved for a known signature; a call under an outer trace that JAX had
+            # traced before) has nothing new to tell unless JAX traced or compiled something for it.
+            fresh = session.traces or session.compiles or not (again or nested)
+            fixes = session.report.fixes if fresh else []
             notify.tell(fixes, self._settings.on_fix, self._name, also=note)
         return result
 
-    def _moves_for(self, args: tuple, kwargs: dict, report: Report, enclosing) -> "_Moves":
-        """The jax.jit to call and the arguments to move for it; the boundary's fixes go to `report` (and to the
-        repairs of an enclosing trace). A call that moves arguments comes back here each time: what it needs is
-        kept by call signature, so that it corrects (and traces out_shardings' result shapes) once."""
+    def _moves_for(self, args: tuple, kwargs: dict, report: Report, enclosing) -> tuple["_Moves", bool]:
+        """The jax.jit to call and the arguments to move for it, and whether this call signature was seen before;
+        the boundary's fixes go to `report` (and to the repairs of an enclosing trace). A call that moves arguments
+        comes back here each time: what it needs is kept by call signature, so that it corrects (and traces
+        out_shardings' result shapes) once."""
         key = None
         if self._options.in_shardings is not UNSPECIFIED and not _jax.under_trace():  # only top-level calls move
             key = _jax.call_signature(args, kwargs, self._static_argnums, self._static_argnames)
             known = self._moving.get(key)
             if known is not None:
                 report.fixes.extend(known.fixes)
-                return known
+                return known, True
         boundary = self._jit_for(args, kwargs, report)
         if enclosing is not None:
             enclosing.add(boundary.fixes)  # its trace-time repairs reach it too: their session nests in its
         moves = _Moves.of(boundary, args)
         if key is not None and moves.targets:
             if len(self._moving) >= _MOVING_LIMIT:
-                self._moving.pop(next(iter(self._moving)))
+                for oldest in list(self._moving)[:len(self._moving) - _MOVING_LIMIT + 1]:
+                    self._moving.pop(oldest, None)  # another thread may have taken it out already
             self._moving[key] = moves
-        return moves
+        return moves, False
 
     # -- stages -----------------------------------------------------------------------------------------------
 
