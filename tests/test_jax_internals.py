@@ -117,6 +117,24 @@ def test_cpp_dispatcher():
     assert dispatch._cache_size() == 0
 
 
+def test_call_signature():
+    mesh = jax.make_mesh((2, 4), ("dp", "tp"))
+    x = jax.device_put(np.ones((8, 4), np.float32), NamedSharding(mesh, P("dp")))
+    key = _jax.call_signature((x, 3, {"w": np.ones(2)}), {"scale": 2.0}, (1,), ("scale",))
+    y = jax.device_put(np.zeros((8, 4), np.float32), NamedSharding(mesh, P("dp")))  # other values, same signature
+    assert key == _jax.call_signature((y, 3, {"w": np.zeros(2)}), {"scale": 2.0}, (1,), ("scale",))
+    others = [
+        ((jax.device_put(x, NamedSharding(mesh, P("tp"))), 3, {"w": np.ones(2)}), {"scale": 2.0}),  # sharding
+        ((x, 4, {"w": np.ones(2)}), {"scale": 2.0}),  # a static value
+        ((x, 3, {"w": np.ones(3)}), {"scale": 2.0}),  # a shape
+        ((x, 3, {"v": np.ones(2)}), {"scale": 2.0}),  # the tree
+        ((x, 3, {"w": np.ones(2)}), {"scale": 3.0}),  # a static keyword value
+    ]
+    assert all(_jax.call_signature(a, k, (1,), ("scale",)) != key for a, k in others)
+    with jax.set_mesh(mesh):  # the context mesh
+        assert _jax.call_signature((x, 3, {"w": np.ones(2)}), {"scale": 2.0}, (1,), ("scale",)) != key
+
+
 def test_caches_and_session_state():
     cleared = []
 

@@ -324,7 +324,7 @@ def test_export_exports_the_patched_module():
     spec = jax.ShapeDtypeStruct((6, 8), jnp.float32)
     plain = jax.export.export(jax.jit(fun))(spec)
     with pytest.warns(ShardingFixWarning, match="indivisible"):
-        exported = jax.export.export(autofix_shardings(fun))(spec)
+        exported = jax.export.export(autofix_shardings(fun, policy="subaxis"))(spec)
     assert '{"tp":(1)2}' in exported.mlir_module() and '{"tp":(1)2}' not in plain.mlir_module()
     x = np.arange(48, dtype=np.float32).reshape(6, 8)
     run = jax.jit(exported.call, in_shardings=NamedSharding(mesh, P()))  # it was exported for the 8 devices
@@ -336,7 +336,7 @@ def test_aot_lowering_for_an_abstract_mesh_and_other_platforms():
     fun = lambda x: jax.lax.with_sharding_constraint(x * 2.0, NamedSharding(abstract, P("tp", None)))  # noqa: E731
     spec = jax.ShapeDtypeStruct((6, 8), jnp.float32, sharding=NamedSharding(abstract, P("dp")))
     plain = jax.jit(fun).trace(spec).lower(lowering_platforms=("tpu",))
-    ours = autofix_shardings(fun, on_fix="ignore").trace(spec).lower(lowering_platforms=("tpu",))
+    ours = autofix_shardings(fun, policy="subaxis", on_fix="ignore").trace(spec).lower(lowering_platforms=("tpu",))
     assert isinstance(ours, jax.stages.Lowered)
     assert [(f.before, f.after) for f in ours.fixes] == [('<@mesh, [{"tp"}, {}]>', '<@mesh, [{"tp":(1)2}, {}]>')]
     assert ours.as_text() == plain.as_text().replace('[{"tp"}, {}]', '[{"tp":(1)2}, {}]')

@@ -188,7 +188,7 @@ def test_other_threads_see_plain_jax():
 
 
 def test_unknown_policy():
-    with pytest.raises(ValueError, match="policy must be one of subaxis, prefix, drop; got 'pad'"):
+    with pytest.raises(ValueError, match="policy must be one of auto, subaxis, prefix, drop; got 'pad'"):
         with tracing.repairing("pad"):
             pass
 

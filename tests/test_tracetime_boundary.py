@@ -46,6 +46,37 @@ def test_argument_committed_elsewhere_is_moved_and_reported(mesh):
     assert x.sharding.spec == P(None, "tp")  # the caller's array is left where it was
 
 
+def test_calls_that_move_arguments_correct_and_trace_once():
+    traced = []
+
+    def scaled(x, w):
+        traced.append(x.shape)  # runs each time JAX traces the function
+        return x @ w * 2.0
+
+    x = jax.device_put(X, NamedSharding(MESH, P(None, "tp")))
+    f = autofix_shardings(scaled, in_shardings=(P("dp"), P()), out_shardings=P("dp"), mesh=MESH, on_fix="ignore")
+    f(x, W)
+    first = len(traced)  # the result shapes for out_shardings, then the program
+    for _ in range(3):
+        out = f(x, W)  # back in Python to move x, but neither corrected nor traced again
+    assert len(traced) == first and f.cache_misses == 4
+    np.testing.assert_allclose(np.asarray(out), X @ W * 2.0, rtol=1e-6)
+    assert out.sharding.spec == P("dp") and x.sharding.spec == P(None, "tp")
+
+
+def test_the_same_function_decorated_again_reports_again():
+    messages = []
+    for _ in range(2):  # the same function with the same options, decorated twice: each tells its first call
+        f = autofix_shardings(matmul, in_shardings=(P("dp", "fsdp"), P()), mesh=MESH)
+        with warnings.catch_warnings(record=True) as told:
+            warnings.simplefilter("always")
+            f(X, W)
+            f(X, W)
+        messages.append([str(w.message) for w in told if issubclass(w.category, ShardingFixWarning)])
+    assert messages[0] == messages[1] and len(messages[0]) == 1
+    assert "in_shardings[0] (shape (8, 8)): P('dp', 'fsdp') -> P('dp', None) [unknown-axis]" in messages[0][0]
+
+
 MISMATCHES = [
     (matmul, (P("dp"), P(), P()), (X, W),
      "in_shardings must be a tree prefix of the function's positional arguments: in_shardings is a tuple of length 3 "

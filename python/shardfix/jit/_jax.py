@@ -2,16 +2,18 @@
 
 shardfix needs a few things JAX has no public API for: an MLIR context with JAX's dialects, a Lowered whose module
 was replaced, JAX's C++ call dispatcher for its own functions, two hooks (around the tracing of every jit and around
-every XLA compile), a config value that keeps JAX's caches apart while shardfix is at work, JAX's traceback
-filtering, and jaxlib's call inliner. Each is reached here and nowhere else, switched by version where JAX differs
-(the tested range is 0.10.2 to 0.12.0.1: so far none of these differ); tests/test_jax_internals.py exercises every
-one of them on the installed JAX so that a move fails loudly there.
-"""
+every XLA compile), wrappers around the functions where JAX checks sharding specs while tracing, config values that
+keep JAX's caches apart while shardfix is at work, JAX's trace context, its traceback filtering, and jaxlib's call
+inliner. Each is reached here and nowhere else, switched by version where JAX differs (the tested range is 0.10.2 to
+0.12.0.1: so far none of these differ); tests/test_jax_internals.py exercises every one of them on the installed JAX
+so that a move fails loudly there."""
 
 from __future__ import annotations
 
 import copy
+import functools
 import os
+import sys
 import threading
 from typing import Any, Callable
 
@@ -180,6 +182,31 @@ def static_positions(static_argnums: tuple[int, ...], nargs: int) -> set[int]:
     return {n + nargs if n < 0 else n for n in static_argnums if -nargs <= n < nargs}
 
 
+def call_signature(args: tuple, kwargs: dict, static_argnums: tuple[int, ...], static_argnames: tuple[str, ...]
+                   ) -> tuple:
+    """A hashable key for everything a call's in/out sharding corrections depend on, as the dispatcher tells calls
+    apart: the arguments' tree, the static values, each leaf's type, shape, dtype, weak type and sharding (with
+    whether it is committed), JAX's trace context and the context meshes. Top level only (no tracers)."""
+    from jax._src import mesh as mesh_lib
+    positions = static_positions(static_argnums, len(args))
+    names = set(static_argnames)
+    statics = (tuple(args[i] for i in sorted(positions)),
+               tuple(sorted((k, v) for k, v in kwargs.items() if k in names)))
+    dynamic = (tuple(a for i, a in enumerate(args) if i not in positions),
+               {k: v for k, v in kwargs.items() if k not in names})
+    leaves, tree = jax.tree.flatten(dynamic)
+    return (tree, statics, tuple(_leaf_signature(x) for x in leaves), _config.trace_context(),
+            jax.sharding.get_mesh(), mesh_lib.thread_resources.env.physical_mesh)
+
+
+def _leaf_signature(x: Any) -> tuple:
+    if isinstance(x, jax.Array):
+        return type(x), x.shape, x.dtype, x.weak_type, x.sharding, x.committed
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return type(x), tuple(x.shape), x.dtype
+    return (type(x),)
+
+
 def jit_cache_miss(jitted: Any) -> Callable:
     """The Python function a jax.jit object's C++ dispatcher calls on a miss: it traces, lowers, compiles and runs,
     and returns (outputs, the data that lets the dispatcher run the executable itself next time, a flag)."""
@@ -306,28 +333,21 @@ def inline_call(call: ir.Operation, callee: ir.Operation) -> list:
 #   lenient() -> None                      a lenient construction check let a spec through (fixed later)
 #   aval_checks_suspended: int             > 0 while a jit in/out wrapper runs JAX's (uncached) canonicalization
 
-import functools
-import os
-import sys
-import threading
-
-_hooks_lock = threading.Lock()
-_hooks_installed = False
+_spec_hooks_lock = threading.Lock()
+_spec_hooks_installed = False
 _repair_key_state = None
 
 
 def install_spec_hooks(active) -> None:
     """Wrap JAX's trace-time spec checks (once per process; later calls do nothing)."""
-    global _hooks_installed, _repair_key_state
-    with _hooks_lock:
-        if _hooks_installed:
+    global _spec_hooks_installed, _repair_key_state
+    with _spec_hooks_lock:
+        if _spec_hooks_installed:
             return
-        from jax._src import (api, config, core, named_sharding, pjit, sharding_impls, source_info_util,
-                              traceback_util)
+        from jax._src import api, config, core, named_sharding, pjit, sharding_impls
 
-        package_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        traceback_util.register_exclusion(package_dir)  # our wrappers stay out of filtered tracebacks
-        source_info_util.register_exclusion(package_dir + os.sep)  # ... and out of op locations
+        # shardfix's frames (these wrappers among them) are already out of filtered tracebacks and op locations:
+        # PACKAGE_DIR is registered with both when this module is imported.
         _repair_key_state = config.int_state(
             "shardfix_trace_repair_key", 0, "shardfix: the trace-time repair session's key (private)",
             include_in_jit_key=True, include_in_trace_context=True)
@@ -350,7 +370,7 @@ def install_spec_hooks(active) -> None:
         _rebind(pjit._check_and_canonicalize_out_shardings,
                 _jit_boundary(pjit._check_and_canonicalize_out_shardings, check, active, "out_avals", 5,
                               "jit out_shardings"))
-        _hooks_installed = True
+        _spec_hooks_installed = True
 
 
 def repair_key(value: int):

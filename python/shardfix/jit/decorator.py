@@ -10,6 +10,7 @@ the IR passes run where the outermost call is compiled through shardfix (a decor
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from typing import Any, Callable
@@ -22,7 +23,7 @@ from . import _jax, notify, stages, tracing
 from .boundary import UNSPECIFIED, Boundary, check_mesh, corrected_jit
 from .lowering import patch_lowered
 from .options import Options, resolve
-from .session import DEFAULT_POLICY, Session, active, current, default_pipeline
+from .session import DEFAULT_POLICY, Session, active, current, default_pipeline, repairs
 
 __all__ = ["autofix_shardings", "AutofixFunction", "default_pipeline"]
 
@@ -81,15 +82,16 @@ class AutofixFunction:
         self._name = getattr(fun, "__name__", None) or type(fun).__name__
         self._said: set = set()
         self._jits: dict = {}  # jax.jit objects by in/out shardings (the base one, and corrected ones)
+        self._moving: dict = {}  # call signature -> _Moves, for the calls that move arguments (they come back here)
         self._jit = self._base_jit()
         source = inspect.unwrap(fun)
         try:
             self._loc = SourceLoc(inspect.getsourcefile(source) or "", source.__code__.co_firstlineno)
         except (TypeError, AttributeError):
             self._loc = SourceLoc(name=self._name)
-        self._static_argnums, static_argnames = _jax.static_arguments(self._jit)
+        self._static_argnums, self._static_argnames = _jax.static_arguments(self._jit)
         function = _jax.cpp_dispatcher(fun, self._name, _jax.api_boundary(self._cache_miss), self._static_argnums,
-                                       static_argnames)
+                                       self._static_argnames)
         _jax.wraps(fun)(function)  # the name, docstring, module and __wrapped__ jax.jit gives its functions
         function._fun, function._jit_info, function._shardfix = fun, _jax.jit_info(self._jit), self
         function.trace, function.lower, function.eval_shape = self.trace, self.lower, self.eval_shape
@@ -137,31 +139,67 @@ class AutofixFunction:
 
     def _cache_miss(self, *args, **kwargs):
         """What the C++ dispatcher calls for a signature it hasn't seen: JAX's own miss path (trace, lower, compile,
-        run), inside a session. Returns what JAX's returns: (outputs, data for the dispatcher's fast path, flag)."""
+        run), inside a session. Returns what JAX's returns: (outputs, data for the dispatcher's fast path, flag).
+
+        Called inside another function's trace that shardfix repairs (a decorated function's, or any jit's under the
+        plugin), the fixes go into that trace's report; else they are told here, once per call signature (a call
+        that only moves arguments for an executable made before says nothing again)."""
         self.function.cache_misses += 1
-        outer = current()
         nested = _jax.under_trace()
+        enclosing = tracing.active() if nested else None
+        unrepaired_outer = nested and current() is None
         with self._session() as session:
-            boundary = self._jit_for(args, kwargs, session.report)
-            moved = _moved(args, boundary.args)
-            result = _jax.jit_cache_miss(boundary.jitted)(*moved, **kwargs)
+            moves, again = self._moves_for(args, kwargs, session.report, enclosing)
+            moved = moves.apply(args)
+            result = _jax.jit_cache_miss(moves.jitted)(*moved, **kwargs)
             if moved is not args:  # arguments are moved on every call: no fast path that would skip the move
                 result = (result[0], None, *result[2:])
         self.function.lower_count += session.compiles
-        if nested and outer is None:
-            session.say_once("nested", f"{self._name} runs inside another transformation (jit, grad, vmap, ...): "
-                             "shardfix repairs specs while tracing it, but the sharding and ring passes run only "
-                             "where the outermost call is compiled; decorate the outermost function, or enable "
-                             "shardfix for every jit with shardfix.enable()")
-        notify.tell(session.report.fixes, self._settings.on_fix, self._name)
+        if enclosing is None:
+            note = None
+            if unrepaired_outer and "nested" not in self._said and self._settings.on_fix != "ignore":
+                self._said.add("nested")
+                note = (f"{self._name} runs inside another transformation (jit, grad, vmap, ...): shardfix repairs "
+                        "specs while tracing it, but the sharding and ring passes run only where the outermost call "
+                        "is compiled; decorate the outermost function, or enable shardfix for every jit with "
+                        "shardfix.enable()")
+            # A call made again (arguments moved for a known signature; a call under an outer trace that JAX had
+            # traced before) has nothing new to tell unless JAX traced or compiled something for it.
+            fresh = session.traces or session.compiles or not (again or nested)
+            fixes = session.report.fixes if fresh else []
+            notify.tell(fixes, self._settings.on_fix, self._name, also=note)
         return result
+
+    def _moves_for(self, args: tuple, kwargs: dict, report: Report, enclosing) -> tuple["_Moves", bool]:
+        """The jax.jit to call and the arguments to move for it, and whether this call signature was seen before;
+        the boundary's fixes go to `report` (and to the repairs of an enclosing trace). A call that moves arguments
+        comes back here each time: what it needs is kept by call signature, so that it corrects (and traces
+        out_shardings' result shapes) once."""
+        key = None
+        if self._options.in_shardings is not UNSPECIFIED and not _jax.under_trace():  # only top-level calls move
+            key = _jax.call_signature(args, kwargs, self._static_argnums, self._static_argnames)
+            known = self._moving.get(key)
+            if known is not None:
+                report.fixes.extend(known.fixes)
+                return known, True
+        boundary = self._jit_for(args, kwargs, report)
+        if enclosing is not None:
+            enclosing.add(boundary.fixes)  # its trace-time repairs reach it too: their session nests in its
+        moves = _Moves.of(boundary, args)
+        if key is not None and moves.targets:
+            if len(self._moving) >= _MOVING_LIMIT:
+                for oldest in list(self._moving)[:len(self._moving) - _MOVING_LIMIT + 1]:
+                    self._moving.pop(oldest, None)  # another thread may have taken it out already
+            self._moving[key] = moves
+        return moves, False
 
     # -- stages -----------------------------------------------------------------------------------------------
 
     @_jax.api_boundary
     def trace(self, *args, **kwargs) -> "stages.AutofixTraced":
-        """JAX's Traced for these arguments (the trace-time repairs done; `.fixes` lists them)."""
-        with self._session() as session:
+        """JAX's Traced for these arguments (the trace-time repairs done; `.fixes` lists every one of them, and
+        the boundary corrections)."""
+        with self._session() as session, repairs(session, complete=True):
             boundary = self._jit_for(args, kwargs, session.report)
             traced = boundary.jitted.trace(*boundary.args, **boundary.kwargs)
         return stages.traced(traced, self, session.report)
@@ -181,6 +219,7 @@ class AutofixFunction:
         """Forget every trace, lowering and executable of this function."""
         for jitted in self._jits.values():
             jitted.clear_cache()
+        self._moving.clear()
         _jax.clear_dispatcher(self.function)
 
     @_jax.api_boundary
@@ -201,15 +240,31 @@ class AutofixFunction:
 
 
 
-def _moved(args: tuple, lowering_args: tuple) -> tuple:
-    """`args`, each array that the boundary lowers in abstract form (committed to another sharding than its
-    corrected in_sharding) moved to that sharding; `args` itself when nothing moves."""
-    if lowering_args is args:
-        return args
-    leaves, tree = jax.tree.flatten(args)
-    targets = jax.tree.leaves(lowering_args)
-    moves = {i: t.sharding for i, (x, t) in enumerate(zip(leaves, targets))
-             if isinstance(t, jax.ShapeDtypeStruct) and isinstance(x, jax.Array)}
-    if not moves:
-        return args
-    return jax.tree.unflatten(tree, [jax.device_put(x, moves[i]) if i in moves else x for i, x in enumerate(leaves)])
+_MOVING_LIMIT = 256  # call signatures that move arguments, kept per function (the oldest go first)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Moves:
+    """The jax.jit for a call, the fixes of its boundary, and where the call's arguments go: flat argument index ->
+    the sharding an array committed elsewhere is moved to (its corrected in_sharding)."""
+
+    jitted: Any
+    fixes: tuple
+    targets: dict
+
+    @staticmethod
+    def of(boundary: Boundary, args: tuple) -> "_Moves":
+        targets = {}
+        if boundary.args is not args:
+            leaves = jax.tree.leaves(args)
+            targets = {i: t.sharding for i, (x, t) in enumerate(zip(leaves, jax.tree.leaves(boundary.args)))
+                       if isinstance(t, jax.ShapeDtypeStruct) and isinstance(x, jax.Array)}
+        return _Moves(boundary.jitted, tuple(boundary.fixes), targets)
+
+    def apply(self, args: tuple) -> tuple:
+        """`args` with each array to move moved; `args` itself when nothing moves."""
+        if not self.targets:
+            return args
+        leaves, tree = jax.tree.flatten(args)
+        return jax.tree.unflatten(tree, [jax.device_put(x, self.targets[i]) if i in self.targets else x
+                                         for i, x in enumerate(leaves)])

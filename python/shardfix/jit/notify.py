@@ -18,11 +18,18 @@ logger = logging.getLogger("shardfix")
 ON_FIX = ("warn", "log", "error", "ignore")
 
 
-def tell(fixes: list[Fix], on_fix: str, name: str) -> None:
-    """Report `fixes` made to the function `name` as `on_fix` says."""
-    if not fixes or on_fix == "ignore":
+def tell(fixes: list[Fix], on_fix: str, name: str, also: str | None = None) -> None:
+    """Report `fixes` made to the function `name` as `on_fix` says, in one message, with `also` (a note: something
+    else the user should know) after them; the note alone when nothing was fixed."""
+    if on_fix == "ignore":
+        return
+    if not fixes:
+        if also:
+            note(also, on_fix)
         return
     text = render_fixes(merge_fixes(fixes), name)
+    if also:
+        text += "\n" + also
     if on_fix == "error":
         raise ShardingFixError(text)
     if on_fix == "log":

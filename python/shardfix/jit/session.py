@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 
 from ..correct import POLICIES
 from ..report import Report
-from . import _jax, notify
+from . import _jax, notify, tracing
 from .lowering import is_patched, patch_module
 
 RING_MODES = ("auto", "off", "zigzag", "striped")
@@ -85,7 +85,8 @@ class Session:
     name: str = ""
     collect: bool = True
     report: Report = dataclasses.field(default_factory=Report)
-    compiles: int = 0
+    traces: int = 0  # functions JAX traced while this session was the innermost one
+    compiles: int = 0  # modules it compiled through the pipeline
     said: set = dataclasses.field(default_factory=set)  # notes given (shared by the sessions of one owner)
     told: set = dataclasses.field(default_factory=set)  # fixes told (the plugin tells each once)
 
@@ -161,16 +162,16 @@ def install() -> None:
 
 def _on_trace(trace: Callable, args: tuple, kwargs: dict):
     session = current()
-    tracing = _tracing.get()
-    if session is None or (tracing is not None and tracing[0] is session):
-        return trace(*args, **kwargs)  # no session, or nested in a trace this session already repairs
-    report = session.report if session.collect else Report()
-    token = _tracing.set((session, report))
-    try:
-        with trace_repairs(session.settings.policy, report):
-            result = trace(*args, **kwargs)
-    finally:
-        _tracing.reset(token)
+    if session is None:
+        return trace(*args, **kwargs)
+    around = tracing.active()
+    if around is None or not around.isolated:  # a trace made only for result shapes is no trace of the program
+        session.traces += 1
+    tracing_now = _tracing.get()
+    if tracing_now is not None and tracing_now[0] is session:
+        return trace(*args, **kwargs)  # nested in a trace this session already repairs
+    with repairs(session) as report:
+        result = trace(*args, **kwargs)
     if not session.collect:
         session.tell(report.fixes, _jax.trace_function_name(args))
     return result
@@ -199,14 +200,22 @@ def _function_name(compile_name: str) -> str:
 
 
 @contextlib.contextmanager
-def trace_repairs(policy: str, report: Report) -> Iterator[None]:
-    """The trace-time repairs (specs JAX would reject while tracing) while one function is traced, added to
-    `report`. JAX's caches are already keyed on the session, so repairs share them (each recorded once)."""
+def repairs(session: Session, *, complete: bool = False) -> Iterator[Report]:
+    """The trace-time repairs (specs JAX would reject while tracing) while `session` traces in the block, added to
+    the report it yields (the session's own when it collects). Traces nested in the block (jits inside the traced
+    function) are part of it.
+
+    With `complete=False`, JAX's caches are shared with the earlier traces of the same session options (a cached
+    trace reports nothing again: its repairs were reported when it was made); with `complete`, nothing traced by an
+    earlier session that repaired something is reused, so the report lists every repair of what the block traces.
+    Inside a trace of another session (a decorated function called by a decorated function, or under the plugin)
+    the repairs are also recorded in that session's report."""
+    report = session.report if session.collect else Report()
+    token = _tracing.set((session, report))
     try:
-        from .tracing import repairing
-    except ImportError:  # built without trace-time repairs: only the IR pipeline runs
-        yield
-        return
-    with repairing(policy, complete=False) as repairs:
-        yield
-    report.fixes.extend(repairs.fixes)
+        with tracing.repairing(session.settings.policy, complete=complete) as made:
+            yield report
+    finally:
+        _tracing.reset(token)
+    if not made.isolated:
+        report.fixes.extend(made.fixes)

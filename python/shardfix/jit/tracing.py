@@ -42,10 +42,14 @@ _active: contextvars.ContextVar["Repairs | None"] = contextvars.ContextVar("shar
 class Repairs:
     """One repair session: its policy and the fixes made while it was active."""
 
-    def __init__(self, policy: str, parent: "Repairs | None" = None):
+    def __init__(self, policy: str, parent: "Repairs | None" = None, isolated: bool = False):
         self.policy = policy
         self.fixes: list[Fix] = []
         self.parent = parent
+        # An isolated session's repairs (and those of the sessions nested in it) are made for a trace whose results
+        # are only looked at; another trace will record them.
+        self.isolated = isolated or (parent is not None and parent.isolated)
+        self.scope: tuple | None = None  # what its key is made for (None: the stable key of its policy)
         self.aval_checks_suspended = 0  # read by the jit in/out hooks
         self.used_leniency = False
         self._memo: dict = {}  # (mesh, spec, shape, divisibility) -> (repaired spec, reasons)
@@ -186,59 +190,72 @@ def install() -> None:
 
 # Each distinct session key separates JAX's caches. A stable key per policy lets repeated traces share JAX's caches
 # (a repair is then recorded by the session that traced it first). A `complete` session must see every repair of
-# what it traces, so it takes a key no earlier session that repaired anything has used; an isolated one takes a key
-# of its own, so that what it traces is never served to the session around it.
-_keys: dict[tuple[str, int | None], int] = {}
+# what it traces, so it takes a key no earlier session that repaired anything has used (one per generation, the
+# generation retired when such a session ends). An isolated session takes a key of its own, so that what it traces is
+# never served to another session. Sessions nested in one of these take keys of its scope, so that what they trace
+# is as fresh, and kept as far apart.
+_keys: dict[tuple[str, tuple | None], int] = {}
 _key_counter = itertools.count(1)
+_isolated_counter = itertools.count(1)
 _generation = 0
 _keys_lock = threading.Lock()
 
 
-def _session_key(policy: str, complete: bool, isolated: bool) -> int:
+def _session_key(policy: str, scope: tuple | None) -> int:
     with _keys_lock:
-        if isolated:
-            return next(_key_counter)
-        name = (policy, _generation if complete else None)
+        name = (policy, scope)
         if name not in _keys:
             _keys[name] = next(_key_counter)
         return _keys[name]
 
 
-def _retire_generation() -> None:
+def _retire_scope(scope: tuple) -> None:
+    """Forget the keys made for `scope`: later sessions of a scope like it get new ones (a retired generation is
+    followed by the next)."""
     global _generation
     with _keys_lock:
-        for name in [name for name in _keys if name[1] == _generation]:
+        for name in [name for name in _keys if name[1] == scope]:
             del _keys[name]
-        _generation += 1
+        if scope == ("generation", _generation):
+            _generation += 1
 
 
 @contextlib.contextmanager
 def repairing(policy: str = "subaxis", *, complete: bool = True, isolated: bool = False) -> Iterator[Repairs]:
     """Within this block (this thread or task only), JAX's trace-time spec checks repair what they would reject.
 
-    `policy` is the correction core's ("subaxis", "prefix", "drop"). The session's `.fixes` lists every repair made
-    while tracing, located at the user's line. With `complete` (the default) nothing traced by an earlier session
-    that repaired something is reused, so every repair of this trace is recorded (at the cost of retracing jitted
-    library functions such as jnp.dot); `complete=False` shares JAX's caches with earlier sessions of the same
-    policy, each repair then being recorded once, by the session that traced it first. Sessions nest: an inner
-    session's fixes are also recorded in the outer one, unless it is `isolated` (a trace made only to learn
-    something, such as result shapes, whose repairs another trace will record).
+    `policy` is the correction core's ("auto", "subaxis", "prefix", "drop"). The session's `.fixes` lists every
+    repair made while tracing, located at the user's line. With `complete` (the default) nothing traced by an
+    earlier session that repaired something is reused, so every repair of this trace is recorded (at the cost of
+    retracing jitted library functions such as jnp.dot); `complete=False` shares JAX's caches with earlier sessions
+    of the same policy, each repair then being recorded once, by the session that traced it first. Sessions nest: an
+    inner session's fixes are also recorded in the outer one, and an inner session in a complete or isolated one
+    traces as that one does. An `isolated` session is for a trace made only to learn something, such as result
+    shapes: what it traces is never reused elsewhere, and its repairs (`.isolated` is true for it and the sessions
+    nested in it) are for another trace to record.
     """
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {', '.join(POLICIES)}; got {policy!r}")
     install()
-    session = Repairs(policy, parent=None if isolated else _active.get())
+    parent = None if isolated else _active.get()
+    session = Repairs(policy, parent=parent, isolated=isolated)
+    if isolated:
+        session.scope = ("isolated", next(_isolated_counter))
+    elif complete:
+        session.scope = ("generation", _generation)
+    elif parent is not None:
+        session.scope = parent.scope
     token = _active.set(session)
     try:
-        with _jax.repair_key(_session_key(policy, complete, isolated)):
+        with _jax.repair_key(_session_key(policy, session.scope)):
             yield session
     finally:
         _active.reset(token)
         session.close()
         if session.used_leniency:
             _jax.forget_lenient_specs()
-        if complete and not isolated and session.fixes:
-            _retire_generation()
+        if isolated or (complete and session.fixes):
+            _retire_scope(session.scope)
 
 
 def active() -> Repairs | None:
