@@ -70,7 +70,7 @@ func.func @unshardable(%arg0: tensor<*xf32> {sdy.sharding = #sdy.sharding<@mesh,
 sdy.mesh @mesh = <["a"=2, "b"=4]>
 sdy.mesh @single = <[], device_ids=[3]>
 
-// VERIFIER: error: 'func.func' op arg 0 - a single-device sharding can only have a sharding with rank 0
+// VERIFIER: error: 'func.func' op arg 0 - a {{(single-device|maximal)}} sharding can only have a sharding with rank 0
 // REPORT: value-count: an op without results takes at most one sharding, of rank 0; 2 given, the first kept
 // REPORT: rank-mismatch: a single-device sharding has no dims, replicated or unreduced axes; dropped
 // CHECK-LABEL: func @single_device
