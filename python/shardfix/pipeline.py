@@ -8,6 +8,7 @@ either one of ours (`fix-shardings{policy=drop}`) or handed to MLIR as text (`ca
 from __future__ import annotations
 
 import functools
+import gc
 from dataclasses import dataclass
 
 from jaxlib.mlir import ir, passmanager
@@ -141,7 +142,16 @@ def build_pass_manager(pipeline: Pipeline, ctx: ir.Context, pass_ctx: PassContex
 
 def _runner(pass_: Pass, pass_ctx: PassContext):
     def run(op, _external_pass) -> None:
-        pass_.apply(op, pass_ctx)
+        # A pass makes many small short-lived objects and no garbage cycles to speak of; with the cyclic
+        # collector on, each collection also scans the caller's whole heap (a JAX process holds millions of
+        # objects), which would make a pass's time follow the size of the process rather than of the module.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            pass_.apply(op, pass_ctx)
+        finally:
+            if collecting:
+                gc.enable()
     return run
 
 

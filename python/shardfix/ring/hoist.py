@@ -3,21 +3,35 @@
 Between ring regions sit computations that treat every token alike along the sequence (elementwise ops, reductions
 and dot_generals over other dims, broadcasts, reshapes and transposes that keep the sequence dim whole, sharding
 constraints). They commute with a permutation of the sequence (the `moves` rules of rules.py say which op does and
-where the sequence dim goes), so an inverse permutation can sink through them, a forward one can rise through
-them, an inverse followed by the same forward cancels, and an inverse that only feeds an order-independent
-reduction over the sequence (a mean loss) is not needed at all. What can't be shown token-wise stops the motion
-there, and is reported.
+where the sequence dim goes), so such an op can run on permuted operands and give its result in permuted order.
+For each function body the pass decides which ops run in permuted order, then puts permutations only where an
+order is read that no value is in:
 
-The permutations of a function are moved with a worklist: each one is looked at when it appears or when something
-next to it changes, and permutations of one value are shared through an index, so the work is proportional to the
-number of moves, not to the number of moves times the size of the function.
+1. Forward, in program order (the inverses sink). The inverse after a ring region says that its result is at hand
+   in permuted order. A token-wise op reading such a value runs in permuted order: its other sequence operands are
+   then read in permuted order too, and its results are at hand in permuted order in turn. A reduction over the
+   sequence with an order-free body (a mean loss; a dot_general summing the tokens of two sides in the same order,
+   a layer's weight gradient) reads its operands permuted and gives what it gave before: nothing after it needs
+   restoring.
+2. Backward, in reverse program order (the forward permutations rise). A value read in permuted order (a ring
+   region's operand, a sequence operand of an op of step 1) that nothing gives in that order is computed in
+   permuted order by its own op, when that op is token-wise and everything that reads its results reads them
+   permuted; that op's operands are then read permuted in turn.
+3. The edits. Each reader gets the value in the order it reads: a value read permuted that no op gives so is
+   permuted once, after its definition (at the function's input, say); a value computed in permuted order that
+   something reads in contiguous order is permuted back once, after its definition. The module's own permutations
+   are kept where they are what is needed and erased where nothing reads them any more.
+
+Each op is looked at once each way, with maps from values to their orders, and the IR changes only where the two
+orders meet: the time grows with the function, not with how far the permutations travel. What can't be shown
+token-wise stops the motion at that op, and is reported.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import sdy
@@ -46,6 +60,15 @@ class Kind:
         return self.strategy if self.strategy == "zigzag" else f"striped{{stripe={self.stripe}}}"
 
 
+@dataclass(frozen=True, eq=False)
+class Order:
+    """The order a value is in: permuted by a kind of permutation along one of its dims. One object per order
+    (Mover.order), compared by identity."""
+
+    kind: Kind
+    dim: int
+
+
 @dataclass(eq=False)
 class Perm:
     op: ir.Operation
@@ -54,8 +77,7 @@ class Perm:
     inverse: bool
     sharding: TensorSharding
     manual_axes: tuple[str, ...] = ()
-    erased: bool = False
-    placeholder: bool = False  # stands for a permutation while they move: one cheap op, made real at the end
+    order: Order | None = None  # set by the Mover that looks at it
 
     @property
     def source(self) -> ir.Value:
@@ -64,11 +86,6 @@ class Perm:
     @property
     def result(self) -> ir.Value:
         return self.op.results[0]
-
-
-# What a permutation hoist-permutations adds is while the permutations move (most are cancelled or moved again
-# before the end): an op of the builtin dialect that passes its operand through, never left in the module.
-PLACEHOLDER = "builtin.unrealized_conversion_cast"
 
 
 def perm_of(op: ir.Operation) -> Perm | None:
@@ -87,39 +104,11 @@ def perm_of(op: ir.Operation) -> Perm | None:
 @dataclass
 class Motion:
     remarks: list[tuple[str, SourceLoc]]
-    cancelled: int = 0
-    dropped: int = 0
 
 
-@dataclass
-class _Function:
-    """The permutations of one function body: by result value (an op's hash changes with its operands; a value's
-    doesn't), and by (source, kind, dim, direction) to share them."""
-
-    block: ir.Block
-    by_result: dict = field(default_factory=dict)
-    by_source: dict = field(default_factory=dict)
-    queue: deque = field(default_factory=deque)
-
-    def add(self, perm: Perm) -> None:
-        self.by_result[perm.result] = perm
-        self.by_source.setdefault(_key(perm.source, perm), perm)
-        self.queue.append(perm)
-
-    def forget(self, perm: Perm) -> None:
-        perm.erased = True
-        self.by_result.pop(perm.result, None)
-        if self.by_source.get(_key(perm.source, perm)) is perm:
-            del self.by_source[_key(perm.source, perm)]
-
-    def perm(self, op) -> Perm | None:
-        if op is None or len(op.results) != 1:
-            return None
-        return self.by_result.get(op.results[0])
-
-
-def _key(source: ir.Value, perm: Perm):
-    return (source, perm.kind, perm.dim, perm.inverse)
+# Ops that read their operands in the order they are in: a ring region reads them as its own (its permutations
+# are the module's forward permutations), a function returns them to its caller.
+_READS_AS_IS = frozenset({"func.return", "sdy.manual_computation"})
 
 
 class Mover:
@@ -132,23 +121,46 @@ class Mover:
         self._said: set = set()
         self._funcs: dict[str, ir.Operation] | None = None
         self._elementwise: dict[str, bool] = {}
+        self._kinds: dict[Kind, Kind] = {}
+        self._orders: dict[tuple[int, int], Order] = {}
+
+    def kind(self, kind: Kind) -> Kind:
+        """The one Kind object equal to `kind` (Orders are looked up by their kind's identity)."""
+        return self._kinds.setdefault(kind, kind)
+
+    def order(self, kind: Kind, dim: int) -> Order:
+        """The one Order object for (kind, dim), `kind` one of `self.kind`'s."""
+        key = (id(kind), dim)
+        found = self._orders.get(key)
+        if found is None:
+            found = self._orders[key] = Order(kind, dim)
+        return found
+
+    def run(self) -> Motion:
+        with Permutations(self.module) as self.permutations:
+            for fn in self.module.regions[0].blocks[0].operations:
+                fn = fn.operation
+                if fn.name == "func.func" and len(fn.regions[0].blocks):
+                    _Body(self, fn.regions[0].blocks[0]).run()
+        del self.permutations
+        return self.motion
 
     # -- where the sequence dim goes: the rule table, and calls of elementwise functions ----------------------
 
-    def _moves(self, op: ir.Operation, operand: int, dim: int):
+    def moves(self, op: ir.Operation, operand: int, dim: int):
         if op.name == "func.call" and self._elementwise_call(op):
             return dim
         return moves(op, operand, dim)
 
-    def _carriers(self, op: ir.Operation, dim: int) -> dict[int, int]:
+    def carriers(self, op: ir.Operation, dim: int) -> dict[int, int]:
         if op.name == "func.call" and self._elementwise_call(op):
             return {i: dim for i in range(len(op.operands))}
         return carriers(op, dim)
 
     def _elementwise_call(self, op: ir.Operation) -> bool:
         """A call of a function that is elementwise as a whole (jax.nn.silu, say, lowers to one): its arguments and
-        single result of one type, and its body only elementwise ops on them and on splat constants (and
-        broadcasts of scalars), so every token of the result is computed from the same token of the arguments."""
+        results of one type, and its body only elementwise ops on them and on splat constants (and broadcasts of
+        scalars), so every token of a result is computed from the same token of the arguments."""
         if not len(op.results) or any(v.type != op.results[0].type for v in list(op.operands) + list(op.results)):
             return False
         callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
@@ -159,219 +171,228 @@ class Mover:
             self._elementwise[callee] = func is not None and _is_elementwise_body(func, op.results[0].type)
         return self._elementwise[callee]
 
-    def run(self) -> Motion:
-        with Permutations(self.module) as self.permutations:
-            for fn in self.module.regions[0].blocks[0].operations:
-                fn = fn.operation
-                if fn.name != "func.func" or not len(fn.regions[0].blocks):
-                    continue
-                body = _Function(fn.regions[0].blocks[0])
-                for op in body.block.operations:
-                    perm = perm_of(op.operation)
-                    if perm is not None:
-                        body.add(perm)
-                self._drain(body)
-                self._materialize(body)
-        del self.permutations
-        return self.motion
-
-    def _drain(self, body: _Function) -> None:
-        while body.queue:
-            perm = body.queue.popleft()
-            if perm.erased:
-                continue
-            if not list(perm.result.uses):
-                self._erase(body, perm)
-            elif self._cancel(body, perm) or self._share(body, perm):
-                continue
-            elif perm.inverse:
-                self._sink(body, perm)
-            else:
-                self._hoist(body, perm)
-
-    # -- the rules ----------------------------------------------------------------------------------------------
-
-    def _materialize(self, body: _Function) -> None:
-        """The permutations that stay where the motion left them, built in place of their placeholders."""
-        for perm in list(body.by_result.values()):
-            if not perm.placeholder:
-                continue
-            real = self.permutations.insert(ir.InsertionPoint(perm.op), perm.source, perm.kind.mesh_name,
-                                            self.meshes[perm.kind.mesh_name], perm.sharding, perm.dim,
-                                            perm.kind.axis, perm.kind.strategy, perm.kind.stripe, perm.inverse,
-                                            perm.manual_axes)
-            perm.result.replace_all_uses_with(real.results[0])
-            perm.op.erase()
-
-    def _erase(self, body: _Function, perm: Perm) -> None:
-        body.forget(perm)
-        source_perm = body.perm(_owner(perm.source))
-        perm.op.erase()
-        if source_perm is not None:
-            body.queue.append(source_perm)  # it may have lost its last use
-
-    def _cancel(self, body: _Function, perm: Perm) -> bool:
-        other = body.perm(_owner(perm.source))
-        if other is None or other.inverse == perm.inverse or other.kind != perm.kind or other.dim != perm.dim:
-            return False
-        perm.result.replace_all_uses_with(other.source)
-        self._erase(body, perm)
-        self.motion.cancelled += 1
-        return True
-
-    def _share(self, body: _Function, perm: Perm) -> bool:
-        """Two permutations of one kind of the same value: keep the first."""
-        first = body.by_source.get(_key(perm.source, perm))
-        if first is None or first is perm or first.erased:
-            body.by_source[_key(perm.source, perm)] = perm
-            return False
-        perm.result.replace_all_uses_with(first.result)
-        self._erase(body, perm)
-        body.queue.append(first)  # its source may have no other use left: it may move now
-        return True
-
-    def _sink(self, body: _Function, inv: Perm) -> None:
-        for use in list(inv.result.uses):
-            user = use.owner.operation
-            later = body.perm(user)
-            if later is not None or user.name in ("func.return", "sdy.manual_computation") \
-                    or user.parent != inv.op.parent:
-                if later is not None:
-                    body.queue.append(later)  # a forward permutation right after: they may cancel
-                continue  # at the function's output, at a region's input, or inside another region: it stays
-            try:
-                dim = self._moves(user, use.operand_number, inv.dim)
-                operand_dims = {use.operand_number: inv.dim, **reduced_with(user, use.operand_number, inv.dim)} \
-                    if dim == REDUCED else self._carriers(user, dim)
-                self._check_sizes(user, operand_dims, inv.kind)
-            except Blocked as why:
-                self._say(inv, user, why)
-                continue
-            if self._move_after(body, inv, user, use.operand_number, dim, operand_dims):
-                return
-            for index, operand_dim in operand_dims.items():
-                user.operands[index] = self._in_permuted_order(body, user.operands[index], operand_dim, inv)
-            if dim == REDUCED:
-                self.motion.dropped += 1
-            else:
-                self._insert_after(body, user, inv, dim)
-            body.queue.append(inv)  # it may have other users left, or none
-            return
-
-    def _move_after(self, body: _Function, inv: Perm, user: ir.Operation, operand: int, dim, operand_dims) -> bool:
-        """Sink `inv` past its only user by moving it, when the user keeps its type and reads nothing else along
-        the sequence: the same as the inverse of the user's result, without building one."""
-        if dim != inv.dim or operand_dims != {operand: inv.dim} or len(user.results) != 1 \
-                or user.results[0].type != inv.result.type or len(list(inv.result.uses)) != 1:
-            return False
-        result = user.results[0]
-        body.forget(inv)
-        user.operands[operand] = inv.source
-        result.replace_all_uses_with(inv.result)
-        inv.op.operands[0] = result
-        inv.op.move_after(user)
-        inv.erased = False
-        body.add(inv)
-        return True
-
-    def _move_before(self, body: _Function, fwd: Perm, owner: ir.Operation, operand_dims) -> bool:
-        """Hoist `fwd` above the op that makes its source by moving it, when that op reads one value along the
-        sequence, of its own type."""
-        if len(operand_dims) != 1 or len(owner.results) != 1:
-            return False
-        ((index, dim),) = operand_dims.items()
-        if dim != fwd.dim or owner.operands[index].type != fwd.source.type:
-            return False
-        body.forget(fwd)
-        fwd.result.replace_all_uses_with(owner.results[0])
-        fwd.op.operands[0] = owner.operands[index]
-        fwd.op.move_before(owner)
-        owner.operands[index] = fwd.result
-        fwd.erased = False
-        body.add(fwd)
-        return True
-
-    def _hoist(self, body: _Function, fwd: Perm) -> None:
-        owner = _owner(fwd.source)
-        if owner is None or owner.parent != fwd.op.parent or len(list(fwd.source.uses)) != 1:
-            return  # at the function's input, or the value is needed in order elsewhere too
-        if owner.name == "sdy.manual_computation" or body.perm(owner) is not None:
-            return
-        try:
-            operand_dims = self._carriers(owner, fwd.dim)
-            self._check_sizes(owner, operand_dims, fwd.kind)
-        except Blocked as why:
-            self._say(fwd, owner, why)
-            return
-        if self._move_before(body, fwd, owner, operand_dims):
-            return
-        for index, operand_dim in operand_dims.items():
-            owner.operands[index] = self._in_permuted_order(body, owner.operands[index], operand_dim, fwd)
-        source = fwd.source
-        fwd.result.replace_all_uses_with(source)
-        self._erase(body, fwd)
-        # the owner's other results (an elementwise call's) are now in permuted order too: restore them for their
-        # users
-        others = [r for r in owner.results if r != source]
-        if others:
-            self._insert_after(body, owner, fwd, fwd.dim, others)
-
-    # -- helpers ------------------------------------------------------------------------------------------------
-
-    def _check_sizes(self, op: ir.Operation, operand_dims: dict[int, int], kind: Kind) -> None:
-        for index, dim in operand_dims.items():
-            if _shape(op.operands[index])[dim] != kind.length:
-                raise Blocked("changes the sequence length")
-
-    def _in_permuted_order(self, body: _Function, value: ir.Value, dim: int, like: Perm) -> ir.Value:
-        """`value` (in contiguous order) as a value in permuted order: unwrap an inverse, reuse a forward
-        permutation of it, else add one."""
-        owner = _owner(value)
-        other = body.perm(owner)
-        if other is not None and other.inverse and other.kind == like.kind and other.dim == dim:
-            return other.source
-        if value == like.result:
-            return like.source
-        shared = body.by_source.get((value, like.kind, dim, False))
-        if shared is not None and not shared.erased:
-            body.queue.append(shared)  # the value may have no user in contiguous order left: it may move now
-            return shared.result
-        point = ir.InsertionPoint.at_block_begin(value.owner) if owner is None else ir.InsertionPoint.after(owner)
-        new = self._build(point, value, dim, like, inverse=False)
-        body.add(new)
-        return new.result
-
-    def _insert_after(self, body: _Function, op: ir.Operation, like: Perm, dim: int, results=None) -> None:
-        """Inverse permutations of dim `dim` of the op's results (all of them, or `results`) that have users."""
-        for result in op.results if results is None else results:
-            if not list(result.uses):
-                continue
-            new = self._build(ir.InsertionPoint.after(op), result, dim, like, inverse=True)
-            result.replace_all_uses_except(new.result, new.op)
-            body.add(new)
-
-    def _build(self, point: ir.InsertionPoint, value: ir.Value, dim: int, like: Perm, inverse: bool) -> Perm:
-        """A permutation of `like`'s kind of dim `dim` of `value`, inserted at `point` (what perm_of would read
-        back from it)."""
-        mesh = self.meshes[like.kind.mesh_name]
-        shape = list(_shape(value))
-        sharding = _derive_sharding(like, list(_shape(like.source)), shape, dim, mesh)
-        op = ir.Operation.create(PLACEHOLDER, results=[value.type], operands=[value],
-                                 loc=ir.Location.unknown(self.module.context), ip=point)
-        kind = like.kind if shape[dim] == like.kind.length else replace(like.kind, length=shape[dim])
-        return Perm(op, kind, dim, inverse, sharding, like.manual_axes, placeholder=True)
-
-    def _say(self, perm: Perm, op: ir.Operation, why: Blocked) -> None:
-        key = (str(perm.kind), perm.inverse, op.name, str(why), str(source_loc(op.location)))
+    def say(self, kind: Kind, inverse: bool, op: ir.Operation, why: Blocked) -> None:
+        key = (kind, inverse, op.name, str(why), source_loc(op.location))
         if key in self._said:
             return
         self._said.add(key)
-        what = "an inverse" if perm.inverse else "a"
+        what = "an inverse" if inverse else "a"
         name = op.name
         if name == "func.call":
             name += f"' to '@{ir.FlatSymbolRefAttr(op.attributes['callee']).value}"
-        self.motion.remarks.append((f"{what} {perm.kind} permutation stops at '{name}': it {why}",
+        self.motion.remarks.append((f"{what} {kind} permutation stops at '{name}': it {why}",
                                     source_loc(op.location)))
+
+
+class _Body:
+    """The orders of the values of one function body, and the edits that follow from them.
+
+    Ops are named by their place in the body (an op's hash in the bindings follows its operands, which the edits
+    change), values by their hash (the address of what they name: dicts keyed by the values themselves compare
+    colliding keys through the bindings, which costs more than the rest)."""
+
+    def __init__(self, mover: Mover, block: ir.Block):
+        self.mover = mover
+        self.block = block
+        self.ops = [op.operation for op in block.operations]
+        self.position: dict[int, int] = {}  # op result -> its op's place
+        self.perms: dict[int, Perm] = {}  # place -> the permutation there
+        for i, op in enumerate(self.ops):
+            for result in op.results:
+                self.position[hash(result)] = i
+            if op.name == "sdy.manual_computation":
+                perm = perm_of(op)
+                if perm is not None:
+                    perm.kind = mover.kind(perm.kind)
+                    perm.order = mover.order(perm.kind, perm.dim)
+                    self.perms[i] = perm
+        self.perm_place = {id(perm): i for i, perm in self.perms.items()}
+        # value -> (order, holder, like): the value is at hand in `order` as `holder` (the value itself when its op
+        # runs in permuted order); `like` is the permutation new ones of that order copy their sharding from
+        self.permuted: dict[int, tuple[Order, ir.Value, Perm]] = {}
+        self.runs_permuted: list[int] = []
+        # what reads a value in permuted order: (reader's place, operand number or None for a forward permutation,
+        # value, order, like)
+        self.reads: list[tuple[int, int | None, ir.Value, Order, Perm]] = []
+        self.read_count: dict[tuple[int, Order], int] = {}
+        self.needs: dict[int, list[tuple[ir.Value, Order, Perm]]] = {}  # place -> its results read permuted
+        self.heap: list[int] = []
+        # the module's permutations, by (source, order), and the ones the edits keep (by id)
+        self.forwards: dict[tuple[int, Order], Perm] = {}
+        self.inverses: dict[tuple[int, Order], Perm] = {}
+        self.kept: set[int] = set()
+
+    def run(self) -> None:
+        if not self.perms:
+            return
+        self._sink()
+        self._hoist()
+        self._edit()
+
+    # -- 1. forward: inverses sink ------------------------------------------------------------------------------
+
+    def _sink(self) -> None:
+        permuted, perms = self.permuted, self.perms
+        for place, op in enumerate(self.ops):
+            perm = perms.get(place)
+            if perm is not None:
+                if perm.inverse:
+                    permuted[hash(perm.result)] = (perm.order, perm.source, perm)
+                    self.inverses.setdefault((hash(perm.source), perm.order), perm)
+                else:
+                    self.forwards.setdefault((hash(perm.source), perm.order), perm)
+                    self._read(place, None, perm.source, perm.order, perm)
+                continue
+            if op.name in _READS_AS_IS:
+                continue
+            first = next(((i, permuted[k]) for i, k in enumerate(map(hash, op.operands)) if k in permuted), None)
+            if first is None:
+                continue
+            i, (order, _, like) = first
+            try:
+                dim = self.mover.moves(op, i, order.dim)
+                operand_dims = ({i: order.dim, **reduced_with(op, i, order.dim)} if dim == REDUCED
+                                else self.mover.carriers(op, dim))
+                self._check(op, operand_dims, order.kind)
+            except Blocked as why:
+                self.mover.say(order.kind, True, op, why)
+                continue
+            for j, d in operand_dims.items():
+                self._read(place, j, op.operands[j], self.mover.order(order.kind, d), like)
+            if dim != REDUCED:
+                self._run_permuted(place, self.mover.order(order.kind, dim), like)
+
+    # -- 2. backward: forward permutations rise -----------------------------------------------------------------
+
+    def _hoist(self) -> None:
+        while self.heap:
+            place = -heapq.heappop(self.heap)
+            op = self.ops[place]
+            for value, order, like in self.needs.pop(place, ()):
+                if self._in(value, order) is None and self._all_reads_permuted(place, order):
+                    try:
+                        operand_dims = self.mover.carriers(op, order.dim)
+                        self._check(op, operand_dims, order.kind)
+                    except Blocked as why:
+                        self.mover.say(order.kind, False, op, why)
+                        continue
+                    for j, d in operand_dims.items():
+                        self._read(place, j, op.operands[j], self.mover.order(order.kind, d), like)
+                    self._run_permuted(place, order, like)
+
+    def _all_reads_permuted(self, place: int, order: Order) -> bool:
+        """The op may run in permuted order: not a permutation or a region, not already running permuted, and
+        every use of each of its results reads it in `order`."""
+        op = self.ops[place]
+        if place in self.perms or op.name in _READS_AS_IS or any(hash(r) in self.permuted for r in op.results):
+            return False
+        return all(sum(1 for _ in r.uses) == self.read_count.get((hash(r), order), 0) for r in op.results)
+
+    # -- 3. the edits -------------------------------------------------------------------------------------------
+
+    def _edit(self) -> None:
+        # Which uses read contiguous order, found before anything changes: every use of a value computed in
+        # permuted order that is not one of the reads above (readers named by their first result; a reader
+        # without results is a return)
+        reads = {(hash(self.ops[place].results[0]), j if j is not None else 0) for place, j, _, _, _ in self.reads}
+        contiguous = []
+        for place in self.runs_permuted:
+            for result in self.ops[place].results:
+                for use in result.uses:
+                    owner = use.owner.operation
+                    if not len(owner.results) or (hash(owner.results[0]), use.operand_number) not in reads:
+                        contiguous.append((result, owner, use.operand_number))
+        for place, j, value, order, like in self.reads:
+            op = self.ops[place]
+            held = self._held_in(value, order, like, place)
+            if j is not None:
+                if op.operands[j] != held:
+                    op.operands[j] = held
+            elif held != op.results[0]:  # a forward permutation of the module's that is no longer needed
+                op.results[0].replace_all_uses_with(held)
+        for result, owner, operand in contiguous:
+            owner.operands[operand] = self._restored(result)
+        for perm in sorted(self.perms.values(), key=lambda p: p.inverse):  # forwards first: they read inverses
+            if id(perm) not in self.kept and not any(True for _ in perm.result.uses):
+                perm.op.erase()
+
+    def _held_in(self, value: ir.Value, order: Order, like: Perm, reader: int) -> ir.Value:
+        """The value in `order` for the op at `reader`: what holds it so, else a forward permutation of it (the
+        module's, or a new one right after its definition)."""
+        found = self._in(value, order)
+        if found is not None:
+            return found
+        key = hash(value)
+        perm = self.forwards.get((key, order))
+        if perm is None:
+            source = self._restored(value) if key in self.permuted and self.permuted[key][1] == value else value
+            perm = self._build(source, order, like, inverse=False)
+            self.forwards[(key, order)] = perm
+        elif self.perm_place.get(id(perm), -1) > reader:
+            # the module's permutation sits before a later reader (a ring region): an earlier reader needs it where
+            # a new one would go, right after the definition
+            owner = value.owner
+            if isinstance(owner, ir.Block):
+                perm.op.move_before(self.ops[0])
+            else:
+                perm.op.move_after(owner.operation)
+            self.perm_place[id(perm)] = -1
+        self.kept.add(id(perm))
+        return perm.result
+
+    def _restored(self, value: ir.Value) -> ir.Value:
+        """A value its op computes in permuted order, put back in contiguous order (once)."""
+        key = hash(value)
+        order, _, like = self.permuted[key]
+        perm = self.inverses.get((key, order))
+        if perm is None:
+            perm = self._build(value, order, like, inverse=True)
+            self.inverses[(key, order)] = perm
+        self.kept.add(id(perm))
+        return perm.result
+
+    # -- helpers ------------------------------------------------------------------------------------------------
+
+    def _in(self, value: ir.Value, order: Order) -> ir.Value | None:
+        found = self.permuted.get(hash(value))
+        return found[1] if found is not None and found[0] is order else None
+
+    def _read(self, place: int, operand: int | None, value: ir.Value, order: Order, like: Perm) -> None:
+        self.reads.append((place, operand, value, order, like))
+        key = (hash(value), order)
+        self.read_count[key] = self.read_count.get(key, 0) + 1
+        if self._in(value, order) is None:
+            owner = self.position.get(key[0])  # None: a function argument
+            if owner is not None:
+                if owner not in self.needs:
+                    heapq.heappush(self.heap, -owner)
+                self.needs.setdefault(owner, []).append((value, order, like))
+
+    def _run_permuted(self, place: int, order: Order, like: Perm) -> None:
+        self.runs_permuted.append(place)
+        for result in self.ops[place].results:
+            self.permuted[hash(result)] = (order, result, like)
+
+    def _check(self, op: ir.Operation, operand_dims: dict[int, int], kind: Kind) -> None:
+        for index, dim in operand_dims.items():
+            value = op.operands[index]
+            if ir.ShapedType(value.type).get_dim_size(dim) != kind.length:
+                raise Blocked("changes the sequence length")
+            found = self.permuted.get(hash(value))
+            if found is not None and found[0] is not self.mover.order(kind, dim):
+                raise Blocked("reads values in two different sequence orders")
+
+    def _build(self, value: ir.Value, order: Order, like: Perm, inverse: bool) -> Perm:
+        """A permutation of `value` in `order` (or its inverse), right after the value's definition."""
+        owner = value.owner
+        point = (ir.InsertionPoint.at_block_begin(owner) if isinstance(owner, ir.Block)
+                 else ir.InsertionPoint.after(owner.operation))
+        kind = order.kind
+        mesh = self.mover.meshes[kind.mesh_name]
+        sharding = _derive_sharding(like, list(_shape(like.source)), list(_shape(value)), order.dim, mesh)
+        op = self.mover.permutations.insert(point, value, kind.mesh_name, mesh, sharding, order.dim, kind.axis,
+                                            kind.strategy, kind.stripe, inverse, like.manual_axes)
+        return Perm(op, kind, order.dim, inverse, sharding, like.manual_axes, order)
 
 
 def _is_elementwise_body(func: ir.Operation, whole: ir.Type) -> bool:
@@ -396,11 +417,6 @@ def _is_elementwise_body(func: ir.Operation, whole: ir.Type) -> bool:
                 if ir.ShapedType(value.type).shape != ir.ShapedType(whole).shape:
                     return False
     return True
-
-
-def _owner(value: ir.Value) -> ir.Operation | None:
-    owner = value.owner
-    return None if isinstance(owner, ir.Block) else owner.operation
 
 
 def _derive_sharding(like: Perm, like_shape: list[int], shape: list[int], dim: int, mesh: Mesh) -> TensorSharding:

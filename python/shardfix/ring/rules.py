@@ -3,7 +3,9 @@
 - `transfer`: the sequence-layout analysis's rule (analysis.py): from the abstract values of the operands, those of
   the results, or a refusal; an op without a rule is refused, naming it;
 - `moves`: for hoist-permutations, where a sequence dim of an operand lands in the result when the op treats every
-  token alike along it (or that an order-free reduction removes it); Blocked otherwise.
+  token alike along it (or that an order-free reduction removes it); Blocked otherwise;
+- `carries`: the inverse of `moves` (which operand dims a result dim comes from), written out for the ops where
+  asking `moves` about every operand dim costs more than it should (elementwise ops, broadcasts, dot_generals).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from .values import CONST, FREE, Axis, Data, Index, Stack, Tok, canonical
 class OpRule:
     transfer: Callable | None = None
     moves: Callable | None = None
+    carries: Callable | None = None
 
 
 RULES: dict[str, OpRule] = {}
@@ -45,6 +48,15 @@ def moves_rule(*names: str):
     def register(fn):
         for name in names:
             RULES.setdefault(name, OpRule()).moves = fn
+        return fn
+    return register
+
+
+def carries_rule(*names: str):
+    """Register the inverse of these ops' hoist rule."""
+    def register(fn):
+        for name in names:
+            RULES.setdefault(name, OpRule()).carries = fn
         return fn
     return register
 
@@ -82,19 +94,22 @@ def carriers(op: ir.Operation, dim: int) -> dict[int, int]:
         raise Blocked("is not known to treat tokens alike")
     if len(op.results) != 1:
         raise Blocked("has several results")
-    found = {}
-    for i, value in enumerate(op.operands):
-        try:
-            rank = ir.ShapedType(value.type).rank
-        except (TypeError, ValueError):
-            continue
-        for d in range(rank):
+    if entry.carries is not None:
+        found = entry.carries(op, dim)
+    else:
+        found = {}
+        for i, value in enumerate(op.operands):
             try:
-                mapped = moves(op, i, d)
-            except Blocked:
-                continue  # a dim that doesn't reach the result (contracted, broadcast from 1): not this one
-            if mapped == dim:
-                found[i] = d
+                value_rank = ir.ShapedType(value.type).rank
+            except (TypeError, ValueError):
+                continue
+            for d in range(value_rank):
+                try:
+                    mapped = moves(op, i, d)
+                except Blocked:
+                    continue  # a dim that doesn't reach the result (contracted, broadcast from 1): not this one
+                if mapped == dim:
+                    found[i] = d
     # Only a broadcast creates a dim its operand doesn't have (then the value is constant along it). Anywhere else a
     # result dim no operand carries is a dim the op assembled (merged by a reshape, batched by a dot_general).
     if not found and op.name != "stablehlo.broadcast_in_dim":
@@ -576,6 +591,22 @@ def _moves_broadcast(op, operand: int, dim: int):
     return target
 
 
+@carries_rule(*ELEMENTWISE, "sdy.sharding_constraint", "sdy.reshard")
+def _carries_elementwise(op, dim: int) -> dict[int, int]:
+    whole = rank(op.results[0])
+    return {i: dim for i, value in enumerate(op.operands) if rank(value) == whole}
+
+
+@carries_rule("stablehlo.broadcast_in_dim")
+def _carries_broadcast(op, dim: int) -> dict[int, int]:
+    targets = ints(op.attributes["broadcast_dimensions"])
+    if dim not in targets:
+        return {}
+    d = targets.index(dim)
+    same = ir.ShapedType(op.operands[0].type).get_dim_size(d) == ir.ShapedType(op.results[0].type).get_dim_size(dim)
+    return {0: d} if same else {}
+
+
 @moves_rule("stablehlo.transpose")
 def _moves_transpose(op, operand: int, dim: int):
     return ints(op.attributes["permutation"]).index(dim)
@@ -614,6 +645,16 @@ def _moves_dot(op, operand: int, dim: int):
         return REDUCED
     lhs, rhs = dot_result_dims(op)
     return (lhs if operand == 0 else rhs)[dim]
+
+
+@carries_rule("stablehlo.dot_general")
+def _carries_dot(op, dim: int) -> dict[int, int]:
+    found = {}
+    for operand, mapping in enumerate(dot_result_dims(op)):
+        for d, r in mapping.items():
+            if r == dim:
+                found[operand] = d
+    return found
 
 
 def reduced_with(op: ir.Operation, operand: int, dim: int) -> dict[int, int]:
