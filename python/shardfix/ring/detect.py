@@ -4,12 +4,11 @@ the facts about that axis the analysis needs, and which collectives move data al
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 import numpy as np
 from jaxlib.mlir import ir
-from jaxlib.mlir.dialects import sdy
+from jaxlib.mlir.dialects import sdy, stablehlo
 
 from ..ir import manual_axes_of, mesh_from_attr, sharding_from_attr, source_loc
 from ..locations import SourceLoc
@@ -168,25 +167,25 @@ def ring_direction(pairs: np.ndarray, ring) -> int | None:
     return 1 if step[0] == 1 else -1
 
 
-_MESH_AXES_GROUPS = re.compile(r'#stablehlo\.replica_group_mesh_axes<mesh = @([^,\s]+), axes = \[(.*)\]>')
-_AXIS_REF = re.compile(r'#stablehlo\.axis_ref<name = "([^"]+)"([^>]*)>')
-
-
 def replica_groups(attr: ir.Attribute, meshes: dict[str, Mesh]) -> np.ndarray | None:
     """The partition ids of each replica group of a collective: the dense form as written, the mesh-axes form (a
     group per combination of the other axes, members in the order of the named axes) expanded over the devices
-    of its sdy.mesh. None for a form this cannot read (sub-axes, an unknown mesh or axis)."""
+    of its sdy.mesh. None for a form this cannot read (sub-axes, an inline or unknown mesh, an unknown axis)."""
     try:
         return np.array(ir.DenseIntElementsAttr(attr))
     except ValueError:
         pass
-    match = _MESH_AXES_GROUPS.fullmatch(str(attr))
-    if match is None or match.group(1) not in meshes:
+    try:
+        groups = stablehlo.ReplicaGroupMeshAxesAttr(attr)
+        mesh_name = ir.FlatSymbolRefAttr(groups.mesh).value
+    except (TypeError, ValueError):
         return None
-    mesh = meshes[match.group(1)]
-    refs = _AXIS_REF.findall(match.group(2))
-    names = [name for name, rest in refs]
-    if any(rest.strip() for _, rest in refs) or len(set(names)) != len(names) or \
+    if mesh_name not in meshes:
+        return None
+    mesh = meshes[mesh_name]
+    refs = [stablehlo.AxisRefAttr(a) for a in groups.axes]
+    names = [ref.name for ref in refs]
+    if any(ref.sub_axis_info is not None for ref in refs) or len(set(names)) != len(names) or \
             any(not mesh.has_axis(n) for n in names):
         return None
     ids = np.array(mesh.device_ids if mesh.device_ids is not None else range(mesh.size))
