@@ -4,10 +4,12 @@ errors (exit 1, one located line, nothing written), numbers out of range are usa
 
 import io
 import os
+import shutil
 import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 
 import pytest
@@ -48,6 +50,44 @@ def test_a_new_file_gets_the_umask_mode(tmp_path):
     assert stat.S_IMODE((tmp_path / "new.mlir").stat().st_mode) == 0o644
 
 
+def test_a_file_the_user_may_not_write_is_refused_and_kept():
+    """As mlir-opt: a read-only file is not replaced behind its owner's back (checked as an unprivileged user: root
+    may write anything)."""
+    directory = tempfile.mkdtemp(prefix="shardfix-ro-")
+    try:
+        os.chmod(directory, 0o777)
+        target = os.path.join(directory, "out.mlir")
+        with open(target, "w") as f:
+            f.write("keep\n")
+        os.chmod(target, 0o444)
+        script = ("import os, sys\n"
+                  f"sys.path.insert(0, {os.path.join(ROOT, 'python')!r})\n"
+                  "from shardfix.output import OutputError, write_output\n"
+                  "if os.geteuid() == 0:\n    os.setgid(65534)\n    os.setuid(65534)\n"
+                  "try:\n    write_output(sys.argv[1], b'new')\n    print('written')\n"
+                  "except OutputError as e:\n    print(e)\n")
+        proc = subprocess.run([sys.executable, "-c", script, target], capture_output=True, text=True)
+        assert proc.stdout == f"cannot write output file '{target}': permission denied\n", proc.stderr
+        with open(target) as f:
+            assert f.read() == "keep\n"
+    finally:
+        shutil.rmtree(directory)
+
+
+def test_a_file_with_other_hard_links_is_written_in_place(tmp_path):
+    target, other = tmp_path / "out.mlir", tmp_path / "other-name.mlir"
+    target.write_text("old\n")
+    os.link(target, other)
+    assert run(["-", "-o", str(target)])[0] == 0
+    assert other.read_text() == target.read_text() and "func.func @id" in other.read_text()
+    assert target.stat().st_ino == other.stat().st_ino
+
+
+def test_an_empty_output_name_or_a_directory_is_a_clean_error(tmp_path):
+    assert run(["-", "-o", ""])[2] == "shardfix-opt: error: no output file name given\n"
+    assert run(["-", "-o", str(tmp_path)])[2] == f"shardfix-opt: error: cannot write output file '{tmp_path}': it is a directory\n"
+
+
 def test_fifo_is_written_directly(tmp_path):
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
@@ -78,6 +118,13 @@ def test_closed_standard_output_is_one_line_and_exit_1():
                           preexec_fn=lambda: os.close(1))
     assert proc.returncode == 1
     assert proc.stderr.decode() == "shardfix-opt: error: cannot write to standard output: it is closed\n"
+
+
+def test_closed_standard_input_is_one_line_and_exit_1():
+    proc = subprocess.run([sys.executable, OPT, "-", "-p", "fix-shardings"], capture_output=True,
+                          preexec_fn=lambda: os.close(0))
+    assert proc.returncode == 1 and proc.stdout == b""
+    assert proc.stderr.decode() == "shardfix-opt: error: cannot read standard input: standard input is closed\n"
 
 
 def test_a_run_past_its_time_limit_is_a_located_error_and_writes_nothing(tmp_path):

@@ -121,7 +121,7 @@ class OptMain:
     def __init__(self, stdout=None, stderr=None, stdin=None, channel=None):
         self.stdout = stdout or sys.stdout
         self.stderr = stderr or sys.stderr
-        self.stdin = stdin or sys.stdin.buffer
+        self.stdin = stdin if stdin is not None else sys.stdin.buffer if sys.stdin is not None else None
         self.channel = channel
 
     def run(self, argv: list[str]) -> int:
@@ -206,7 +206,13 @@ class OptMain:
 
     def _read(self, path: str) -> tuple[str, str | bytes]:
         if path == "-":
-            name, data = "<stdin>", self.stdin.read()
+            try:
+                if self.stdin is None:
+                    raise OSError("standard input is closed")
+                name, data = "<stdin>", self.stdin.read()
+            except (OSError, ValueError) as e:
+                self._error(f"{PROG}: error: cannot read standard input: {e}")
+                raise _Failure() from None
         else:
             try:
                 with open(path, "rb") as f:

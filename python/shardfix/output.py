@@ -1,5 +1,6 @@
 """Writing the driver's output as mlir-opt does: standard output, or a file written through symlinks, keeping an
-existing file's mode, replaced atomically when it is a regular file (a FIFO or a device is written directly).
+existing file's mode and refusing one the user may not write, replaced atomically when it is a regular file with
+one name (a file with other hard links, a FIFO or a device is written in place, so all its names see the output).
 Pure: imports neither MLIR nor JAX."""
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ def write_output(path: str, data: bytes, stdout_fd: int = 1) -> None:
     if path == "-":
         _write_fd(stdout_fd, data, "to standard output")
         return
+    if not path:
+        raise OutputError("no output file name given")
     target = os.path.realpath(path)  # through symlinks: the link stays, its target gets the output
     try:
         info = os.stat(target)
@@ -26,8 +29,12 @@ def write_output(path: str, data: bytes, stdout_fd: int = 1) -> None:
         info = None
     except OSError as e:
         raise OutputError(f"cannot write output file '{path}': {e.strerror}") from None
-    if info is not None and not stat.S_ISREG(info.st_mode):
-        _write_special(path, target, data)
+    if info is not None and stat.S_ISDIR(info.st_mode):
+        raise OutputError(f"cannot write output file '{path}': it is a directory")
+    if info is not None and not os.access(target, os.W_OK):
+        raise OutputError(f"cannot write output file '{path}': permission denied")
+    if info is not None and (not stat.S_ISREG(info.st_mode) or info.st_nlink > 1):
+        _write_in_place(path, target, data)
     else:
         _replace_regular(path, target, data, None if info is None else stat.S_IMODE(info.st_mode))
 
@@ -44,10 +51,10 @@ def _write_fd(fd: int, data: bytes, what: str) -> None:
         raise OutputError(f"cannot write {what}: {reason}") from None
 
 
-def _write_special(path: str, target: str, data: bytes) -> None:
-    """A FIFO, a character device, ...: opened and written as it is."""
+def _write_in_place(path: str, target: str, data: bytes) -> None:
+    """A FIFO, a character device, a file with several hard links: opened and written as it is."""
     try:
-        fd = os.open(target, os.O_WRONLY)
+        fd = os.open(target, os.O_WRONLY | (os.O_TRUNC if stat.S_ISREG(os.stat(target).st_mode) else 0))
     except OSError as e:
         raise OutputError(f"cannot write output file '{path}': {e.strerror}") from None
     try:

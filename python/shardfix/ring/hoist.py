@@ -195,11 +195,9 @@ class _Body:
         self.mover = mover
         self.block = block
         self.ops = [op.operation for op in block.operations]
-        self.position: dict[int, int] = {}  # op result -> its op's place
+        self.position: dict[int, int] = {}  # op result -> its op's place (filled by `run`)
         self.perms: dict[int, Perm] = {}  # place -> the permutation there
         for i, op in enumerate(self.ops):
-            for result in op.results:
-                self.position[hash(result)] = i
             if op.name == "sdy.manual_computation":
                 perm = perm_of(op)
                 if perm is not None:
@@ -225,6 +223,10 @@ class _Body:
     def run(self) -> None:
         if not self.perms:
             return
+        position = self.position
+        for i, op in enumerate(self.ops):
+            for result in op.results:
+                position[hash(result)] = i
         self._sink()
         self._hoist()
         self._edit()
