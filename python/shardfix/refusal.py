@@ -66,6 +66,20 @@ def explain(diagnostics: list[Diagnostic], collective_lines: frozenset[int] = fr
                                 ("MLIR: " if d is first else "") + d.message, d.loc) for d in diagnostics]
 
 
+def explain_bytecode(diagnostics: list[Diagnostic]) -> list[Diagnostic]:
+    """shardfix's error for MLIR bytecode that doesn't verify (the bytecode reader verifies what it reads, so its
+    shardings can't be held aside for repair the way a text module's are), then MLIR's."""
+    first = next((d for d in diagnostics if d.severity == "error"), None)
+    if first is None:
+        return diagnostics
+    ours = Diagnostic("error", "fix-shardings can't repair this: the module is MLIR bytecode that doesn't verify, "
+                               "and bytecode is only read by verifying it; it would need the module as text "
+                               "(JAX: lowered.as_text()), where shardings the verifier rejects are held aside "
+                               "for repair", first.loc)
+    return [ours] + [Diagnostic("note" if d is first else d.severity,
+                                ("MLIR: " if d is first else "") + d.message, d.loc) for d in diagnostics]
+
+
 def _cause(message: str) -> tuple[str, str]:
     verifier = "' op " in message or message.startswith("'")
     if not verifier:

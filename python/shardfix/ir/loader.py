@@ -14,7 +14,7 @@ from ..locations import SourceLoc
 from ..report import Diagnostic
 from ..standins import StandIns, quickly_rejected, stand_in
 from .context import LoadError, diagnostics_of
-from ..refusal import explain
+from ..refusal import explain, explain_bytecode
 
 
 # Above this size a lenient load first looks for shardings the verifier rejects anywhere, and if it finds one skips
@@ -38,6 +38,8 @@ def load_module(source: str | bytes, ctx: ir.Context, source_name: str = "-",
             try:
                 return _parse_op(source, source_name), False
             except ir.MLIRError as e:
+                if isinstance(source, bytes) and lenient:
+                    raise LoadError(explain_bytecode(diagnostics_of(e))) from None
                 if not lenient or isinstance(source, bytes):
                     raise LoadError(diagnostics_of(e)) from None
         stand_ins = stand_in(source)
