@@ -3,12 +3,12 @@ padded where that is cheaper), every change reported."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar, Literal
 
 from jaxlib.mlir import ir
 
-from shardfix.correct import KEPT_PADDING, CorrectionError, Site, correct_sharding, resolve_mesh
+from shardfix.correct import KEPT_PADDING, CorrectionError, Reason, Site, correct_sharding, resolve_mesh
 from shardfix.ir import module_meshes, source_loc
 from shardfix.ir.edits import Edits
 from shardfix.ir.retarget import RetargetError, retarget
@@ -16,7 +16,7 @@ from shardfix.ir.structure import manual_needs_repair, repair_edges, repair_manu
 from shardfix.ir.walker import ShardingSite, enclosing_manual_axes, walk_module
 from shardfix.locations import SourceLoc
 from shardfix.report import Fix, Remark
-from shardfix.sharding import parse_mesh_spec, shard_count
+from shardfix.sharding import Mesh, parse_mesh_spec, shard_count
 
 from . import Pass, PassContext, PassError
 
@@ -42,20 +42,24 @@ class FixShardings(Pass):
                 target = parse_mesh_spec(self.target_mesh)
             except ValueError as e:
                 raise PassError(f"fix-shardings: bad target-mesh: {e}") from None
+        inline: tuple[Mesh, Mesh] | None = None
         if target is not None:
             try:
-                for fields in retarget(module, target):
-                    ctx.report.fixes.append(Fix(self.name, *fields))
+                original, fixes = retarget(module, target)
             except RetargetError as e:
                 raise PassError(f"fix-shardings: {e}", e.loc) from None
-        _Run(self, module, ctx).run()
+            ctx.report.fixes.extend(Fix(self.name, *fields) for fields in fixes)
+            inline = (original, target)
+        _Run(self, module, ctx, inline).run()
 
 
 class _Run:
     """One application of the pass: one walk, the corrections (each distinct one computed once), one write."""
 
-    def __init__(self, pass_: FixShardings, module: ir.Operation, ctx: PassContext):
+    def __init__(self, pass_: FixShardings, module: ir.Operation, ctx: PassContext,
+                 inline: tuple[Mesh, Mesh] | None = None):
         self.pass_, self.module, self.ctx = pass_, module, ctx
+        self.inline = inline  # (old, new): a retargeted mesh, for shardings holding a copy of it inline
         self.meshes = module_meshes(module)
         self.memo: dict = {}
         self.edits = Edits()
@@ -77,6 +81,10 @@ class _Run:
     # -- correcting --------------------------------------------------------------------------------------------
 
     def correct(self, sharding, site: Site) -> tuple:
+        if self.inline is not None and sharding.mesh == self.inline[0]:
+            old, new = self.inline
+            fixed, reasons = correct_sharding(replace(sharding, mesh=new), site, self.meshes, self.pass_.policy)
+            return fixed, [Reason("retarget", f"inline mesh {old} replaced by {new}")] + reasons
         return correct_sharding(sharding, site, self.meshes, self.pass_.policy)
 
     def site_outcome(self, site: ShardingSite):

@@ -1,6 +1,8 @@
-"""Retargeting a module to another mesh: every mesh attribute the change makes stale (the `sdy.mesh` op's mesh,
-the `stablehlo.mesh` / `mhlo.mesh` copy JAX attaches to it, `mhlo.num_partitions`), and a check that no manual
-computation's body would see other local shapes."""
+"""Retargeting a module to another mesh: every mesh attribute the change makes stale (the `sdy.mesh` ops' meshes,
+the `stablehlo.mesh` / `mhlo.mesh` copies JAX attaches to them, `mhlo.num_partitions`; shardfix.passes'
+fix-shardings swaps inline copies of the old mesh in shardings), and a check that no manual computation's body
+would see other local shapes. A module may name its one mesh several times (JAX gives each shard_map's mesh its
+own symbol, `@mesh`, `@mesh_0`, ...): all of them are retargeted."""
 
 from __future__ import annotations
 
@@ -21,16 +23,18 @@ class RetargetError(ValueError):
         self.loc = loc
 
 
-def retarget(module: ir.Operation, target: Mesh) -> list[tuple]:
-    """Put `target` in place of the module's one mesh (keeping its name); returns the Fix fields (site, location,
-    reasons, before, after, shards before, shards after) of each change."""
+def retarget(module: ir.Operation, target: Mesh) -> tuple[Mesh, list[tuple]]:
+    """Put `target` in place of the module's one mesh (under each name it has); returns that mesh as it was, and
+    the Fix fields (site, location, reasons, before, after, shards before, shards after) of each change."""
     top = module.regions[0].blocks[0].operations
     mesh_ops = [op.operation for op in top if op.operation.name == "sdy.mesh"]
     meshes = module_meshes(module)
-    if len([m for m in meshes.values() if not m.is_maximal]) != 1:
-        names = ", ".join("@" + n for n in meshes) or "none"
-        raise RetargetError(f"--target-mesh needs a module with exactly one mesh; found {names}",
-                            source_loc(module.location))
+    distinct = {m for m in meshes.values() if not m.is_maximal}
+    if len(distinct) != 1:
+        names = ", ".join(f"@{n} = {m}" for n, m in meshes.items() if not m.is_maximal) or "none"
+        raise RetargetError(f"--target-mesh needs a module with one mesh (under any number of names); found "
+                            f"{names}", source_loc(module.location))
+    (original,) = distinct
     fixes = []
     with module.context:
         for op in mesh_ops:
@@ -49,7 +53,7 @@ def retarget(module: ir.Operation, target: Mesh) -> list[tuple]:
         if "mhlo.num_partitions" in module.attributes:
             module.attributes["mhlo.num_partitions"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(32),
                                                                           target.size)
-    return fixes
+    return original, fixes
 
 
 def _stablehlo_mesh(old: ir.Attribute, target: Mesh) -> ir.Attribute:

@@ -21,3 +21,4 @@ module attributes {mhlo.num_partitions = 2 : i32, mhlo.num_replicas = 1 : i32} {
     return %2 : tensor<8x6xf32>
   }
 }
+
