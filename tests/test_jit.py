@@ -1,6 +1,8 @@
 """@autofix_shardings on 8 CPU devices: fixes, caching, options, composability; results equal references."""
 
 import logging
+import os
+import sys
 import warnings
 
 import jax
@@ -9,6 +11,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+import shardfix
 from shardfix import ShardingFixError, ShardingFixWarning, autofix_shardings
 
 MESH = jax.make_mesh((2, 4), ("dp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
@@ -211,3 +214,53 @@ def test_cached_calls_never_reenter_python():
     assert float(out["w999"][0]) == 1000.0
     assert (donated.cache_misses, keywords.cache_misses, leaves.cache_misses, _Scaled.apply.cache_misses) == \
         (1, 1, 1, 1)
+    # ... and not a single Python frame of shardfix's runs on a cached call
+    package = os.path.dirname(shardfix.__file__)
+    entered = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(package):
+            entered.append(f"{frame.f_code.co_filename}:{frame.f_code.co_name}")
+
+    sys.setprofile(profile)
+    try:
+        x = donated(x)
+        keywords(x, scale=jnp.float32(2.0))
+        leaves(tree)
+        obj.apply(x)
+        cached = list(entered)
+        donated(jnp.ones((4, 4)))  # a new signature: a miss, which does run shardfix (the probe sees it)
+    finally:
+        sys.setprofile(None)
+    assert cached == [] and entered != []
+
+
+def test_aot_compiled_takes_jax_call_and_moves_only_what_jax_refuses():
+    mesh = jax.make_mesh((2, 4), ("dp", "tp"))
+    spec = NamedSharding(mesh, P("dp"))
+    f = autofix_shardings(lambda x: x * 2.0, in_shardings=spec, on_fix="ignore")
+    compiled = f.lower(jax.ShapeDtypeStruct((8, 4), jnp.float32)).compile()
+    fitting = jax.device_put(jnp.ones((8, 4)), spec)
+    elsewhere = jax.device_put(jnp.ones((8, 4)), NamedSharding(mesh, P("tp")))
+    np.testing.assert_array_equal(np.asarray(compiled(fitting)), np.full((8, 4), 2.0))
+    out = compiled(elsewhere)  # JAX's Compiled refuses this one; shardfix's moves it
+    np.testing.assert_array_equal(np.asarray(out), np.full((8, 4), 2.0))
+    with pytest.raises(ValueError, match="disagree"):
+        jax.jit(lambda x: x * 2.0, in_shardings=spec).lower(jax.ShapeDtypeStruct((8, 4), jnp.float32)).compile()(
+            elsewhere)
+    with pytest.raises(TypeError):  # JAX's own errors pass through unchanged
+        compiled(jnp.ones((8, 4), jnp.int32))
+
+
+@pytest.mark.skipif(not hasattr(jax.stages.Traced, "with_consts_as_arg"), reason="JAX before 0.11 has no "
+                    "Traced.with_consts_as_arg")
+def test_traced_with_consts_as_arg_lowers_through_the_pipeline():
+    table = jnp.arange(8.0).reshape(4, 2)
+    f = autofix_shardings(lambda x: jax.lax.with_sharding_constraint(x * table, NamedSharding(MESH, P(None, "tp"))),
+                          policy="subaxis", on_fix="ignore")
+    traced = f.trace(jnp.ones((4, 2)))
+    consts, with_arg = traced.with_consts_as_arg()
+    assert len(consts) == 1 and isinstance(with_arg, jax.stages.Traced)
+    lowered = with_arg.lower()
+    assert '"tp":(1)2' in lowered.as_text() and [fix.reason for fix in lowered.fixes] == ["indivisible"]
+    np.testing.assert_array_equal(np.asarray(lowered.compile()(consts, jnp.ones((4, 2)))), np.asarray(table))

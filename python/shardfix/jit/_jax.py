@@ -126,6 +126,12 @@ def compiled_input_shardings(compiled: jax.stages.Compiled) -> list:
     return list(compiled._input_shardings_flat())
 
 
+def is_input_sharding_mismatch(error: BaseException) -> bool:
+    """Whether `error` is a Compiled call's refusal of arguments committed to other shardings than it takes."""
+    return isinstance(error, ValueError) and str(error).startswith(
+        "Computation was compiled for input shardings that disagree")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # jax.jit objects.
 

@@ -34,6 +34,16 @@ class AutofixTraced(jax.stages.Traced):
     def _jax_lower(self, **kwargs) -> jax.stages.Lowered:
         return jax.stages.Traced.lower(self, **kwargs)
 
+    # What JAX versions with these methods return is a Traced again: one whose `lower()` is shardfix's too.
+    if hasattr(jax.stages.Traced, "with_consts_as_arg"):
+        def with_consts_as_arg(self) -> tuple[list[Any], "AutofixTraced"]:
+            consts, new = super().with_consts_as_arg()
+            return consts, traced(new, self._owner, self.report)
+
+    if hasattr(jax.stages.Traced, "physicalize"):
+        def physicalize(self, ctx) -> "AutofixTraced":
+            return traced(super().physicalize(ctx), self._owner, self.report)
+
 
 class AutofixLowered(jax.stages.Lowered):
     """The patched module of an autofix_shardings function: JAX's Lowered (`as_text()` shows the patched module),
@@ -57,7 +67,8 @@ class AutofixLowered(jax.stages.Lowered):
 
 class AutofixCompiled(jax.stages.Compiled):
     """A compiled autofix_shardings function: JAX's Compiled, which moves arguments committed to another sharding
-    to the sharding the executable takes (shardfix may have changed it) instead of refusing them."""
+    to the sharding the executable takes (shardfix may have changed it) instead of refusing them. A call whose
+    arguments fit goes straight to JAX's own call; only one JAX refuses comes back for the move."""
 
     _expected: list
 
@@ -69,11 +80,17 @@ class AutofixCompiled(jax.stages.Compiled):
                 if s is not None and isinstance(x, jax.Array) and x.committed and x.sharding != s}
 
     def __call__(self, *args, **kwargs):
-        leaves, tree = jax.tree.flatten((args, kwargs))
-        moves = self.moves(leaves)
-        if moves:
-            leaves = [jax.device_put(x, moves[i]) if i in moves else x for i, x in enumerate(leaves)]
-            args, kwargs = jax.tree.unflatten(tree, leaves)
+        try:
+            return super().__call__(*args, **kwargs)
+        except ValueError as e:
+            if not _jax.is_input_sharding_mismatch(e):
+                raise
+            leaves, tree = jax.tree.flatten((args, kwargs))
+            moves = self.moves(leaves)
+            if not moves:
+                raise
+        leaves = [jax.device_put(x, moves[i]) if i in moves else x for i, x in enumerate(leaves)]
+        args, kwargs = jax.tree.unflatten(tree, leaves)
         return super().__call__(*args, **kwargs)
 
 
