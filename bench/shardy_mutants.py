@@ -345,7 +345,7 @@ def _leading(text: str) -> int:
 
 
 def run(path: Path, jobs: int, timeout: float) -> int:
-    cases = split_cases(path.name, path.read_text())
+    cases = split_cases(path.name, path.read_text(), split=True)
     for case in cases:
         case.expects_error = True  # a mutant may be valid or not: either way, repaired or refused in our words
     with tempfile.TemporaryDirectory(prefix="shardfix-mutants-") as work:

@@ -11,7 +11,7 @@ MUTANTS = Path(__file__).parent / "data" / "shardy_mutants.mlir"
 
 
 def test_every_mutant_is_repaired_or_refused(tmp_path):
-    cases = split_cases(MUTANTS.name, MUTANTS.read_text())
+    cases = split_cases(MUTANTS.name, MUTANTS.read_text(), split=True)
     assert len(cases) >= 1000
     for case in cases:
         case.expects_error = True  # a mutant may still be valid; either way it must be repaired or refused

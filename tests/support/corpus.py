@@ -1,7 +1,8 @@
 """Running tools/opt's driver over a corpus of .mlir test cases, each in a forked child with a time limit, and
 judging the outcome (used by tests/test_mutants.py and bench/shardy_corpus.py).
 
-A case is one `// -----` chunk of a file (of a split-file test, `//--- part1.mlir ...`, its first part: the module
+A case is one `// -----` chunk of a file whose RUN lines split it (`-split-input-file`), else the whole file (of a
+split-file test, `//--- part1.mlir ...`, its first part: the module
 the sharding tools see; the other parts are the interpreter harness around it).
 It is INVALID when it carries an `expected-error`, VALID otherwise. For each case:
   plain   the driver with no pipeline (parse, verify, print)
@@ -37,7 +38,9 @@ class Case:
         return "INVALID" if self.expects_error else "VALID"
 
 
-def split_cases(name: str, text: str) -> list[Case]:
+def split_cases(name: str, text: str, split: bool | None = None) -> list[Case]:
+    """The cases of one file; `split`: whether `// -----` separates cases (default: when its RUN lines say
+    `-split-input-file`)."""
     lines = text.split("\n")
     unregistered = "allow-unregistered-dialect" in text
     if any(line.startswith(PARTS_MARKER) for line in lines):
@@ -46,6 +49,8 @@ def split_cases(name: str, text: str) -> list[Case]:
         starts = [i for i, line in enumerate(lines) if line.startswith(PARTS_MARKER)] + [len(lines)]
         body = "\n" * (starts[0] + 1) + "\n".join(lines[starts[0] + 1:starts[1]]) + "\n"
         return [Case(f"{name}#0", body, "expected-error" in body, unregistered)]
+    if not (split if split is not None else "split-input-file" in text):  # taken whole, `// -----` or not
+        return [Case(f"{name}#0", text, "expected-error" in text, unregistered)]
     cases, start = [], 0
     for i, line in enumerate(lines + [SPLIT_MARKER]):
         if line.strip() != SPLIT_MARKER:
