@@ -33,6 +33,7 @@ def replace_section(title: str, text: str, header: str | None = None, path: str 
 
 def write_sections(new: dict[str, str], header: str | None = None, path: str = PATH) -> None:
     old_header, sections = read_sections(path)
+    sections = {title: text.rstrip("\n") + "\n\n" for title, text in sections.items()}
     for title, text in new.items():
         sections[title.rstrip("\n")] = text.rstrip("\n") + "\n\n"
     with open(path, "w") as f:

@@ -13,12 +13,12 @@ import re
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-RESULTS = os.path.join(HERE, "RESULTS.md")
 # Benchmarks of clients pinned to the oldest supported JAX (ejkernel): `make bench-ring` runs them there.
 OLDEST_ONLY = {"bench_ring"}
 sys.path.insert(0, HERE)
 
 import common  # noqa: E402,F401  (sets XLA_FLAGS before JAX is imported)
+import results  # noqa: E402
 
 
 def main() -> None:
@@ -35,28 +35,16 @@ def main() -> None:
     command = " ".join(["python bench/run_all.py"] + sys.argv[1:])
     machine = (f"{datetime.date.today()}; machine: {platform.machine()}, {os.cpu_count()} cores, "
                f"{device.platform.upper()} ({jax.device_count()} simulated devices); jax {jax.__version__}")
-    if sys.argv[1:] and os.path.exists(RESULTS):
-        with open(RESULTS) as f:
-            text = _replace_sections(f.read(), "\n".join(sections), f"_Measured by `{command}`, {machine}._\n")
-    else:
-        text = (f"# Benchmark results\n\nCommand: `{command}` (`make bench` runs every benchmark)\nDate: {machine}.\n"
-                "Ratios are measured side by side in one run (interleaved, median of several rounds).\n\n"
-                + "\n".join(sections))
-    with open(RESULTS, "w") as f:
-        f.write(text)
-
-
-def _split(text: str) -> list[str]:
-    """The text cut before each "## " heading (the first piece is what precedes the first heading)."""
-    return re.split(r"(?m)^(?=## )", text)
-
-
-def _replace_sections(old: str, new: str, mark: str) -> str:
-    pieces = _split(old)
-    fresh = {piece.splitlines()[0]: piece.rstrip("\n") + "\n\n" + mark for piece in _split(new)[1:]}
-    out = [fresh.pop(piece.splitlines()[0], piece) if piece.startswith("## ") else piece for piece in pieces]
-    out += list(fresh.values())
-    return "\n".join(part.rstrip("\n") + "\n" for part in out)
+    mark = f"_Measured by `{command}`, {machine}._"
+    fresh = {}
+    for section in sections:
+        for piece in re.split(r"(?m)^(?=## )", section)[1:]:
+            fresh[piece.splitlines()[0]] = piece.rstrip("\n") + "\n\n" + mark
+    header = None if sys.argv[1:] and os.path.exists(results.PATH) else (
+        "# Benchmark results\n\nEach section says the command, date, machine and JAX that produced it; `make bench` "
+        "runs every benchmark.\nRatios are measured side by side in one run (interleaved, median of several "
+        "rounds).\n\n")
+    results.write_sections(fresh, header)
 
 
 if __name__ == "__main__":
