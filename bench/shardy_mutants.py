@@ -1,7 +1,7 @@
 """A seeded mutation fuzzer over Shardy's test corpus, for `tools/opt -p fix-shardings`.
 
     python bench/shardy_mutants.py generate SHARDY_CHECKOUT -n 1200 --seed 1 -o tests/data/shardy_mutants.mlir
-    python bench/shardy_mutants.py run tests/data/shardy_mutants.mlir [--jobs 2] [--timeout 60]
+    python bench/shardy_mutants.py run tests/data/shardy_mutants.mlir [more files] [--jobs 2] [--timeout 60] [--results]
 
 `generate` takes the valid cases of the corpus that the installed jaxlib loads and gives each mutant one to three
 mutations of its shardings, read and rewritten as MLIR tokens: unknown, duplicate and renamed axes, extra and
@@ -24,6 +24,7 @@ import collections
 import random
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -344,18 +345,44 @@ def _leading(text: str) -> int:
     return len(text) - len(text.lstrip("\n"))
 
 
-def run(path: Path, jobs: int, timeout: float) -> int:
-    cases = split_cases(path.name, path.read_text(), split=True)
-    for case in cases:
-        case.expects_error = True  # a mutant may be valid or not: either way, repaired or refused in our words
-    with tempfile.TemporaryDirectory(prefix="shardfix-mutants-") as work:
-        verdicts = judge(cases, Pool(Path(work), jobs, timeout), plain_always=False)
-    counts = collections.Counter(v.result.split(":")[0] for v in verdicts)
-    print(f"{len(cases)} mutants: " + ", ".join(f"{k} {n}" for k, n in sorted(counts.items())))
-    bad = [v for v in verdicts if v.result.startswith("BAD")]
-    for v in bad:
-        print("BAD", v.case.name, v.result, (v.fix.stderr.strip().splitlines() or [""])[0][:300])
-    return 1 if bad else 0
+SECTION = "## Mutants of Shardy's corpus through fix-shardings"
+COLUMNS = ("repaired", "unchanged", "refused", "BAD")
+
+
+def run(paths: list[Path], jobs: int, timeout: float, results: bool = False) -> int:
+    rows, failed = [], False
+    for path in paths:
+        text = path.read_text()
+        cases = split_cases(path.name, text, split=True)
+        for case in cases:
+            case.expects_error = True  # a mutant may be valid or not: either way, repaired or refused in our words
+        start = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix="shardfix-mutants-") as work:
+            verdicts = judge(cases, Pool(Path(work), jobs, timeout), plain_always=False)
+        seconds = time.monotonic() - start
+        counts = collections.Counter(v.result.split(":")[0] for v in verdicts)
+        print(f"{path}: {len(cases)} mutants in {seconds:.0f} s: "
+              + ", ".join(f"{k} {n}" for k, n in sorted(counts.items())))
+        bad = [v for v in verdicts if v.result.startswith("BAD")]
+        for v in bad:
+            print("BAD", v.case.name, v.result, (v.fix.stderr.strip().splitlines() or [""])[0][:300])
+        failed = failed or bool(bad)
+        origin = text.splitlines()[1].removeprefix("// ").split("`. Mutations:")[0].lstrip("`") if \
+            text.startswith("// ") else path.name
+        rows.append(f"| {path.name} | `{origin}` | {len(cases)} | "
+                    + " | ".join(str(counts[c]) for c in COLUMNS) + f" | {seconds:.0f} |")
+    if results:
+        from results import replace_section
+        table = ["| file | made by | mutants | " + " | ".join(COLUMNS) + " | seconds |",
+                 "|---|---|---:|" + "---:|" * (len(COLUMNS) + 1)] + rows
+        replace_section(SECTION, f"{SECTION}\n\nCommand: `python bench/shardy_mutants.py run FILE... --results`. "
+                                 "Each mutant (one to three mutations of a valid case's shardings, about half laid "
+                                 "out over several lines) goes through `-p fix-shardings` in a child with a "
+                                 f"{timeout:g} s limit and its output is verified again; *BAD*: a crash, hang, "
+                                 "traceback, unverifiable output or a refusal not in shardfix's words. "
+                                 "tests/data/shardy_mutants.mlir runs in CI (tests/test_mutants.py).\n\n"
+                                 + "\n".join(table) + "\n")
+    return 1 if failed else 0
 
 
 def main(argv=None) -> int:
@@ -367,15 +394,16 @@ def main(argv=None) -> int:
     g.add_argument("--seed", type=int, default=1)
     g.add_argument("-o", type=Path, required=True)
     r = sub.add_parser("run")
-    r.add_argument("file", type=Path)
+    r.add_argument("files", type=Path, nargs="+")
     r.add_argument("--jobs", type=int, default=2)
     r.add_argument("--timeout", type=float, default=60.0)
+    r.add_argument("--results", action="store_true", help="put the table into bench/RESULTS.md")
     args = ap.parse_args(argv)
     if args.command == "generate":
         from shardy_corpus import corpus_root
         args.o.write_text(generate(corpus_root(args.path), args.n, args.seed))
         return 0
-    return run(args.file, args.jobs, args.timeout)
+    return run(args.files, args.jobs, args.timeout, args.results)
 
 
 if __name__ == "__main__":
