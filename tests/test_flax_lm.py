@@ -209,22 +209,23 @@ EXPLICIT = [
     ("logits (explicit)", "indivisible", "P('dp', None, 'tp')", "P(None, None, None)", 1),
 ]
 # Under Auto axes JAX rejects only unknown axes and over-long specs while tracing; the indivisible constraints reach
-# the module (sdy notation), forward and backward, where the default policy (auto) keeps JAX's padded split wherever it
-# leaves each device less work than an even one: the parameters' 6 columns over tp=4 (2 a device, against 3 over
-# "tp":(1)2) stay as they are, and so does "tp" in constraints that also name the batch's "dp" (1 row, dropped).
+# the module, forward and backward, where the default policy (auto) keeps JAX's padded split wherever it leaves each
+# device less work than an even one: the parameters' 6 columns over tp=4 (2 a device, against 3 over "tp":(1)2) stay
+# as they are, and so does "tp" in constraints that also name the batch's "dp" (1 row, dropped). What the user wrote
+# as PartitionSpecs is said as PartitionSpecs; the over-long spec, repaired while tracing (its extra entry) and in the
+# module (its batch dim), is one fix.
 AUTO = [
     ("parameters", "unknown-axis", "P('fsdp', 'tp', None)", "P(None, 'tp', None)", 1),
     ("parameters", "unknown-axis", "P('tp', None, 'fsdp')", "P('tp', None, None)", 1),
     ("parameters", "unknown-axis", "P('fsdp', 'tp')", "P(None, 'tp')", 1),
     ("parameters", "unknown-axis", "P('tp', 'fsdp')", "P('tp', None)", 2),  # w2 and the embedding
     ("parameters", "rank-mismatch", "P(None, 'tp')", "P(None,)", 1),
-    ("too long", "rank-mismatch", "P('dp', 'tp', None, None, None)", "P('dp', 'tp', None, None)", 2),
-    ("batch", "indivisible", '<@mesh, [{"dp"}, {}]>', '<@mesh, [{}, {}]>', 1),
-    ("heads (auto)", "indivisible,kept-padding", '<@mesh, [{"dp"}, {}, {"tp"}, {}]>', '<@mesh, [{}, {}, {"tp"}, {}]>',
-     4),
-    ("too long", "indivisible,kept-padding", '<@mesh, [{"dp"}, {"tp"}, {}, {}]>', '<@mesh, [{}, {"tp"}, {}, {}]>', 4),
-    ("flax constraint", "indivisible", '<@mesh, [{"dp"}, {}, {"tp"}]>', '<@mesh, [{}, {}, {"tp"}]>', 4),
-    ("logits (auto)", "indivisible,kept-padding", '<@mesh, [{"dp"}, {}, {"tp"}]>', '<@mesh, [{}, {}, {"tp"}]>', 2),
+    ("batch", "indivisible", "P('dp', None)", "P(None, None)", 1),
+    ("heads (auto)", "indivisible,kept-padding", "P('dp', None, 'tp', None)", "P(None, None, 'tp', None)", 4),
+    ("too long", "rank-mismatch,indivisible,kept-padding", "P('dp', 'tp', None, None, None)",
+     "P(None, 'tp', None, None)", 4),
+    ("flax constraint", "indivisible", "P('dp', None, 'tp')", "P(None, None, 'tp')", 4),
+    ("logits (auto)", "indivisible,kept-padding", "P('dp', None, 'tp')", "P(None, None, 'tp')", 2),
 ]
 
 

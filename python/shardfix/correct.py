@@ -44,8 +44,10 @@ class Site:
     bound_axes: frozenset[str] = frozenset()  # bound by an enclosing manual computation
     manual_axes: frozenset[str] = frozenset()  # made manual by this very site (manual_computation in/out)
     # False at an entry function's boundary: JAX can express neither sub-axes nor a padded split there (it rejects
-    # indivisible shardings), so the auto policy always repairs.
+    # indivisible shardings), so the auto policy always repairs. Likewise where JAX checks a PartitionSpec while
+    # tracing; `no_padding` says which, in the report.
     allow_subaxes: bool = True
+    no_padding: str = "padding is not an option at an entry function's boundary"
 
 
 def resolve_mesh(sharding: TensorSharding, meshes: Mapping[str, Mesh]) -> tuple[str | Mesh, Mesh, list[Reason]]:
@@ -243,7 +245,7 @@ def _divisible_dim(dim: DimSharding, n: int | None, index: int, mesh: Mesh, site
                               f"body is written for, so a repair needs a dim size {manual_size} divides")
     before = _axes_text(dim.axes)
     if policy == "auto":
-        kept, why = _auto(free, n // manual_size, mesh, site.allow_subaxes)
+        kept, why = _auto(free, n // manual_size, mesh, site.allow_subaxes, site.no_padding)
         if kept is None:
             reasons.append(Reason(KEPT_PADDING, f"dim {index} of size {n} over {before} (size {total}): {why}"))
             return dim
@@ -261,7 +263,8 @@ def _axes_text(axes: Sequence[AxisRef]) -> str:
     return "{" + ", ".join(map(str, axes)) + "}"
 
 
-def _auto(free: Sequence[AxisRef], n: int, mesh: Mesh, allow_subaxes: bool) -> tuple[list[AxisRef] | None, str]:
+def _auto(free: Sequence[AxisRef], n: int, mesh: Mesh, allow_subaxes: bool,
+          no_padding: str) -> tuple[list[AxisRef] | None, str]:
     """The cheapest even split of `n` rows over `free`'s axes, or None when padding leaves each device less work
     (only where padding is possible: inside a function). The second value says why, for the report."""
     candidates = [_keep_dividing(free, n, mesh, p, allow_subaxes) for p in ("subaxis", "prefix")]
@@ -269,7 +272,7 @@ def _auto(free: Sequence[AxisRef], n: int, mesh: Mesh, allow_subaxes: bool) -> t
     even_rows = n // math.prod(a.size_in(mesh) for a in best)
     padded_rows = -(-n // math.prod(a.size_in(mesh) for a in free))
     if not allow_subaxes:
-        return best, "; padding is not an option at an entry function's boundary"
+        return best, f"; {no_padding}"
     if padded_rows < even_rows:
         return None, (f"kept the padded split, {_rows(padded_rows)} a device; the best even split, "
                       f"{_axes_text(best)}, would give each device {even_rows}")

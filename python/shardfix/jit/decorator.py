@@ -24,6 +24,7 @@ from .boundary import UNSPECIFIED, Boundary, check_mesh, corrected_jit
 from .lowering import patch_lowered
 from .options import Options, resolve
 from .session import DEFAULT_POLICY, Session, active, current, default_pipeline, repairs
+from .specs import in_user_terms
 
 __all__ = ["autofix_shardings", "AutofixFunction", "default_pipeline"]
 
@@ -81,6 +82,7 @@ class AutofixFunction:
         self._fun, self._options, self._settings = fun, options, options.settings
         self._name = getattr(fun, "__name__", None) or type(fun).__name__
         self._said: set = set()
+        self._told: set = set()  # (location, reason, before, after) of every fix told for this function
         self._jits: dict = {}  # jax.jit objects by in/out shardings (the base one, and corrected ones)
         self._moving: dict = {}  # call signature -> _Moves, for the calls that move arguments (they come back here)
         self._jit = self._base_jit()
@@ -164,9 +166,12 @@ class AutofixFunction:
                         "is compiled; decorate the outermost function, or enable shardfix for every jit with "
                         "shardfix.enable()")
             # A call made again (arguments moved for a known signature; a call under an outer trace that JAX had
-            # traced before) has nothing new to tell unless JAX traced or compiled something for it.
+            # traced before) has nothing new to tell unless JAX traced or compiled something for it; and what a
+            # compile for other arguments (committed ones, another shape) repeats was told before.
             fresh = session.traces or session.compiles or not (again or nested)
-            fixes = session.report.fixes if fresh else []
+            fixes = [f for f in in_user_terms(session.report.fixes) if _told_key(f) not in self._told] \
+                if fresh else []
+            self._told.update(_told_key(f) for f in fixes)
             notify.tell(fixes, self._settings.on_fix, self._name, also=note)
         return result
 
@@ -238,6 +243,10 @@ class AutofixFunction:
         notify.tell(report.fixes, self._settings.on_fix, self._name)
         return stages.lowered(patched, report)
 
+
+
+def _told_key(fix) -> tuple:
+    return fix.location, fix.reason, fix.before, fix.after
 
 
 _MOVING_LIMIT = 256  # call signatures that move arguments, kept per function (the oldest go first)

@@ -13,6 +13,7 @@ from typing import Iterator
 
 from ..locations import is_library_file
 from ..report import Fix, ShardingFixError, ShardingFixWarning, merge_fixes, render_fixes
+from .specs import in_user_terms
 
 logger = logging.getLogger("shardfix")
 ON_FIX = ("warn", "log", "error", "ignore")
@@ -27,7 +28,7 @@ def tell(fixes: list[Fix], on_fix: str, name: str, also: str | None = None) -> N
         if also:
             note(also, on_fix)
         return
-    text = render_fixes(merge_fixes(fixes), name)
+    text = render_fixes(merge_fixes(in_user_terms(fixes)), name)
     if also:
         text += "\n" + also
     if on_fix == "error":

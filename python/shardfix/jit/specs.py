@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
     from jax.sharding import NamedSharding, PartitionSpec
 
 from ..correct import Reason, Site, correct_sharding
-from ..sharding import (UNCONSTRAINED, Mesh, TensorSharding, describe_sub_axis, from_spec_entries,
-                        to_spec_entries)
+from ..report import Fix
+from ..sharding import (UNCONSTRAINED, Mesh, ShardingSyntaxError, TensorSharding, describe_sub_axis,
+                        from_spec_entries, parse_tensor_sharding, to_spec_entries)
 
 
 def mesh_model(mesh) -> Mesh:
@@ -55,8 +57,14 @@ def spec_to_model(spec, rank: int | None = None, mesh_name: str = "mesh") -> Ten
     return from_spec_entries(partitions(spec), mesh_name, rank)
 
 
-def repair_spec(spec, mesh, shape: Sequence[int] | None, policy: str, *,
-                divisibility: bool = True) -> tuple["PartitionSpec", list[Reason]]:
+# Where a PartitionSpec is repaired: the boundary of the decorated function (its in/out shardings), or a spec JAX
+# checks while tracing (reshard, out_sharding=, with_sharding_constraint, device_put, a nested jit's in/out).
+BOUNDARY_NO_PADDING = "padding is not an option at an entry function's boundary"
+TRACE_NO_PADDING = "JAX rejects an indivisible spec here rather than padding it"
+
+
+def repair_spec(spec, mesh, shape: Sequence[int] | None, policy: str, *, divisibility: bool = True,
+                no_padding: str = BOUNDARY_NO_PADDING) -> tuple["PartitionSpec", list[Reason]]:
     """`spec` made valid for an array of `shape` on `mesh` (a Mesh or AbstractMesh), and the reasons.
 
     Unknown and duplicate axes are dropped, the spec gets one entry per dimension, and with `divisibility` each
@@ -73,7 +81,8 @@ def repair_spec(spec, mesh, shape: Sequence[int] | None, policy: str, *,
         site_shape = tuple(shape) if divisibility else (None,) * len(shape)
     sharding = from_spec_entries(entries, "mesh")
     meshes = {"mesh": model_mesh}
-    fixed, reasons = correct_sharding(sharding, Site(site_shape, allow_subaxes=False), meshes, policy)
+    fixed, reasons = correct_sharding(sharding, Site(site_shape, allow_subaxes=False, no_padding=no_padding), meshes,
+                                      policy)
     reasons = [Reason(r.code, spec_words(r.detail)) for r in reasons]
     if any(r.code == "indivisible" for r in reasons):
         reasons += _sub_axis_fallback(sharding, site_shape, meshes, policy, fixed, model_mesh)
@@ -101,10 +110,60 @@ def spec_words(detail: str) -> str:
     return _NAME_TEXT.sub(r"'\1'", _DIM_TEXT.sub(dim, detail))
 
 
+def in_user_terms(fixes: Sequence[Fix]) -> list[Fix]:
+    """Fixes as a JAX user reads them. A fix the IR passes made to a sharding a PartitionSpec can say (on a named
+    mesh, closed dims, no sub-axes, priorities or replicated axes: what the user wrote as a spec) is said in
+    PartitionSpec words; where it repairs further, at the same line, what a trace-time repair made of the user's
+    spec (an unknown axis dropped while tracing, then the dim found indivisible in the module), the two are one fix
+    from what the user wrote to what the program got. Other IR fixes keep sdy notation."""
+    traced: dict[tuple, Fix] = {}
+    for fix in fixes:
+        if fix.pass_name == "trace":
+            traced.setdefault((fix.location, fix.after), fix)
+    continued: set[tuple] = set()
+    out = []
+    for fix in fixes:
+        if fix.pass_name == "trace":
+            out.append(fix)
+            continue
+        before, after = _spec_text(fix.before), _spec_text(fix.after)
+        if before is None or after is None:
+            out.append(fix)
+            continue
+        reasons = tuple((code, spec_words(detail)) for code, detail in fix.reasons)
+        earlier = traced.get((fix.location, before))
+        if earlier is not None:
+            continued.add((fix.location, before))
+            out.append(replace(fix, site=earlier.site, reasons=earlier.reasons + reasons, before=earlier.before,
+                               after=after, shards_before=earlier.shards_before))
+        else:
+            out.append(replace(fix, reasons=reasons, before=before, after=after))
+    return [fix for fix in out if fix.pass_name != "trace" or (fix.location, fix.after) not in continued]
+
+
+def _spec_text(text: str) -> str | None:
+    """`<@mesh, [{"dp"}, {}]>` as `P('dp', None)` (one entry a dim), or None where a PartitionSpec can't say it."""
+    try:
+        sharding = parse_tensor_sharding(text)
+    except ShardingSyntaxError:
+        return None
+    if not isinstance(sharding.mesh, str) or sharding.replicated or sharding.unreduced:
+        return None
+    entries = []
+    for dim in sharding.dims:
+        if not dim.is_closed or dim.priority is not None or any(a.is_sub_axis for a in dim.axes):
+            return None
+        names = tuple(a.name for a in dim.axes)
+        entries.append(None if not names else names[0] if len(names) == 1 else names)
+    return f"P({repr(tuple(entries))[1:-1]})"
+
+
 def _sub_axis_fallback(sharding: TensorSharding, shape: tuple, meshes: dict, policy: str, fixed: TensorSharding,
                        mesh: Mesh) -> list[Reason]:
-    """Where the policy would keep a sub-axis, a reason saying that a PartitionSpec can't, and what it kept."""
-    ideal, _ = correct_sharding(sharding, Site(shape, allow_subaxes=True), meshes, policy)
+    """Where the policy would keep a sub-axis, a reason saying that a PartitionSpec can't, and what it kept. (The
+    auto policy, which can't keep a padded split here either, would take the best even split: subaxis's.)"""
+    ideal, _ = correct_sharding(sharding, Site(shape, allow_subaxes=True), meshes,
+                                "subaxis" if policy == "auto" else policy)
     notes = []
     for i, (want, got) in enumerate(zip(ideal.dims, fixed.dims)):
         subs = [a for a in want.axes if a.is_sub_axis]

@@ -10,6 +10,7 @@ import jax
 
 from ..report import Fix, Report, RingDecision, merge_fixes
 from . import _jax
+from .specs import in_user_terms
 
 if TYPE_CHECKING:
     from .decorator import AutofixFunction
@@ -24,7 +25,7 @@ class AutofixTraced(jax.stages.Traced):
 
     @property
     def fixes(self) -> list[Fix]:
-        return merge_fixes(self.report.fixes)
+        return merge_fixes(in_user_terms(self.report.fixes))
 
     def lower(self, *, lowering_platforms: tuple[str, ...] | None = None, _private_parameters: Any = None
               ) -> "AutofixLowered":
@@ -53,7 +54,7 @@ class AutofixLowered(jax.stages.Lowered):
 
     @property
     def fixes(self) -> list[Fix]:
-        return merge_fixes(self.report.fixes)
+        return merge_fixes(in_user_terms(self.report.fixes))
 
     @property
     def rings(self) -> list[RingDecision]:

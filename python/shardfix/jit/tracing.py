@@ -34,7 +34,7 @@ from ..locations import SourceLoc, caller_frame, is_library_file
 from ..report import Fix
 from ..sharding import shard_count
 from . import _jax
-from .specs import mesh_model, repair_spec, spec_to_model
+from .specs import TRACE_NO_PADDING, mesh_model, repair_spec, spec_to_model
 
 _active: contextvars.ContextVar["Repairs | None"] = contextvars.ContextVar("shardfix_repairs", default=None)
 
@@ -80,7 +80,8 @@ class Repairs:
         key = (mesh, spec, shape, divisibility)
         outcome = self._memo.get(key)
         if outcome is None:
-            outcome = self._memo[key] = repair_spec(spec, mesh, shape, self.policy, divisibility=divisibility)
+            outcome = self._memo[key] = repair_spec(spec, mesh, shape, self.policy, divisibility=divisibility,
+                                                    no_padding=TRACE_NO_PADDING)
         fixed, reasons = outcome
         if shape is None:
             self._api_of[fixed] = api
@@ -109,10 +110,13 @@ class Repairs:
 
     def close(self) -> None:
         """Record the canonicalized specs whose value JAX never typed here: where the same call typed a value with
-        that spec before (a jitted library function traced once, its trace reused by a later call), the same fix
-        as then; else the names-only fix."""
+        that spec before (a jitted library function traced once, its trace reused by a later call, in this session
+        or an earlier one), the same fix as then; else the names-only fix."""
         for (spec_id, loc), names in self._awaiting_shape.items():
             fix = self._typed_fix.get((spec_id, loc))
+            if fix is None:
+                earlier = _typed_earlier.get((self.policy, names.before, names.mesh, loc), ())
+                fix = earlier[0] if len(earlier) == 1 else None  # several shapes met there: which one is unknown
             if fix is None and names.reasons:
                 fix = self._fix(names.api, None, names.before, names.after, names.reasons, names.mesh, names.call,
                                 loc)
@@ -136,6 +140,7 @@ class Repairs:
                 if reasons:
                     fix = self._typed_fix[(id(spec), loc)] = self._fix(api, shape, canonicalized.before, fixed,
                                                                         reasons, mesh, call, loc)
+                    _remember_typed((self.policy, canonicalized.before, mesh, loc), fix)
                     self._record(fix, call)
                 return
             if id(spec) in self._typed:
@@ -158,6 +163,22 @@ class Repairs:
             return
         self._calls[key] = call  # holding the frame keeps its id from being reused by a later call
         self.add([fix])
+
+
+# What the spec a call canonicalized became once a value was typed with it, by (policy, spec, mesh, the user's line):
+# a later session whose trace of that call JAX serves from its cache (the value is not typed again) records the
+# same fix rather than the names-only one. A handful of entries per program; the oldest go past the limit.
+_typed_earlier: dict[tuple, tuple[Fix, ...]] = {}
+_TYPED_EARLIER_LIMIT = 4096
+_typed_lock = threading.Lock()
+
+
+def _remember_typed(key: tuple, fix: Fix) -> None:
+    with _typed_lock:
+        known = _typed_earlier.pop(key, ())
+        _typed_earlier[key] = known if fix in known else known + (fix,)
+        while len(_typed_earlier) > _TYPED_EARLIER_LIMIT:
+            del _typed_earlier[next(iter(_typed_earlier))]
 
 
 @dataclass
