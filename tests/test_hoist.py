@@ -67,6 +67,35 @@ def test_blockers_keep_results(between, blocker):
                                atol=2e-5, rtol=2e-5)
 
 
+MIXING = np.tril(np.ones((S, S), np.float32)) / np.arange(1, S + 1, dtype=np.float32)[:, None]  # a moving average
+
+
+def dense_attention(x):
+    scores = jnp.einsum("bsh,bth->bst", x, x) / np.sqrt(H)
+    return jnp.einsum("bst,bth->bsh", jax.nn.softmax(scores, axis=-1), x)
+
+
+@pytest.mark.parametrize("strategy", ["zigzag", "striped"])
+@pytest.mark.parametrize("between, stop", [
+    # tokens mixed by a matrix: the dot_general sums the matrix's token dim and gives a result along its other one,
+    # which it can't read in permuted order along both: the motion stops there
+    (lambda x: x + jnp.einsum("st,bth->bsh", jnp.asarray(MIXING), x), "would read an operand in two sequence orders"),
+    # a dense attention layer between two ring ones: scores in permuted order along their queries, contiguous
+    # along their keys, and the weighted sum over the keys in that order
+    (dense_attention, None),
+], ids=["token-mixing", "dense-attention"])
+def test_a_layer_that_mixes_tokens_keeps_results(between, stop, strategy):
+    """Layers that mix tokens between two ring regions: the results stay those of jax.jit."""
+    args = inputs(2)
+    lowered = jax.jit(ring_transformer(MESH, 2, between=between)).lower(*args)
+    moved, report = patch_lowered(lowered, f"ring-reorder{{strategy={strategy}}},hoist-permutations")
+    assert all(r.applied for r in report.rings) and len(report.rings) == 2
+    np.testing.assert_allclose(np.asarray(moved.compile()(*args)), np.asarray(lowered.compile()(*args)),
+                               atol=2e-5, rtol=2e-5)
+    if stop is not None:
+        assert any(stop in r.message for r in report.remarks), report.remarks
+
+
 def test_decorator_hoists():
     args = inputs(4)
     f = autofix_shardings(ring_transformer(MESH, 4), ring_reorder="zigzag")

@@ -213,6 +213,7 @@ class _Body:
         # value, order, like)
         self.reads: list[tuple[int, int | None, ir.Value, Order, Perm]] = []
         self.read_count: dict[tuple[int, Order], int] = {}
+        self.read_order: dict[tuple[int, int], Order] = {}  # (reader's place, operand number) -> the order it reads
         self.needs: dict[int, list[tuple[ir.Value, Order, Perm]]] = {}  # place -> its results read permuted
         self.heap: list[int] = []
         # the module's permutations, by (source, order), and the ones the edits keep (by id)
@@ -255,7 +256,7 @@ class _Body:
                 dim = self.mover.moves(op, i, order.dim)
                 operand_dims = ({i: order.dim, **reduced_with(op, i, order.dim)} if dim == REDUCED
                                 else self.mover.carriers(op, dim))
-                self._check(op, operand_dims, order.kind)
+                self._check(place, op, operand_dims, order.kind)
             except Blocked as why:
                 self.mover.say(order.kind, True, op, why)
                 continue
@@ -274,7 +275,7 @@ class _Body:
                 if self._in(value, order) is None and self._all_reads_permuted(place, order):
                     try:
                         operand_dims = self.mover.carriers(op, order.dim)
-                        self._check(op, operand_dims, order.kind)
+                        self._check(place, op, operand_dims, order.kind)
                     except Blocked as why:
                         self.mover.say(order.kind, False, op, why)
                         continue
@@ -361,6 +362,8 @@ class _Body:
 
     def _read(self, place: int, operand: int | None, value: ir.Value, order: Order, like: Perm) -> None:
         self.reads.append((place, operand, value, order, like))
+        if operand is not None:
+            self.read_order[(place, operand)] = order
         key = (hash(value), order)
         self.read_count[key] = self.read_count.get(key, 0) + 1
         if self._in(value, order) is None:
@@ -375,14 +378,21 @@ class _Body:
         for result in self.ops[place].results:
             self.permuted[hash(result)] = (order, result, like)
 
-    def _check(self, op: ir.Operation, operand_dims: dict[int, int], kind: Kind) -> None:
+    def _check(self, place: int, op: ir.Operation, operand_dims: dict[int, int], kind: Kind) -> None:
+        """The op at `place` may read these operands in permuted order: each has the sequence's length along
+        its dim, is in no other permuted order, and is not read in another order already (a dot_general that sums
+        the tokens of one dim of an operand can't also give a result permuted along another dim of it)."""
         for index, dim in operand_dims.items():
             value = op.operands[index]
             if ir.ShapedType(value.type).get_dim_size(dim) != kind.length:
                 raise Blocked("changes the sequence length")
+            order = self.mover.order(kind, dim)
             found = self.permuted.get(hash(value))
-            if found is not None and found[0] is not self.mover.order(kind, dim):
+            if found is not None and found[0] is not order:
                 raise Blocked("reads values in two different sequence orders")
+            read = self.read_order.get((place, index))
+            if read is not None and read is not order:
+                raise Blocked("would read an operand in two sequence orders (along two of its dims)")
 
     def _build(self, value: ir.Value, order: Order, like: Perm, inverse: bool) -> Perm:
         """A permutation of `value` in `order` (or its inverse), right after the value's definition."""
