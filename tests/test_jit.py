@@ -48,7 +48,7 @@ def test_bare_decorator_fixes_inner_constraint_and_warns_once():
     np.testing.assert_allclose(np.asarray(out), reference(x, W), rtol=1e-6)
     assert len(told) == 1
     message = str(told[0].message)
-    assert f"{__file__}:{CONSTRAINED_LINE}: 'sdy.sharding_constraint' sharding: <@mesh, [{{\"tp\"}}, {{}}]> -> " \
+    assert f"{__file__}:{CONSTRAINED_LINE}: 'sdy.sharding_constraint' sharding: P('tp', None) -> " \
            f"<@mesh, [{{\"tp\":(1)2}}, {{}}]> [indivisible]" in message
     assert (told[0].filename, told[0].lineno) == (__file__, CALL_LINE)  # the warning points at the caller
     out, told = caught(f, x, W)
@@ -73,7 +73,7 @@ def test_boundary_shardings_corrected_and_reported():
     assert [(fx.site, fx.before, fx.after, fx.reason) for fx in lowered.fixes] == [
         ("in_shardings[0] (shape (6, 8))", "P('dp', 'sp')", "P('dp', None)", "unknown-axis"),
         ("out_shardings (shape (6, 8))", "P('tp',)", "P(None, None)", "indivisible"),
-        ("'sdy.sharding_constraint' sharding", '<@mesh, [{"tp"}, {}]>', '<@mesh, [{"tp":(1)2}, {}]>', "indivisible"),
+        ("'sdy.sharding_constraint' sharding", "P('tp', None)", '<@mesh, [{"tp":(1)2}, {}]>', "indivisible"),
     ]
     assert 'sdy.sharding_constraint %' in lowered.as_text() and '{"tp":(1)2}' in lowered.as_text()
     compiled = lowered.compile()

@@ -338,5 +338,5 @@ def test_aot_lowering_for_an_abstract_mesh_and_other_platforms():
     plain = jax.jit(fun).trace(spec).lower(lowering_platforms=("tpu",))
     ours = autofix_shardings(fun, policy="subaxis", on_fix="ignore").trace(spec).lower(lowering_platforms=("tpu",))
     assert isinstance(ours, jax.stages.Lowered)
-    assert [(f.before, f.after) for f in ours.fixes] == [('<@mesh, [{"tp"}, {}]>', '<@mesh, [{"tp":(1)2}, {}]>')]
+    assert [(f.before, f.after) for f in ours.fixes] == [("P('tp', None)", '<@mesh, [{"tp":(1)2}, {}]>')]
     assert ours.as_text() == plain.as_text().replace('[{"tp"}, {}]', '[{"tp":(1)2}, {}]')

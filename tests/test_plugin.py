@@ -64,7 +64,7 @@ def test_every_jit_goes_through_shardfix_while_enabled_and_jax_is_unchanged_afte
         text = str(told[0].message)
         assert text.startswith("shardfix changed 2 sharding(s) of step:")  # the constraint in each nested call,
         assert text.count(f"{__file__}:{LINE['# 2 columns']}: 'sdy.sharding_constraint' sharding: "  # one entry
-                          '<@mesh, [{}, {"tp"}]> -> <@mesh, [{}, {"tp":(1)2}]> [indivisible] (x2)\n') == 1
+                          "P(None, 'tp') -> <@mesh, [{}, {\"tp\":(1)2}]> [indivisible] (x2)\n") == 1
         compiled, told = call(lambda: step.lower(X, W).compile())  # JAX's executable for the call: told then
         assert " pad(" not in compiled.as_text() and told == []
         grads, told = call(jax.jit(jax.grad(step)), X, W)

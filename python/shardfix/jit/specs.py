@@ -113,7 +113,8 @@ def spec_words(detail: str) -> str:
 def in_user_terms(fixes: Sequence[Fix]) -> list[Fix]:
     """Fixes as a JAX user reads them. A fix the IR passes made to a sharding a PartitionSpec can say (on a named
     mesh, closed dims, no sub-axes, priorities or replicated axes: what the user wrote as a spec) is said in
-    PartitionSpec words; where it repairs further, at the same line, what a trace-time repair made of the user's
+    PartitionSpec words (what it became too, unless that has a sub-axis, which sdy notation and the details' words
+    say); where it repairs further, at the same line, what a trace-time repair made of the user's
     spec (an unknown axis dropped while tracing, then the dim found indivisible in the module), the two are one fix
     from what the user wrote to what the program got. Other IR fixes keep sdy notation."""
     traced: dict[tuple, Fix] = {}
@@ -127,10 +128,13 @@ def in_user_terms(fixes: Sequence[Fix]) -> list[Fix]:
             out.append(fix)
             continue
         before, after = _spec_text(fix.before), _spec_text(fix.after)
-        if before is None or after is None:
+        if before is None:
             out.append(fix)
             continue
-        reasons = tuple((code, spec_words(detail)) for code, detail in fix.reasons)
+        if after is None:  # a sub-axis, say: sdy notation for it, and for the details that name it
+            after, reasons = fix.after, fix.reasons
+        else:
+            reasons = tuple((code, spec_words(detail)) for code, detail in fix.reasons)
         earlier = traced.get((fix.location, before))
         if earlier is not None:
             continued.add((fix.location, before))
