@@ -237,6 +237,83 @@ def collective_matmul_reduce_scatter(mesh):
     return _map(mesh, body, 2), _arrays(mesh, 16, (4,), (4,)), "refuse"
 
 
+# The collective matmuls of JAX's shard_map documentation, as written there (lhs and rhs sharded on cp, blocks of the
+# other operand addressed by the device index): a reorder of the sharded dim would change which block each step
+# multiplies, so each must be refused.
+
+
+def _docs_operands(mesh, lhs_spec, rhs_spec):
+    rng = np.random.default_rng(3)
+    lhs = jax.device_put(rng.standard_normal((16, 16)).astype(np.float32), NamedSharding(mesh, lhs_spec))
+    rhs = jax.device_put(rng.standard_normal((16, 4)).astype(np.float32), NamedSharding(mesh, rhs_spec))
+    return lhs, rhs
+
+
+def docs_matmul_allgather(mesh):
+    """All-gather collective matmul: rhs blocks travel, each multiplied by the lhs columns of its source device."""
+    def body(lhs_block, rhs_block):
+        size, idx = jax.lax.axis_size("cp"), jax.lax.axis_index("cp")
+        width = lhs_block.shape[1] // size
+        columns = lambda i: jax.lax.dynamic_slice_in_dim(lhs_block, i * width, width, 1)  # noqa: E731
+        out = columns(idx) @ rhs_block
+        for i in range(1, size):
+            rhs_block = jax.lax.ppermute(rhs_block, "cp", _ring(size))
+            out += columns((idx - i) % size) @ rhs_block
+        return out
+
+    fn = jax.shard_map(body, mesh=mesh, in_specs=(P("cp", None), P("cp", None)), out_specs=P("cp", None))
+    return fn, _docs_operands(mesh, P("cp", None), P("cp", None)), "refuse"
+
+
+def docs_matmul_allgather_bidirectional(mesh):
+    """The same with the rhs block split in halves travelling both ways around the ring."""
+    def body(lhs_block, rhs_block):
+        size, idx = jax.lax.axis_size("cp"), jax.lax.axis_index("cp")
+        half = lhs_block.shape[1] // size // 2
+        columns = lambda i, hi: jax.lax.dynamic_slice_in_dim(lhs_block, (2 * i + hi) * half, half, 1)  # noqa
+
+        def product(lo, hi, i_lo, i_hi):
+            return columns(i_lo, 0) @ lo + columns(i_hi, 1) @ hi
+
+        lo, hi = jnp.split(rhs_block, 2, axis=0)
+        out = product(lo, hi, idx, idx)
+        for i in range(1, size):
+            lo = jax.lax.ppermute(lo, "cp", _ring(size))
+            hi = jax.lax.ppermute(hi, "cp", _ring(size, -1))
+            out += product(lo, hi, (idx - i) % size, (idx + i) % size)
+        return out
+
+    fn = jax.shard_map(body, mesh=mesh, in_specs=(P("cp", None), P("cp", None)), out_specs=P("cp", None))
+    return fn, _docs_operands(mesh, P("cp", None), P("cp", None)), "refuse"
+
+
+def docs_matmul_psum_scatter(mesh):
+    """Reduce-scatter collective matmul: partial sums travel and pick up the product for their destination."""
+    def body(lhs_block, rhs_block):
+        size, idx = jax.lax.axis_size("cp"), jax.lax.axis_index("cp")
+        rows = lhs_block.reshape(size, -1, lhs_block.shape[1])
+        summand = rows[(idx + 1) % size] @ rhs_block
+        for i in range(1, size):
+            summand = jax.lax.ppermute(summand, "cp", _ring(size, -1))
+            summand += rows[(idx + i + 1) % size] @ rhs_block
+        return summand
+
+    fn = jax.shard_map(body, mesh=mesh, in_specs=(P(None, "cp"), P("cp", None)), out_specs=P("cp", None))
+    return fn, _docs_operands(mesh, P(None, "cp"), P("cp", None)), "refuse"
+
+
+def where_on_a_scalar(mesh):
+    """A select on a scalar predicate from the device index (true on every device) and a visiting block's total
+    that doesn't count: the result is the device's own tokens."""
+    cp = mesh.shape["cp"]
+
+    def body(x):
+        visiting = jax.lax.ppermute(x, "cp", _ring(cp))
+        return jnp.where(jax.lax.axis_index("cp") >= 0, x, 0.0) + 0.0 * visiting.sum()
+
+    return _map(mesh, body, 1), _arrays(mesh, 16, (4,)), "reorder"
+
+
 def contracted_ring_dim(mesh):
     """x_block @ w_block with w travelling: the sequence dim is contracted against other devices' blocks."""
     cp = mesh.shape["cp"]
@@ -430,4 +507,5 @@ PROGRAMS = {f.__name__: f for f in (
     ring_all_gather, ring_all_reduce, ring_reduce_scatter, collective_matmul_all_gather,
     collective_matmul_reduce_scatter, contracted_ring_dim, cumsum_in_ring, reverse_in_ring, coordinate_skip,
     gathered_attention, attention_then_cumsum, short_ring, positions_left_behind, local_index_mask,
-    shifted_neighbour)}
+    shifted_neighbour, docs_matmul_allgather, docs_matmul_allgather_bidirectional, docs_matmul_psum_scatter,
+    where_on_a_scalar)}

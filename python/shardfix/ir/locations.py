@@ -19,6 +19,15 @@ def op_loc(op: ir.Operation) -> SourceLoc:
     return _source_loc_of_attr(op.location.attr)
 
 
+def innermost_loc(op: ir.Operation) -> SourceLoc:
+    """The innermost frame of an op's location (where the op was made, in a library or not); empty if none."""
+    parsed = _parsed(op.location.attr)
+    if not parsed.frames:
+        return SourceLoc()
+    frame = parsed.frames[0]
+    return SourceLoc(frame.file, frame.line, frame.col)
+
+
 def frames(location: ir.Location) -> ParsedLocation:
     return _parsed(location.attr)
 

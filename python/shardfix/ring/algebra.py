@@ -53,7 +53,8 @@ def unify(engine: Engine, op, values: list[Data], out_shape) -> tuple[tuple, dic
     roles, axes = [], {}
     renames: list[dict] = [dict() for _ in values]
     for d in range(len(out_shape)):
-        present = [(i, v.dims[d]) for i, v in enumerate(values) if v.dims[d] != CONST]
+        # a scalar operand (a select's predicate, a clamp's bound) is broadcast: constant along every dim
+        present = [(i, v.dims[d]) for i, v in enumerate(values) if v.dims and v.dims[d] != CONST]
         if not present:
             roles.append(CONST)
             continue

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from jaxlib.mlir import ir
 
 from ..ir import op_loc
-from ..locations import SourceLoc
+from ..ir.locations import innermost_loc
+from ..locations import SourceLoc, is_library_file
 from . import coverage as cov_ops
 from .symbolic import Aff, Coord, Node, Other, Pid, PidDiv, Scope, Var, bounds, gpos, map_sources, sourced_nodes
 from .symbolic import Dim as SymDim
@@ -36,21 +37,34 @@ class Refusal(Exception):
         self.op = op
         self.calls = calls
 
+    def _locs(self) -> list[SourceLoc]:
+        """The op's place and those of the calls that led to it, innermost first."""
+        if self.op is None:
+            return []
+        return [op_loc(candidate) for candidate in (self.op,) + tuple(reversed(self.calls))]
+
+    def user_loc(self) -> SourceLoc:
+        """The first of those places in the user's own code (not JAX's, a library's or shardfix's); empty when
+        every one is in a library (a kernel whose call from the user's code JAX's location no longer holds)."""
+        return next((loc for loc in self._locs() if loc.file and not is_library_file(loc.file)), SourceLoc())
+
     @property
     def loc(self) -> SourceLoc:
-        if self.op is None:
-            return SourceLoc()
-        for candidate in (self.op,) + tuple(reversed(self.calls)):
-            loc = op_loc(candidate)
-            if loc.file:
-                return loc
-        return op_loc(self.op)
+        """The user's line where there is one, else the first place known (a library's)."""
+        locs = self._locs()
+        return self.user_loc() or next((loc for loc in locs if loc.file), locs[0] if locs else SourceLoc())
 
-    def describe(self) -> str:
+    def describe(self, region: SourceLoc = SourceLoc()) -> str:
+        """The op, the user's line (or `region`'s, the ring region's, when the op sits in a library whose
+        caller JAX's location lost), the library's line it sits at, and why."""
         if self.op is None:
             return str(self)
-        where = self.loc
-        return f"'{self.op.name}'{f' at {where}' if where else ''} {self}"
+        where = self.user_loc() or region
+        inside = innermost_loc(self.op)
+        place = f" at {where}" if where else ""
+        if inside and inside != where and is_library_file(inside.file):
+            place += f" (in {inside})"
+        return f"'{self.op.name}'{place} {self}"
 
 
 @dataclass(frozen=True)

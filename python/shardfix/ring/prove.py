@@ -97,10 +97,10 @@ def _prove_group(group: list[RingRegion], funcs, verdicts: dict, shared: Shared)
         for r in group:
             v = verdicts[id(r.region)]
             v.proved = False
-            v.why = e.refusal.describe() if r is e.region else \
+            v.why = e.refusal.describe(e.region.loc) if r is e.region else \
                 f"reordered together with the ring region at {e.region.loc or 'an unknown location'}, which is not " \
-                f"provably safe ({e.refusal.describe()})"
-            v.loc = e.refusal.loc if r is e.region and e.refusal.op is not None else r.loc
+                f"provably safe ({e.refusal.describe(e.region.loc)})"
+            v.loc = (e.refusal.user_loc() or r.loc) if r is e.region and e.refusal.op is not None else r.loc
         return
     for r in group:
         verdicts[id(r.region)].proved = True
@@ -158,6 +158,10 @@ def _prove_region(r: RingRegion, place: int, funcs, verdict: Verdict, produced: 
             raise Refusal(first.message, first.op, first.calls)
     except Refusal as refusal:
         raise _GroupRefusal(refusal, r) from None
+    except (ArithmeticError, LookupError, TypeError, ValueError, AttributeError) as error:
+        # a construct the analysis doesn't model: the region is left as it is, never the user's program broken
+        raise _GroupRefusal(Refusal(f"holds something the analysis could not follow ({type(error).__name__}: "
+                                    f"{error})", r.region), r) from None
     verdict.rewrites = list(state.rewrites.values())
     verdict.units = dict(state.units)
     _check_results(r, engine, results, outs, verdict, produced, members)
@@ -269,7 +273,7 @@ def unit_problem(verdict: Verdict, strategy: str, stripe: int) -> tuple[str, Sou
             why = f"reads positions of units of {unit} tokens that start at offsets not multiples of {unit}"
         if why is not None:
             refusal = Refusal(why, op, calls)
-            return refusal.describe(), refusal.loc
+            return refusal.describe(verdict.ring.loc), refusal.user_loc() or verdict.ring.loc
     return None
 
 
