@@ -87,7 +87,8 @@ CASES = [
     ("backend", body, dict(backend="cpu"), (X, Y), {}),
     ("inline", body, dict(inline=True), (X, Y), {}),
     ("compiler-options", body, dict(compiler_options={"xla_embed_ir_in_executable": True}), (X, Y), {}),
-]
+] + [(f"inline-{member.value}", body, dict(inline=member), (X, Y), {})  # JAX 0.11+: jax.Inline's choices
+     for member in getattr(jax, "Inline", ())]
 IDS = [case[0] for case in CASES]
 
 
@@ -130,17 +131,21 @@ def surface(stage, cls) -> dict:
     return values
 
 
+@pytest.mark.parametrize("wrapped", [False, True], ids=["options", "wrapped-jit"])
 @pytest.mark.parametrize("name,fun,jit_kwargs,args,kwargs", CASES, ids=IDS)
-def test_every_jit_parameter_and_stage(name, fun, jit_kwargs, args, kwargs):
+def test_every_jit_parameter_and_stage(name, fun, jit_kwargs, args, kwargs, wrapped):
+    """Each option given to autofix_shardings, or taken over from the jax.jit it wraps."""
     if name == "in-shardings-spec":  # PartitionSpecs need a context mesh; arrays made there would be committed
         with jax.set_mesh(MESH):
-            compare_everything(fun, jit_kwargs, args, kwargs, lambda v: v)
+            compare_everything(fun, jit_kwargs, args, kwargs, lambda v: v, wrapped)
     else:
-        compare_everything(fun, jit_kwargs, args, kwargs, jnp.asarray)
+        compare_everything(fun, jit_kwargs, args, kwargs, jnp.asarray, wrapped)
 
 
-def compare_everything(fun, jit_kwargs, args, kwargs, to_array):
+def compare_everything(fun, jit_kwargs, args, kwargs, to_array, wrapped=False):
     jitted, ours = both(fun, **jit_kwargs)
+    if wrapped:
+        ours = autofix_shardings(jax.jit(fun, **jit_kwargs), on_fix="ignore")
 
     def fresh():  # new arrays for each call (donated ones are gone after it); static values as they are
         array = lambda v: to_array(v) if isinstance(v, np.ndarray) else v  # noqa: E731
