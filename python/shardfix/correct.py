@@ -87,7 +87,7 @@ def correct_sharding(sharding: TensorSharding, site: Site, meshes: Mapping[str, 
     if mesh.is_maximal:
         return _single_device(sharding, mesh_ref, reasons)
     dims = _fit_rank(sharding, site.shape, mesh, reasons)
-    checker = _AxisChecker(mesh, site.bound_axes, reasons)
+    checker = _AxisChecker(mesh, site.bound_axes, reasons, site.allow_subaxes)
     dims = [replace(d, axes=tuple(checker.merge(checker.keep_valid(d.axes, f"dim {i}"), f"dim {i}")))
             for i, d in enumerate(dims)]
     extras = {}
@@ -150,8 +150,9 @@ def _fit_rank(sharding: TensorSharding, shape, mesh: Mesh, reasons: list[Reason]
 class _AxisChecker:
     """Validates axis refs one by one across a whole sharding; the first use of an axis wins."""
 
-    def __init__(self, mesh: Mesh, bound_axes: frozenset[str], reasons: list[Reason]):
+    def __init__(self, mesh: Mesh, bound_axes: frozenset[str], reasons: list[Reason], allow_subaxes: bool = True):
         self.mesh, self.bound, self.reasons = mesh, bound_axes, reasons
+        self.allow_subaxes = allow_subaxes  # False: no new sub-axis where JAX can't express one
         self.used: list[AxisRef] = []
 
     def keep_valid(self, refs: Sequence[AxisRef], where: str) -> list[AxisRef]:
@@ -181,8 +182,27 @@ class _AxisChecker:
                 ref = AxisRef(ref.name)
         clash = self._clash(ref)
         if clash is not None:
-            return say(*clash)
+            part = self._free_part(ref) if clash[0] == "bad-sub-axis" and self.allow_subaxes else None
+            if part is None:
+                return say(*clash)
+            say("bad-sub-axis", f"axis {ref} overlaps one used already; {part}, the largest part of it still free, "
+                                f"kept")
+            return part
         return ref
+
+    def _free_part(self, ref: AxisRef) -> AxisRef | None:
+        """The largest sub-axis within `ref`'s span that no ref used already overlaps (`{"b":(1)2}, {"b"}` on b=4
+        keeps `"b":(2)2` for the second), or None."""
+        size = self.mesh.axis_size(ref.name)
+        start, end = ref.span(self.mesh)
+        for k in sorted((d for d in range(2, end // start + 1) if size % d == 0), reverse=True):
+            for pre in range(start, end // k + 1):
+                if size % (pre * k) or (end // start) % k or pre % start:
+                    continue
+                candidate = AxisRef(ref.name) if (pre, k) == (1, size) else AxisRef(ref.name, pre, k)
+                if self._clash(candidate) is None:
+                    return candidate
+        return None
 
     def _clash(self, ref: AxisRef) -> tuple[str, str] | None:
         """Why `ref` can't be used next to the refs used already (a duplicate or an overlap), or None."""
