@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from shardfix import autofix_shardings, correct_spec  # noqa: E402
@@ -82,10 +83,11 @@ def main() -> int:
           f"{correct_spec(w1.shape, P('fsdp', 'tp'), mesh)}")
 
     print("\n== 3. Causal ring attention (shard_map + ppermute over cp=4, positions carried as data)")
-    ring_mesh = jax.make_mesh((2, 4), ("dp", "cp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    ring_mesh = jax.make_mesh((2, 4), ("dp", "cp"))  # Explicit axes: the arrays are placed where shard_map takes them
     q, k, v = (rng.standard_normal((2, 64, 16)).astype(np.float32) for _ in range(3))
     pos = np.broadcast_to(np.arange(64, dtype=np.int32), (2, 64)).copy()
     dense = np.asarray(dense_causal_attention(q, k, v))
+    q, k, v, pos = (jax.device_put(a, NamedSharding(ring_mesh, P("dp", "cp"))) for a in (q, k, v, pos))
     for name, fn, args in (("positions as data", position_ring_attention(ring_mesh), (q, k, v, pos, pos)),
                            ("positions from axis_index", axis_index_ring_attention(ring_mesh), (q, k, v))):
         attention = autofix_shardings(fn, ring_reorder="zigzag")

@@ -35,7 +35,7 @@ def _matrix(counts: np.ndarray) -> str:
 
 
 def balance(cp: int) -> bool:
-    mesh = jax.make_mesh((8 // cp, cp), ("dp", "cp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    mesh = jax.make_mesh((8 // cp, cp), ("dp", "cp"))  # Explicit axes: jax.make_mesh's default
     spec = P("dp", "cp", None, None)
     q, k, v = (jax.device_put(x, NamedSharding(mesh, spec)) for x in ejk.inputs(mesh, 2 * CHUNK * cp)[:3])
     dense = np.asarray(ejk.dense_causal(*(np.asarray(x) for x in (q, k, v))))
@@ -67,9 +67,9 @@ def ring_all_gather(x):
 
 
 def refused() -> bool:
-    mesh = jax.make_mesh((2, 4), ("dp", "cp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    mesh = jax.make_mesh((2, 4), ("dp", "cp"))
     gather = jax.shard_map(ring_all_gather, mesh=mesh, in_specs=P("cp"), out_specs=P("cp"))
-    x = jnp.arange(64.0).reshape(16, 4)
+    x = jax.device_put(jnp.arange(64.0).reshape(16, 4), NamedSharding(mesh, P("cp")))
     fixed = autofix_shardings(gather)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -21,7 +21,10 @@ CHUNK = 8
 PERMUTATION = "shardfix.sequence_permutation"
 
 
-def make_mesh(shape=(2, 4)):
+def make_mesh(shape=(2, 4), explicit: bool = True):
+    """jax.make_mesh's default (Explicit) axes, or Auto ones."""
+    if explicit:
+        return jax.make_mesh(shape, ("dp", "cp"))
     return jax.make_mesh(shape, ("dp", "cp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
 
 
@@ -31,10 +34,11 @@ def placed(mesh, arrays):
     return tuple(jax.device_put(x, seq) for x in (q, k, v)) + (jax.device_put(pos, ids),)
 
 
+@pytest.mark.parametrize("explicit", [True, False], ids=["explicit", "auto-axes"])
 @pytest.mark.parametrize("positions", [False, True], ids=["no-position-ids", "position-ids"])
 @pytest.mark.parametrize("strategy,length", [("auto", 64), ("striped", 128)])
-def test_forward_and_gradients_reordered_and_exact(positions, strategy, length):
-    mesh = make_mesh()
+def test_forward_and_gradients_reordered_and_exact(positions, strategy, length, explicit):
+    mesh = make_mesh(explicit=explicit)
     raw = ejk.inputs(mesh, length)
     q, k, v, pos = placed(mesh, raw)
     args = (q, k, v) + ((pos, pos) if positions else ())

@@ -160,7 +160,8 @@ class Mover:
     def _elementwise_call(self, op: ir.Operation) -> bool:
         """A call of a function that is elementwise as a whole (jax.nn.silu, say, lowers to one): its arguments and
         results of one type, and its body only elementwise ops on them and on splat constants (and broadcasts of
-        scalars), so every token of a result is computed from the same token of the arguments."""
+        scalars, and the sharding constraints JAX puts after each op on Explicit axes), so every token of a result
+        is computed from the same token of the arguments."""
         if not len(op.results) or any(v.type != op.results[0].type for v in list(op.operands) + list(op.results)):
             return False
         callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
@@ -420,6 +421,10 @@ def _is_elementwise_body(func: ir.Operation, whole: ir.Type) -> bool:
                 return False
         elif op.name == "stablehlo.broadcast_in_dim":
             if ir.ShapedType(op.operands[0].type).rank != 0:
+                return False
+        elif op.name in ("sdy.sharding_constraint", "sdy.reshard"):  # where values sit (Explicit axes: each op's)
+            shape = ir.ShapedType(op.operands[0].type).shape
+            if shape and shape != ir.ShapedType(whole).shape:
                 return False
         elif op.name not in ELEMENTWISE or op.regions and len(op.regions) or len(op.results) != 1 \
                 or op.results[0].type != whole and ir.ShapedType(op.results[0].type).shape != ir.ShapedType(whole).shape:
