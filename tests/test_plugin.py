@@ -187,3 +187,28 @@ def test_environment_variable(tmp_path):
     assert "error: SHARDFIX='policy=sometimes': policy must be one of" in bad.stderr
     usage = run_python(["-m", "shardfix.run", "--colour", "SCRIPT"], tmp_path)
     assert usage.returncode != 0 and "error: unknown option --colour" in usage.stderr
+
+
+PTH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python", "shardfix.pth")
+
+
+@pytest.mark.parametrize("setting, expected", [("policy=drop", "no pad"), ("0", "pad"), (None, "pad")])
+def test_shardfix_pth_enables_the_plugin_for_a_script_that_never_imports_shardfix(tmp_path, setting, expected):
+    """shardfix.pth (installed beside the package by `pip install .`; .ci/install-check runs it so) reads SHARDFIX
+    as the interpreter starts. Here its directory is added as a site directory, which runs it the same way."""
+    site_dir = tmp_path / "site"
+    site_dir.mkdir()
+    (site_dir / "shardfix.pth").write_text(open(PTH).read())
+    start = f"import site; site.addsitedir({str(site_dir)!r}); import runpy; runpy.run_path('train.py', run_name='__main__')"
+    env = {} if setting is None else {"SHARDFIX": setting}
+    done = run_python(["-c", start], tmp_path, **env)
+    assert done.returncode == 0, done.stderr
+    assert f"args [] {expected} 16.0" in done.stdout
+    assert ("ShardingFixWarning: shardfix changed 1 sharding(s) of f:" in done.stderr) == (expected == "no pad")
+
+
+def test_a_failure_at_start_up_never_stops_the_interpreter(tmp_path):
+    done = subprocess.run([sys.executable, "-c", "import shardfix._startup; print('running')"], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "SHARDFIX": "policy=sometimes"}, cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout == "running\n"
+    assert "policy must be one of" in done.stderr  # said once, as a warning, and the plugin stays off
