@@ -6,6 +6,8 @@
   token alike along it (or that an order-free reduction removes it); Blocked otherwise;
 - `carries`: the inverse of `moves` (which operand dims a result dim comes from), written out for the ops where
   asking `moves` about every operand dim costs more than it should (elementwise ops, broadcasts, dot_generals).
+
+The table is one module on purpose, longer than the others: every op's rules for both passes side by side.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Callable
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
-from . import algebra, loops
+from . import algebra, branches, contract, loops
 from . import symbolic as sym
 from .analysis import Engine
 from .dims import (ELEMENTWISE, ORDER_FREE_REDUCERS, dot_dims, dot_result_dims, element_type, ints, is_integer,
@@ -459,7 +461,7 @@ def concatenate(engine: Engine, op):
     if all(isinstance(x, Index) for x in ins):
         ins = [engine.as_data(x, op, i) for i, x in enumerate(ins)]
     data = [engine.as_data(x, op, i) for i, x in enumerate(ins)]
-    return [algebra.concatenate(engine, op, data, dim, out)]
+    return [contract.concatenate(engine, op, data, dim, out)]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -477,13 +479,13 @@ def reduce_(engine: Engine, op):
     dims = ints(op.attributes["dimensions"])
     value = engine.as_data(ins[0], op, 0)
     init = engine.as_data(ins[1], op, 1)
-    return [algebra.reduce(engine, op, value, init, combiner, dims, shape(op.results[0]))]
+    return [contract.reduce(engine, op, value, init, combiner, dims, shape(op.results[0]))]
 
 
 @rule("stablehlo.dot_general")
 def dot_general(engine: Engine, op):
     lhs, rhs = (engine.as_data(x, op, i) for i, x in enumerate(_ins(engine, op)))
-    return [algebra.dot(engine, op, lhs, rhs, dot_dims(op), shape(op.results[0]))]
+    return [contract.dot(engine, op, lhs, rhs, dot_dims(op), shape(op.results[0]))]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -514,12 +516,12 @@ def custom_call(engine: Engine, op):
 # ---------------------------------------------------------------------------------------------------------------
 # Collectives, control flow and calls live with their analysis.
 
-rule("stablehlo.collective_permute")(algebra.collective_permute)
-rule("stablehlo.all_reduce")(algebra.all_reduce)
+rule("stablehlo.collective_permute")(contract.collective_permute)
+rule("stablehlo.all_reduce")(contract.all_reduce)
 rule("stablehlo.all_gather", "stablehlo.all_to_all", "stablehlo.reduce_scatter",
-     "stablehlo.collective_broadcast")(algebra.other_collective)
+     "stablehlo.collective_broadcast")(contract.other_collective)
 rule("stablehlo.while")(loops.while_loop)
-rule("stablehlo.case", "stablehlo.if")(loops.branches)
+rule("stablehlo.case", "stablehlo.if")(branches.branches)
 
 
 @rule("sdy.manual_computation")

@@ -11,7 +11,8 @@ remainder), loop counters and iotas. Each integer value is an affine form over a
     Node(op, ..)  anything that is not affine (comparisons, selects, truncated remainders, ...)
 
 Ranges of atoms come from a `Scope` (loop trip counts, tensor shapes, the ring size), so comparisons and selects
-whose outcome the ranges decide fold away (jnp's negative-index normalisation, its floor-mod fix-up).
+whose outcome the ranges decide fold away (jnp's negative-index normalisation, its floor-mod fix-up). The forms and
+that folding share one normal form, so they stay in one module.
 """
 
 from __future__ import annotations

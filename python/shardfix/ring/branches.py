@@ -1,0 +1,203 @@
+"""Branches: stablehlo.case and stablehlo.if inside a ring region.
+
+A branch (stablehlo.case / if) on a constant takes that branch. Otherwise the branches must agree, except for the
+skip-a-block pattern of blockwise attention: one branch folds a block into the accumulators, the other leaves them
+(or adds zeros); that is kept only when the predicate is a function of the two units of tokens involved (so both
+orders skip the same pairs of units).
+"""
+
+from __future__ import annotations
+
+from .algebra import cov_prefix, covs_equal
+from .analysis import _DEBUG, Engine
+from .symbolic import Aff, Node, bounds
+from .values import Agg, Cells, Coverage, CoverageVar, Data, Index
+
+
+def branches(engine: Engine, op):
+    selector = engine.get(op.operands[0])
+    regions = list(op.regions)
+    if isinstance(selector, Index) and selector.expr.is_const:
+        value = selector.expr.const
+        if op.name == "stablehlo.if":
+            chosen = 0 if value else 1
+        else:
+            chosen = value if 0 <= value < len(regions) else len(regions) - 1
+        return engine.run_block(regions[chosen].blocks[0], [])
+    per_branch = [engine.run_block(r.blocks[0], []) for r in regions]
+    if all(b == per_branch[0] for b in per_branch[1:]):
+        return per_branch[0]
+    if len(regions) != 2:
+        engine.refuse("branches several ways to different values", op)
+    return _skip_join(engine, op, selector, per_branch)
+
+
+def _skip_join(engine: Engine, op, selector, per_branch) -> list:
+    """One branch folds one unit pair into aggregates, the other skips it: fine when the predicate is a function of
+    that unit pair only (the same pairs are skipped in every order of the units). Aggregates of either unit of the
+    pair may be merged (a query chunk's output and a key chunk's gradient)."""
+    out, pairs = [], []
+    for a, b in zip(*per_branch):
+        if a == b:
+            out.append(a)
+            continue
+        merged = None
+        for skip, compute in ((a, b), (b, a)):
+            found = _folded(engine, skip, compute)
+            if found is not None:
+                merged = compute
+                pairs.append(_unit_pair(engine, op, compute, found))
+                break
+        if merged is None:
+            engine.refuse("branches to values that differ other than by one block folded into an aggregate"
+                          + (f" ({a} vs {b})" if _DEBUG else ""), op)
+        out.append(merged)
+    if not pairs:
+        engine.refuse("branches to different values", op)
+    units = pairs[0]
+    for other in pairs[1:]:
+        if not _same_pair(engine, op, units, other):
+            engine.refuse("skips different pairs of units for different results", op)
+    _check_predicate(engine, op, selector, units)
+    return out
+
+
+def _unit_pair(engine: Engine, op, value: Data, added: Coverage) -> list:
+    """The two units an aggregate's merge involves, in absolute terms: its home tokens and the block it folds in."""
+    from .algebra import extent
+    if value.agg.home is None:
+        engine.refuse("skips blocks for an aggregate without home tokens", op)
+    home = value.axis_map[value.agg.home]
+    size = extent(value, value.agg.home)
+    if size is None:
+        engine.refuse("skips blocks for tokens that don't form a run", op)
+    added = engine.canonical_cov(added)
+    if len(added.parts) != 1 or not isinstance(added.parts[0], Cells) or added.parts[0].vars:
+        engine.refuse("skips more than one block at once", op)
+    part = added.parts[0]
+    return [(engine.canonical_aff(home.hop), engine.canonical_aff(home.offset), size),
+            (engine.canonical_aff(home.hop + part.hop), engine.canonical_aff(part.start), part.size)]
+
+
+def _hop_relation(engine: Engine, a: Aff, b: Aff) -> bool | None:
+    """Whether two hops are the same block, without assuming anything: None while unknowns decide it."""
+    diff = engine.canonical_aff(a) - engine.canonical_aff(b)
+    if diff.is_const:
+        return diff.const % engine.ring.cp == 0
+    if any(x in engine.state.unknown_vars for x in diff.free_atoms()):
+        return None
+    return False
+
+
+def _unit_relation(engine: Engine, u, v) -> bool | None:
+    if u[2] != v[2] or (u[1] - v[1]) != Aff():
+        return False
+    return _hop_relation(engine, u[0], v[0])
+
+
+def _same_pair(engine: Engine, op, p, q) -> bool:
+    """Whether two unit pairs are the same pair (in either order); where unknowns leave both orders open, the
+    order with more units already known to match is taken, and its remaining equalities are checked later."""
+    from .algebra import same_hop
+    orders = [((p[0], q[0]), (p[1], q[1])), ((p[0], q[1]), (p[1], q[0]))]
+    scored = []
+    for order in orders:
+        relations = [_unit_relation(engine, u, v) for u, v in order]
+        if False not in relations:
+            scored.append((relations.count(True), order))
+    if not scored:
+        return False
+    _, order = max(scored, key=lambda t: t[0])
+    return all(same_hop(engine, u[0], v[0], op, "skips different pairs of units for different results")
+               for u, v in order)
+
+
+def _folded(engine: Engine, skip, compute) -> Coverage | None:
+    """The coverage `compute` adds over `skip`, when it is `skip` with one block folded in (or a partial over one
+    block where `skip` is zero)."""
+    if not isinstance(compute, Data) or compute.agg is None or not isinstance(skip, Data):
+        return None
+    c = compute.agg
+    if skip.agg is None:
+        # a constant start value (the identity, or a floor like -1e30 for a max): nothing folded in yet
+        if c.op in ("sum", "ssum", "max", "min") and engine.fns.constant(skip.fn) is not None and \
+                not any(isinstance(p, CoverageVar) for p in c.cov.parts):
+            return c.cov
+        return None
+    s = skip.agg
+    if (s.op, s.term, s.score, s.home) != (c.op, c.term, c.score, c.home) or skip.dims != compute.dims:
+        return None
+    s = Agg(s.op, s.home, s.term, engine.canonical_cov(s.cov), s.score, engine.canonical_cov(s.shift_cov))
+    c = Agg(c.op, c.home, c.term, engine.canonical_cov(c.cov), c.score, engine.canonical_cov(c.shift_cov))
+    message = "folds different blocks into aggregates merged in one branch"
+    added = cov_prefix(engine, None, s.cov, c.cov, message)
+    if added is None:
+        return None
+    if c.op in ("ssum", "shift"):
+        shifted = cov_prefix(engine, None, s.shift_cov, c.shift_cov, message)
+        if shifted is None or (shifted.parts and not covs_equal(engine, None, shifted, added, message)):
+            return None
+    return added if added.parts else None
+
+
+def _check_predicate(engine: Engine, op, selector, units) -> None:
+    if isinstance(selector, Index):
+        resolved = engine.resolve(selector, op, 0)
+        for node in _gpos_nodes(resolved.expr):
+            inner, unit = node.args
+            coord = next(a for a in inner.atoms() if hasattr(a, "hop"))
+            local = inner.without(coord).scale(unit)
+            if not _inside(engine, op, coord.hop, local, unit, units):
+                engine.refuse("skips blocks by a predicate that reads positions outside the two units it skips", op)
+    else:
+        pred = selector
+        if pred.agg is None and not pred.is_invariant:
+            engine.refuse("skips blocks by a predicate of token data", op)
+        if pred.agg is not None:
+            if pred.agg.home is not None or pred.agg.op not in ("unitfn", "max", "min", "sum"):
+                engine.refuse("skips blocks by a predicate of token data", op)
+            for p in pred.agg.cov.parts:
+                if not isinstance(p, Cells) or p.vars or not _inside(engine, op, p.hop, p.start, p.size, units):
+                    engine.refuse("skips blocks by a predicate of tokens outside the two units it skips", op)
+    for hop, offset, size in units:
+        engine.state.units.setdefault((size, _alignment(offset)), (op, tuple(engine.state.call_ops)))
+
+
+def _gpos_nodes(expr: Aff):
+    for atom in expr.free_atoms():
+        if isinstance(atom, Node) and atom.op == "gpos":
+            yield atom
+
+
+def _inside(engine: Engine, op, hop: Aff, local: Aff, width: int, units) -> bool:
+    """Whether tokens [local, local + width) of the block `hop` steps behind lie inside one of the units: a unit
+    whose block is known to be that one first, else one whose block is still being solved for (checked later)."""
+    candidates = []
+    for u_hop, u_offset, u_size in units:
+        lo, hi = bounds(local - u_offset, engine.scope)
+        if lo < 0 or hi + width > u_size:
+            continue
+        diff = engine.canonical_aff(hop) - engine.canonical_aff(u_hop)
+        if diff.is_const:
+            if diff.const % engine.ring.cp == 0:
+                return True
+            continue
+        candidates.append(u_hop)
+    if candidates:  # decided once the loops' unknowns are solved: one of them must be that block
+        engine.defer("hop-any", engine.canonical_aff(hop), tuple(engine.canonical_aff(h) for h in candidates), op,
+                     "skips blocks by a predicate that reads positions outside the two units it skips")
+        return True
+    return False
+
+
+def _alignment(offset: Aff) -> int:
+    """The largest power of... the gcd of an offset's coefficients and constant: every value it takes is a
+    multiple of it (0: always 0)."""
+    from math import gcd
+    g = offset.const
+    for _, c in offset.terms:
+        g = gcd(g, c)
+    return abs(g)
+
+
+__all__ = ["branches"]
