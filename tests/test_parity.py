@@ -217,6 +217,7 @@ ERROR_CASES = [
      (X, Y), {}),
     ("bogus-compiler-option", body, dict(compiler_options={"no_such_option": 1}), (X, Y), {}),
     ("kwargs-with-in-shardings", body, dict(in_shardings=NamedSharding(MESH, P())), (X,), {"y": Y}),
+    ("kwargs-with-in-shardings-specs", body, dict(in_shardings=(P(), P("dp"))), (X,), {"y": Y}),
     ("missing-argument", body, {}, (X,), {}),
     ("not-an-array", body, {}, (X, "text"), {}),
     ("shape-error-inside", lambda x, y: x @ y[:3], {}, (X, Y), {}),

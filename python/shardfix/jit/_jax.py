@@ -162,6 +162,12 @@ def jit_options_of(jitted: Any) -> tuple[Callable, dict]:
     return jitted._fun, options
 
 
+def mark_as_jit(function: Callable, fun: Callable, jitted: Any) -> None:
+    """Give a C++ dispatcher the attributes jax.jit's functions carry (the function, its jit info), which JAX's
+    own tools (jax.export, AOT lowering, the stage API) read."""
+    function._fun, function._jit_info = fun, jit_info(jitted)
+
+
 def jit_info(jitted: Any) -> Any:
     """A jax.jit object's resolved options (what JAX reads off a jit function, as its NaN checks do)."""
     return jitted._jit_info

@@ -51,6 +51,8 @@ def corrected_jit(fun, options, static_positions: set[int], loc: SourceLoc, args
     jit_kwargs = o.jit_kwargs()  # every jax.jit option besides the shardings
     lower_args = args
     if o.in_shardings is not UNSPECIFIED:
+        if kwargs:  # jax.jit's own refusal, word for word
+            raise ValueError("pjit does not support kwargs when in_shardings is specified.")
         positions = [i for i in range(len(args)) if i not in static_positions]
         dynamic = tuple(args[i] for i in positions)
         names = _parameter_names(fun, positions)

@@ -95,7 +95,8 @@ class AutofixFunction:
         function = _jax.cpp_dispatcher(fun, self._name, _jax.api_boundary(self._cache_miss), self._static_argnums,
                                        self._static_argnames)
         _jax.wraps(fun)(function)  # the name, docstring, module and __wrapped__ jax.jit gives its functions
-        function._fun, function._jit_info, function._shardfix = fun, _jax.jit_info(self._jit), self
+        _jax.mark_as_jit(function, fun, self._jit)
+        function._shardfix = self
         function.trace, function.lower, function.eval_shape = self.trace, self.lower, self.eval_shape
         function.clear_cache = self.clear_cache
         function.cache_misses = function.lower_count = 0
