@@ -257,13 +257,10 @@ class _Body:
                 dim = self.mover.moves(op, i, order.dim)
                 operand_dims = ({i: order.dim, **reduced_with(op, i, order.dim)} if dim == REDUCED
                                 else self.mover.carriers(op, dim))
-                self._check(place, op, operand_dims, order.kind)
             except Blocked as why:
                 self.mover.say(order.kind, True, op, why)
                 continue
-            for j, d in operand_dims.items():
-                self._read(place, j, op.operands[j], self.mover.order(order.kind, d), like)
-            if dim != REDUCED:
+            if self._read_permuted(place, op, operand_dims, order.kind, like, inverse=True) and dim != REDUCED:
                 self._run_permuted(place, self.mover.order(order.kind, dim), like)
 
     # -- 2. backward: forward permutations rise -----------------------------------------------------------------
@@ -276,13 +273,24 @@ class _Body:
                 if self._in(value, order) is None and self._all_reads_permuted(place, order):
                     try:
                         operand_dims = self.mover.carriers(op, order.dim)
-                        self._check(place, op, operand_dims, order.kind)
                     except Blocked as why:
                         self.mover.say(order.kind, False, op, why)
                         continue
-                    for j, d in operand_dims.items():
-                        self._read(place, j, op.operands[j], self.mover.order(order.kind, d), like)
-                    self._run_permuted(place, order, like)
+                    if self._read_permuted(place, op, operand_dims, order.kind, like, inverse=False):
+                        self._run_permuted(place, order, like)
+
+    def _read_permuted(self, place: int, op: ir.Operation, operand_dims: dict[int, int], kind: Kind, like: Perm,
+                       inverse: bool) -> bool:
+        """The op at `place` reads these operands in permuted order, if it may (else the motion stops there, said
+        as the inverse's or the forward permutation's)."""
+        try:
+            self._check(place, op, operand_dims, kind)
+        except Blocked as why:
+            self.mover.say(kind, inverse, op, why)
+            return False
+        for j, d in operand_dims.items():
+            self._read(place, j, op.operands[j], self.mover.order(kind, d), like)
+        return True
 
     def _all_reads_permuted(self, place: int, order: Order) -> bool:
         """The op may run in permuted order: not a permutation or a region, not already running permuted, and
