@@ -109,7 +109,7 @@ def test_training_loop_through_the_plugin(data, mode):
         assert len(told) == 1  # each fix told once (the step compiles again for the updated state: nothing new)
         entries = [re.match(r"  (\S+):(\d+): (.*)", line) for line in str(told[0].message).splitlines()[1:]
                    if not line.startswith("      ")]
-        assert all(e is not None and e[1] == __file__ and int(e[2]) in MODEL_LINES for e in entries)
+        assert all(e is not None and e[1] == __file__ and int(e[2]) in MODEL_LINES for e in entries), str(told[0].message)
         fixed = {e[3].split(": ", 1)[1] for e in entries}
         columns = "P(None, 'tp') -> P(None, None) [indivisible]" if mode == "explicit" else \
             "P(None, 'tp') -> <@mesh, [{}, {\"tp\":(1)2}]> [indivisible] (x2)"  # forward and backward

@@ -477,9 +477,16 @@ def _canonicalize_sharding(original, active):
 
 
 def _get_sharding(original, active):
-    """Every typed value's sharding passes here with its shape (reshard, out_sharding=, device_put results)."""
+    """Every typed value's sharding passes here with its shape (reshard, out_sharding=, device_put results). What JAX
+    takes as it is stays as it is (JAX 0.10 takes a spec with more trailing None entries than the value has dims
+    where libraries such as Flax give one); what it rejects is repaired."""
     def body(session, sharding, shape):
-        return original(session.repair(sharding, tuple(shape), "out_sharding"), shape)
+        try:
+            result = original(sharding, shape)
+        except Exception:  # noqa: BLE001  (JAX says no in several ways; the repaired spec goes to it again)
+            return original(session.repair(sharding, tuple(shape), "out_sharding"), shape)
+        session.repair(sharding, tuple(shape), "out_sharding", accepted=True)  # what canonicalization fixed
+        return result
     return _gated(original, active, body)
 
 

@@ -65,9 +65,11 @@ class Repairs:
         self._typed_fix: dict = {}  # (spec id, location) -> the fix recorded when its first value was typed
         self._calls: dict = {}  # (fix, user frame id, instruction) -> that frame
 
-    def repair(self, sharding: Any, shape: tuple | None, api: str, divisibility: bool = True) -> Any:
+    def repair(self, sharding: Any, shape: tuple | None, api: str, divisibility: bool = True,
+               accepted: bool = False) -> Any:
         """`sharding` (a PartitionSpec or NamedSharding) made valid for `shape` (None: axis names only), the fix
-        recorded; anything else is returned as is."""
+        recorded; anything else is returned as is. `accepted`: JAX took it as it is for `shape`: nothing more to
+        repair, only what its canonicalization repaired earlier to record."""
         from jax.sharding import NamedSharding, PartitionSpec
         if isinstance(sharding, NamedSharding):
             mesh, spec = sharding.mesh, sharding.spec
@@ -78,7 +80,7 @@ class Repairs:
         else:
             return sharding
         key = (mesh, spec, shape, divisibility)
-        outcome = self._memo.get(key)
+        outcome = (spec, []) if accepted else self._memo.get(key)
         if outcome is None:
             outcome = self._memo[key] = repair_spec(spec, mesh, shape, self.policy, divisibility=divisibility,
                                                     no_padding=TRACE_NO_PADDING)
