@@ -36,31 +36,28 @@ class OpRule:
 RULES: dict[str, OpRule] = {}
 
 
-def rule(*names: str):
-    """Register an analysis rule for these ops."""
+def _registrar(kind: str, names: tuple[str, ...]):
+    """A decorator putting its function in the `kind` field of these ops' entries."""
     def register(fn):
         for name in names:
-            RULES.setdefault(name, OpRule()).transfer = fn
+            setattr(RULES.setdefault(name, OpRule()), kind, fn)
         return fn
     return register
+
+
+def rule(*names: str):
+    """Register an analysis rule for these ops."""
+    return _registrar("transfer", names)
 
 
 def moves_rule(*names: str):
     """Register a hoist rule for these ops."""
-    def register(fn):
-        for name in names:
-            RULES.setdefault(name, OpRule()).moves = fn
-        return fn
-    return register
+    return _registrar("moves", names)
 
 
 def carries_rule(*names: str):
     """Register the inverse of these ops' hoist rule."""
-    def register(fn):
-        for name in names:
-            RULES.setdefault(name, OpRule()).carries = fn
-        return fn
-    return register
+    return _registrar("carries", names)
 
 
 def apply_rule(engine: Engine, op: ir.Operation) -> list:
