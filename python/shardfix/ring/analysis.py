@@ -147,6 +147,18 @@ class Shared:
     call_memo: dict = field(default_factory=dict)
     keep_alive: list = field(default_factory=list)  # placeholders whose ids key `State.carried`
     meshes: dict = field(default_factory=dict)  # the module's sdy.mesh symbols, for collectives that name one
+    blocks: dict = field(default_factory=dict)  # block -> its arguments, (op, results) pairs and returned values
+
+    def block(self, block: ir.Block) -> tuple:
+        """A block's arguments, its ops but the terminator each with its results, and the terminator's operands:
+        read from the IR once per module (loops and shared kernels run their bodies many times; the analysis
+        doesn't change the IR)."""
+        found = self.blocks.get(block)
+        if found is None:
+            ops = [op.operation for op in block.operations]
+            found = self.blocks[block] = (list(block.arguments), [(op, list(op.results)) for op in ops[:-1]],
+                                          list(ops[-1].operands))
+        return found
 
 
 @dataclass
@@ -235,16 +247,14 @@ class Engine:
     def run_block(self, block, args: list) -> list:
         """Abstract values of the block's terminator operands, given its arguments'."""
         from .rules import apply_rule
-        for arg, value in zip(block.arguments, args):
-            self.set(arg, value)
-        ops = list(block.operations)
-        for opview in ops[:-1]:
-            op = opview.operation
-            results = apply_rule(self, op)
-            for result, value in zip(op.results, results):
-                self.set(result, value)
-        terminator = ops[-1].operation
-        return [self.get(v) for v in terminator.operands]
+        env = self.env
+        arguments, body, returned = self.state.shared.block(block)
+        for arg, value in zip(arguments, args):
+            env[arg] = value
+        for op, results in body:
+            for result, value in zip(results, apply_rule(self, op)):
+                env[result] = value
+        return [self.get(v) for v in returned]
 
     # -- calls ---------------------------------------------------------------------------------------------------
 

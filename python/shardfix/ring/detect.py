@@ -4,7 +4,7 @@ the facts about that axis the analysis needs, and which collectives move data al
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from jaxlib.mlir import ir
@@ -25,6 +25,7 @@ class RingRegion:
     mesh: Mesh | None
     axis: str | None
     structure: list[str]  # why no reorder can be expressed at all (empty when it can)
+    _read: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def loc(self) -> SourceLoc:
@@ -35,12 +36,18 @@ class RingRegion:
         return self.mesh.axis_size(self.axis)
 
     def in_shardings(self) -> list[TensorSharding]:
-        return [sharding_from_attr(a) for a in sdy.TensorShardingPerValueAttr(self.region.attributes["in_shardings"])
-                .shardings]
+        return self._shardings("in_shardings")
 
     def out_shardings(self) -> list[TensorSharding]:
-        return [sharding_from_attr(a) for a in sdy.TensorShardingPerValueAttr(self.region.attributes["out_shardings"])
-                .shardings]
+        return self._shardings("out_shardings")
+
+    def _shardings(self, name: str) -> list[TensorSharding]:
+        """The region's shardings, read once (the passes that hold a RingRegion don't change them)."""
+        found = self._read.get(name)
+        if found is None:
+            found = self._read[name] = [
+                sharding_from_attr(a) for a in sdy.TensorShardingPerValueAttr(self.region.attributes[name]).shardings]
+        return list(found)
 
 
 def module_funcs(module: ir.Operation) -> dict[str, ir.Operation]:
@@ -59,6 +66,7 @@ def find_ring_regions(module: ir.Operation) -> list[RingRegion]:
     funcs = module_funcs(module)
     meshes = module_meshes(module)
     permute_cache: dict[str, list] = {}
+    axis_cache: dict = {}
     regions = []
     for region in _ops_named(module, "sdy.manual_computation"):
         if PERMUTATION_ATTR in region.attributes:
@@ -68,7 +76,7 @@ def find_ring_regions(module: ir.Operation) -> list[RingRegion]:
             for block in r.blocks:
                 _collect_permutes(block, funcs, permutes, set(), permute_cache)
         if permutes:
-            regions.append(_describe(region, permutes, meshes))
+            regions.append(_describe(region, permutes, meshes, axis_cache))
     return regions
 
 
@@ -103,7 +111,7 @@ def _collect_permutes(block, funcs, out: list, calling: set, cache: dict) -> Non
                 _collect_permutes(inner, funcs, out, calling, cache)
 
 
-def _describe(region: ir.Operation, permutes: list, meshes: dict) -> RingRegion:
+def _describe(region: ir.Operation, permutes: list, meshes: dict, axis_cache: dict) -> RingRegion:
     shardings = list(sdy.TensorShardingPerValueAttr(region.attributes["in_shardings"]).shardings) + \
         list(sdy.TensorShardingPerValueAttr(region.attributes["out_shardings"]).shardings)
     mesh_ref = sharding_from_attr(shardings[0]).mesh if shardings else None
@@ -114,7 +122,12 @@ def _describe(region: ir.Operation, permutes: list, meshes: dict) -> RingRegion:
                           ["the region's mesh is not a named sdy.mesh"])
     if mesh.device_ids is not None:
         return RingRegion(region, mesh_name, mesh, None, ["the mesh has an explicit device order"])
-    axes = {ring_axis_of(_pairs(op), mesh) for op in permutes}
+    axes = set()
+    for op in permutes:  # the regions of a model share their kernels' collectives: each pair list is read once
+        key = (op.attributes["source_target_pairs"], mesh_name)
+        if key not in axis_cache:
+            axis_cache[key] = ring_axis_of(_pairs(op), mesh)
+        axes.add(axis_cache[key])
     found = sorted(a for a in axes if a is not None)
     if len(found) != 1:
         why = "no collective_permute forms a ring along one mesh axis" if not found else \

@@ -25,7 +25,7 @@ ORDER_FREE_REDUCERS = frozenset({"stablehlo.add", "stablehlo.maximum", "stablehl
 
 def shape(value: ir.Value) -> tuple[int, ...]:
     t = ir.ShapedType(value.type)
-    return tuple(t.get_dim_size(i) for i in range(t.rank)) if t.has_rank else ()
+    return tuple(t.shape) if t.has_rank else ()
 
 
 def rank(value: ir.Value) -> int:

@@ -69,15 +69,30 @@ class Order:
     dim: int
 
 
-@dataclass(eq=False)
 class Perm:
-    op: ir.Operation
-    kind: Kind
-    dim: int
-    inverse: bool
-    sharding: TensorSharding
-    manual_axes: tuple[str, ...] = ()
-    order: Order | None = None  # set by the Mover that looks at it
+    """A sequence permutation in the IR. Its sharding and manual axes are read when a new permutation copies them
+    (most never are)."""
+
+    __slots__ = ("op", "kind", "dim", "inverse", "order", "_sharding", "_manual_axes")
+
+    def __init__(self, op: ir.Operation, kind: Kind, dim: int, inverse: bool, sharding: TensorSharding | None = None,
+                 manual_axes: tuple[str, ...] | None = None, order: Order | None = None):
+        self.op, self.kind, self.dim, self.inverse = op, kind, dim, inverse
+        self.order = order  # set by the Mover that looks at it
+        self._sharding, self._manual_axes = sharding, manual_axes
+
+    @property
+    def sharding(self) -> TensorSharding:
+        if self._sharding is None:
+            self._sharding = sharding_from_attr(
+                sdy.TensorShardingPerValueAttr(self.op.attributes["in_shardings"]).shardings[0])
+        return self._sharding
+
+    @property
+    def manual_axes(self) -> tuple[str, ...]:
+        if self._manual_axes is None:
+            self._manual_axes = tuple(sorted(manual_axes_of(self.op)))
+        return self._manual_axes
 
     @property
     def source(self) -> ir.Value:
@@ -93,18 +108,27 @@ def perm_of(op: ir.Operation) -> Perm | None:
     if op.name != "sdy.manual_computation" or PERMUTATION_ATTR not in op.attributes:
         return None
     params = ir.DictAttr(op.attributes[PERMUTATION_ATTR])
-    sharding = sharding_from_attr(sdy.TensorShardingPerValueAttr(op.attributes["in_shardings"]).shardings[0])
     dim = ir.IntegerAttr(params["dim"]).value
     length = ir.ShapedType(op.operands[0].type).get_dim_size(dim)
+    sharding = sdy.TensorShardingPerValueAttr(op.attributes["in_shardings"]).shardings[0]
+    try:  # a mesh by name (the permutations built here name theirs), read without parsing the whole sharding
+        mesh, parsed = ir.FlatSymbolRefAttr(sdy.TensorShardingAttr(sharding).mesh_or_ref).value, None
+    except (TypeError, ValueError):
+        parsed = sharding_from_attr(sharding)
+        mesh = parsed.mesh
     kind = Kind(ir.StringAttr(params["strategy"]).value, ir.IntegerAttr(params["stripe"]).value,
-                ir.StringAttr(params["axis"]).value, sharding.mesh, length)
-    return Perm(op, kind, dim, ir.BoolAttr(params["inverse"]).value, sharding, tuple(sorted(manual_axes_of(op))))
+                ir.StringAttr(params["axis"]).value, mesh, length)
+    return Perm(op, kind, dim, ir.BoolAttr(params["inverse"]).value, parsed)
 
 
 @dataclass
 class Motion:
     remarks: list[tuple[str, SourceLoc]]
 
+
+# Ops whose one operand and one result have the same type, the result the operand's tokens where they are: where
+# values sit (the rule table's moves and carries for them, without reading the types each time).
+_SAME_TYPE = frozenset({"sdy.sharding_constraint", "sdy.reshard"})
 
 # Ops that read their operands in the order they are in: a ring region reads them as its own (its permutations
 # are the module's forward permutations), a function returns them to its caller.
@@ -147,13 +171,15 @@ class Mover:
 
     # -- where the sequence dim goes: the rule table, and calls of elementwise functions ----------------------
 
-    def moves(self, op: ir.Operation, operand: int, dim: int):
-        if op.name == "func.call" and self._elementwise_call(op):
+    def moves(self, op: ir.Operation, operand: int, dim: int, name: str):
+        if name in _SAME_TYPE or name == "func.call" and self._elementwise_call(op):
             return dim
         return moves(op, operand, dim)
 
-    def carriers(self, op: ir.Operation, dim: int) -> dict[int, int]:
-        if op.name == "func.call" and self._elementwise_call(op):
+    def carriers(self, op: ir.Operation, dim: int, name: str) -> dict[int, int]:
+        if name in _SAME_TYPE:
+            return {0: dim}
+        if name == "func.call" and self._elementwise_call(op):
             return {i: dim for i in range(len(op.operands))}
         return carriers(op, dim)
 
@@ -196,15 +222,19 @@ class _Body:
         self.mover = mover
         self.block = block
         self.ops = [op.operation for op in block.operations]
+        self.names = [op.name for op in self.ops]
         self.position: dict[int, int] = {}  # op result -> its op's place (filled by `run`)
         self.perms: dict[int, Perm] = {}  # place -> the permutation there
-        for i, op in enumerate(self.ops):
-            if op.name == "sdy.manual_computation":
-                perm = perm_of(op)
+        for i, name in enumerate(self.names):
+            if name == "sdy.manual_computation":
+                perm = perm_of(self.ops[i])
                 if perm is not None:
                     perm.kind = mover.kind(perm.kind)
                     perm.order = mover.order(perm.kind, perm.dim)
                     self.perms[i] = perm
+        # value -> how many operands read it: of the body's ops, and of the ops nested in their regions (a reduce's
+        # body may read a value from outside it; a manual computation's can't, it is isolated from above)
+        self.use_count: dict[int, int] = {}
         self.perm_place = {id(perm): i for i, perm in self.perms.items()}
         # value -> (order, holder, like): the value is at hand in `order` as `holder` (the value itself when its op
         # runs in permuted order); `like` is the permutation new ones of that order copy their sharding from
@@ -229,6 +259,7 @@ class _Body:
         for i, op in enumerate(self.ops):
             for result in op.results:
                 position[hash(result)] = i
+        _count_operands(self.ops, self.names, self.use_count)
         self._sink()
         self._hoist()
         self._edit()
@@ -247,16 +278,17 @@ class _Body:
                     self.forwards.setdefault((hash(perm.source), perm.order), perm)
                     self._read(place, None, perm.source, perm.order, perm)
                 continue
-            if op.name in _READS_AS_IS:
+            if self.names[place] in _READS_AS_IS:
                 continue
             first = next(((i, permuted[k]) for i, k in enumerate(map(hash, op.operands)) if k in permuted), None)
             if first is None:
                 continue
             i, (order, _, like) = first
+            name = self.names[place]
             try:
-                dim = self.mover.moves(op, i, order.dim)
+                dim = self.mover.moves(op, i, order.dim, name)
                 operand_dims = ({i: order.dim, **reduced_with(op, i, order.dim)} if dim == REDUCED
-                                else self.mover.carriers(op, dim))
+                                else self.mover.carriers(op, dim, name))
             except Blocked as why:
                 self.mover.say(order.kind, True, op, why)
                 continue
@@ -272,7 +304,7 @@ class _Body:
             for value, order, like in self.needs.pop(place, ()):
                 if self._in(value, order) is None and self._all_reads_permuted(place, order):
                     try:
-                        operand_dims = self.mover.carriers(op, order.dim)
+                        operand_dims = self.mover.carriers(op, order.dim, self.names[place])
                     except Blocked as why:
                         self.mover.say(order.kind, False, op, why)
                         continue
@@ -283,13 +315,15 @@ class _Body:
                        inverse: bool) -> bool:
         """The op at `place` reads these operands in permuted order, if it may (else the motion stops there, said
         as the inverse's or the forward permutation's)."""
+        operands = op.operands
+        reading = [(j, operands[j], self.mover.order(kind, d)) for j, d in operand_dims.items()]
         try:
-            self._check(place, op, operand_dims, kind)
+            self._check(place, reading, kind)
         except Blocked as why:
             self.mover.say(kind, inverse, op, why)
             return False
-        for j, d in operand_dims.items():
-            self._read(place, j, op.operands[j], self.mover.order(kind, d), like)
+        for j, value, order in reading:
+            self._read(place, j, value, order, like)
         return True
 
     def _all_reads_permuted(self, place: int, order: Order) -> bool:
@@ -306,10 +340,17 @@ class _Body:
         # Which uses read contiguous order, found before anything changes: every use of a value computed in
         # permuted order that is not one of the reads above (readers named by their first result; a reader
         # without results is a return)
-        reads = {(hash(self.ops[place].results[0]), j if j is not None else 0) for place, j, _, _, _ in self.reads}
+        reads = None
         contiguous = []
+        count = self.use_count
         for place in self.runs_permuted:
             for result in self.ops[place].results:
+                key = hash(result)
+                if count.get(key, 0) == self.read_count.get((key, self.permuted[key][0]), 0):
+                    continue  # every use is one of the reads in permuted order
+                if reads is None:
+                    reads = {(hash(self.ops[place].results[0]), j if j is not None else 0)
+                             for place, j, _, _, _ in self.reads}
                 for use in result.uses:
                     owner = use.owner.operation
                     if not len(owner.results) or (hash(owner.results[0]), use.operand_number) not in reads:
@@ -370,9 +411,11 @@ class _Body:
         return found[1] if found is not None and found[0] is order else None
 
     def _read(self, place: int, operand: int | None, value: ir.Value, order: Order, like: Perm) -> None:
-        self.reads.append((place, operand, value, order, like))
         if operand is not None:
+            if (place, operand) in self.read_order:
+                return  # read already (a use is counted once: read_count is compared with the uses)
             self.read_order[(place, operand)] = order
+        self.reads.append((place, operand, value, order, like))
         key = (hash(value), order)
         self.read_count[key] = self.read_count.get(key, 0) + 1
         if self._in(value, order) is None:
@@ -387,15 +430,13 @@ class _Body:
         for result in self.ops[place].results:
             self.permuted[hash(result)] = (order, result, like)
 
-    def _check(self, place: int, op: ir.Operation, operand_dims: dict[int, int], kind: Kind) -> None:
+    def _check(self, place: int, reading: list[tuple[int, ir.Value, Order]], kind: Kind) -> None:
         """The op at `place` may read these operands in permuted order: each has the sequence's length along
         its dim, is in no other permuted order, and is not read in another order already (a dot_general that sums
         the tokens of one dim of an operand can't also give a result permuted along another dim of it)."""
-        for index, dim in operand_dims.items():
-            value = op.operands[index]
-            if ir.ShapedType(value.type).get_dim_size(dim) != kind.length:
+        for index, value, order in reading:
+            if ir.ShapedType(value.type).get_dim_size(order.dim) != kind.length:
                 raise Blocked("changes the sequence length")
-            order = self.mover.order(kind, dim)
             found = self.permuted.get(hash(value))
             if found is not None and found[0] is not order:
                 raise Blocked("reads values in two different sequence orders")
@@ -414,6 +455,19 @@ class _Body:
         op = self.mover.permutations.insert(point, value, kind.mesh_name, mesh, sharding, order.dim, kind.axis,
                                             kind.strategy, kind.stripe, inverse, like.manual_axes)
         return Perm(op, kind, order.dim, inverse, sharding, like.manual_axes, order)
+
+
+def _count_operands(ops: list[ir.Operation], names: list[str], count: dict[int, int]) -> None:
+    """Add to `count` each value read by an operand of these ops or of the ops in their regions, except inside
+    manual computations (isolated from above: their bodies read only their own values)."""
+    for op, name in zip(ops, names):
+        for key in map(hash, op.operands):
+            count[key] = count.get(key, 0) + 1
+        if name != "sdy.manual_computation" and len(op.regions):
+            for region in op.regions:
+                for block in region.blocks:
+                    inner = [o.operation for o in block.operations]
+                    _count_operands(inner, [o.name for o in inner], count)
 
 
 def _is_elementwise_body(func: ir.Operation, whole: ir.Type) -> bool:

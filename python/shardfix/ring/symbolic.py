@@ -130,6 +130,10 @@ class Aff:
 
     def __add__(self, other) -> "Aff":
         other = Aff.of(other)
+        if not other.terms:
+            return self if not other.const else Aff(self.terms, self.const + other.const)
+        if not self.terms:
+            return other if not self.const else Aff(other.terms, self.const + other.const)
         coeffs = self.coeffs()
         for atom, c in other.terms:
             coeffs[atom] = coeffs.get(atom, 0) + c
@@ -162,6 +166,8 @@ class Aff:
 
     def substitute(self, mapping: Mapping) -> "Aff":
         """Replace atoms (keys) by forms; the replacement recurses into Coord hops and Node arguments."""
+        if not self.terms or not mapping:
+            return self
         out = Aff((), self.const)
         for atom, c in self.terms:
             out = out + _substitute_atom(atom, mapping).scale(c)

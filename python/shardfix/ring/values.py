@@ -137,6 +137,9 @@ class Index:
         return f"index<{self.expr}>"
 
 
+_SAME = object()  # Data.with_: a field left as it is
+
+
 @dataclass(frozen=True)
 class Data:
     shape: tuple[int, ...]
@@ -159,8 +162,11 @@ class Data:
     def is_invariant(self) -> bool:
         return not self.axes and self.agg is None and not any(isinstance(r, Stack) for r in self.dims)
 
-    def with_(self, **changes) -> "Data":
-        return replace(self, **changes)
+    def with_(self, shape=_SAME, dims=_SAME, axes=_SAME, fn=_SAME, agg=_SAME, elements=_SAME) -> "Data":
+        """This value with some fields changed (a hot path of the analysis: no dataclasses.replace)."""
+        return Data(self.shape if shape is _SAME else shape, self.dims if dims is _SAME else dims,
+                    self.axes if axes is _SAME else axes, self.fn if fn is _SAME else fn,
+                    self.agg if agg is _SAME else agg, self.elements if elements is _SAME else elements)
 
     def __str__(self) -> str:
         dims = ", ".join(map(str, self.dims))
@@ -182,6 +188,8 @@ def canonical(value: Data) -> Data:
         if isinstance(role, Tok) and role.axis not in rename:
             rename[role.axis] = f"t{d}"
             order.append(role.axis)
+    if not rename and not value.axes:
+        return value
     amap = value.axis_map
     for key in amap:  # axes without dims (reduced away) keep a stable name
         if key not in rename:
@@ -192,4 +200,4 @@ def canonical(value: Data) -> Data:
     agg = value.agg
     if agg is not None and agg.home is not None:
         agg = replace(agg, home=rename.get(agg.home, agg.home))
-    return replace(value, dims=dims, axes=axes, agg=agg)
+    return Data(value.shape, dims, axes, value.fn, agg, value.elements)
