@@ -85,6 +85,17 @@ def stand_in_header(originals: dict[str, list[TensorSharding]], axes: Sequence[s
     verifier accepts for its body (each value with just the manual axes its local shape needs, valid manual axes
     only), and those axes; None when no such header exists. `types`: the global and local type texts of the
     operands ("in_shardings") and of the results ("out_shardings")."""
+    parts = stand_in_parts(originals, axes, bound, types, meshes)
+    if parts is None:
+        return None
+    ins, outs, manual, kept = parts
+    return f"in_shardings={ins} out_shardings={outs} manual_axes={manual}", kept
+
+
+def stand_in_parts(originals: dict[str, list[TensorSharding]], axes: Sequence[str], bound: frozenset[str],
+                   types: dict[str, tuple[list[str], list[str]]], meshes: dict[str, Mesh]):
+    """stand_in_header's pieces: the in and out sharding lists (`[...]`), the manual axes (`{...}`) and those
+    axes, for either form of the op (custom syntax, or the generic form's properties)."""
     mesh_ref, mesh = None, None
     for sharding in originals["in_shardings"] + originals["out_shardings"]:
         if isinstance(sharding.mesh, Mesh) or sharding.mesh in meshes:
@@ -117,4 +128,4 @@ def stand_in_header(originals: dict[str, list[TensorSharding]], axes: Sequence[s
             shardings.append(stand_in_sharding(mesh_ref, dims))
         lists.append("[" + ", ".join(x.body() for x in shardings) + "]")
     manual = "{" + ", ".join(quote(a) for a in kept) + "}"
-    return f"in_shardings={lists[0]} out_shardings={lists[1]} manual_axes={manual}", kept
+    return lists[0], lists[1], manual, kept
