@@ -45,6 +45,17 @@ def test_unknown_axis_then_divisibility():
     assert fix('<@mesh, [{"dp", "tp"}, {}]>', (8, 8)) == ('<@mesh, [{"dp"}, {}]>', ["unknown-axis"])
 
 
+def test_a_duplicate_axis_stays_where_it_divides():
+    # the first use wins, unless it doesn't divide its dim and a later one does: that one keeps the axis
+    for policy in ("auto", "subaxis", "prefix", "drop"):
+        assert fix('<@mesh, [{"dp"}, {"dp"}]>', (3, 16), policy) == ('<@mesh, [{}, {"dp"}]>', ["duplicate-axis"])
+    assert fix('<@mesh, [{"dp"}, {"dp"}]>', (4, 16)) == ('<@mesh, [{"dp"}, {}]>', ["duplicate-axis"])
+    assert fix('<@mesh, [{"dp"}, {"dp"}]>', (3, 5)) == ('<@mesh, [{}, {}]>', ["duplicate-axis", "indivisible"])
+    # a manual axis sets the body's local shapes: it stays on the dim it is written on
+    assert fix('<@mesh, [{"dp"}, {"mp", "dp"}]>', (4, 16), manual_axes=frozenset({"dp"}))[0] == \
+        '<@mesh, [{"dp"}, {"mp"}]>'
+
+
 def test_size_one_axes_are_kept():
     meshes = {"mesh": Mesh((("x", 8), ("one", 1)))}
     assert fix('<@mesh, [{"x"}, {"one"}]>', (8, 6), meshes=meshes) == ('<@mesh, [{"x"}, {"one"}]>', [])

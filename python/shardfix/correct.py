@@ -87,6 +87,8 @@ def correct_sharding(sharding: TensorSharding, site: Site, meshes: Mapping[str, 
     if mesh.is_maximal:
         return _single_device(sharding, mesh_ref, reasons)
     dims = _fit_rank(sharding, site.shape, mesh, reasons)
+    if site.shape is not None:
+        dims = _place_duplicates(dims, site.shape, mesh, frozenset(site.manual_axes), reasons)
     checker = _AxisChecker(mesh, site.bound_axes, reasons, site.allow_subaxes)
     dims = [replace(d, axes=tuple(checker.merge(checker.keep_valid(d.axes, f"dim {i}"), f"dim {i}")))
             for i, d in enumerate(dims)]
@@ -145,6 +147,34 @@ def _fit_rank(sharding: TensorSharding, shape, mesh: Mesh, reasons: list[Reason]
                                                f"{rank - len(dims)} replicated dims added"))
         return dims + [DimSharding()] * (rank - len(dims))
     return dims
+
+
+def _place_duplicates(dims: list[DimSharding], shape, mesh: Mesh, manual: frozenset[str],
+                      reasons: list[Reason]) -> list[DimSharding]:
+    """An axis written on several dims stays on one only (the first use wins): here, where the first dim it is on
+    doesn't divide by it and a later one does, it goes from the dims before that one, so the use that divides wins
+    (`[{"a"}, {"a"}]` on 3x16 keeps `[{}, {"a"}]`). A manual axis stays where it is: it sets a body's shapes."""
+    where: dict[str, list[int]] = {}
+    for i, d in enumerate(dims):
+        for ref in d.axes:
+            if not ref.is_sub_axis and mesh.has_axis(ref.name) and ref.name not in manual and \
+                    i not in where.get(ref.name, ()):
+                where.setdefault(ref.name, []).append(i)
+    out = list(dims)
+    for name, places in where.items():
+        size = mesh.axis_size(name)
+        first = shape[places[0]]
+        if len(places) < 2 or first is None or first < 0 or first % size == 0:
+            continue
+        home = next((i for i in places[1:] if shape[i] is not None and shape[i] >= 0 and shape[i] % size == 0), None)
+        if home is None:
+            continue
+        for i in places[:places.index(home)]:
+            out[i] = replace(out[i], axes=tuple(a for a in out[i].axes if a != AxisRef(name)))
+            reasons.append(Reason("duplicate-axis", f"dim {i}: axis \"{name}\" is used on dim {home} too, which "
+                                                    f"it divides ({shape[home]} over {size}) and dim {i} ({shape[i]}) "
+                                                    f"it doesn't; dropped here"))
+    return out
 
 
 class _AxisChecker:
