@@ -36,7 +36,8 @@ class RingReorder(Pass):
     def apply(self, module: ir.Operation, ctx: PassContext) -> None:
         if self.mode == "off":
             return
-        verdicts = prove_rings(module, analyse=self.mode == "auto")
+        callers: dict[str, int] = {}  # func.call ops naming each function, counted while the rings are found
+        verdicts = prove_rings(module, analyse=self.mode == "auto", callers=callers)
         groups: dict[int, list[Verdict]] = {}
         for verdict in verdicts:
             ring = verdict.ring
@@ -62,7 +63,7 @@ class RingReorder(Pass):
             applied.extend((v, stripe) for v in group)
         if self.mode == "auto":
             apply_rewrites(module, [(v.rewrites, Layout(self.strategy, stripe, v.ring.cp, v.block))
-                                    for v, stripe in applied if v.rewrites])
+                                    for v, stripe in applied if v.rewrites], callers)
         with Permutations(module) as permutations:
             for v, stripe in applied:
                 why = self._reorder(permutations, v, stripe)

@@ -60,15 +60,16 @@ def module_meshes(module: ir.Operation) -> dict[str, Mesh]:
             for op in module.regions[0].blocks[0].operations if op.operation.name == "sdy.mesh"}
 
 
-def find_ring_regions(module: ir.Operation) -> list[RingRegion]:
+def find_ring_regions(module: ir.Operation, callers: dict[str, int] | None = None) -> list[RingRegion]:
     """Every manual computation with collective_permutes in it (directly, in loops or in called functions), with
-    its ring axis; permutations shardfix inserted are not rings."""
+    its ring axis; permutations shardfix inserted are not rings. `callers`, if given, is filled with the number of
+    func.call ops naming each function (the same walk of the module finds both)."""
     funcs = module_funcs(module)
     meshes = module_meshes(module)
     permute_cache: dict[str, list] = {}
     axis_cache: dict = {}
     regions = []
-    for region in _ops_named(module, "sdy.manual_computation"):
+    for region in _manual_computations(module, callers if callers is not None else {}):
         if PERMUTATION_ATTR in region.attributes:
             continue
         permutes = []
@@ -80,12 +81,16 @@ def find_ring_regions(module: ir.Operation) -> list[RingRegion]:
     return regions
 
 
-def _ops_named(module: ir.Operation, name: str) -> list[ir.Operation]:
+def _manual_computations(module: ir.Operation, callers: dict[str, int]) -> list[ir.Operation]:
     found = []
 
     def visit(op):
-        if op.name == name:
+        name = op.name
+        if name == "sdy.manual_computation":
             found.append(op)
+        elif name == "func.call":
+            callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
+            callers[callee] = callers.get(callee, 0) + 1
         return ir.WalkResult.ADVANCE
 
     module.walk(visit)

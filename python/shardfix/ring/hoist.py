@@ -126,9 +126,12 @@ class Motion:
     remarks: list[tuple[str, SourceLoc]]
 
 
-# Ops whose one operand and one result have the same type, the result the operand's tokens where they are: where
-# values sit (the rule table's moves and carries for them, without reading the types each time).
-_SAME_TYPE = frozenset({"sdy.sharding_constraint", "sdy.reshard"})
+# Ops whose operands all have their result's shape, each element of the result computed from the elements at the
+# same place (StableHLO's verifier holds them to that): elementwise ops but select and clamp, whose predicate or
+# bounds may be scalars, and where values sit. Their moves and carries (the rule table's, for these) need no
+# types read, and a sequence dim keeps its length through them.
+_WHERE_VALUES_SIT = frozenset({"sdy.sharding_constraint", "sdy.reshard"})
+_SAME_SHAPE = (ELEMENTWISE - {"stablehlo.select", "stablehlo.clamp"}) | _WHERE_VALUES_SIT
 
 # Ops that read their operands in the order they are in: a ring region reads them as its own (its permutations
 # are the module's forward permutations), a function returns them to its caller.
@@ -172,14 +175,12 @@ class Mover:
     # -- where the sequence dim goes: the rule table, and calls of elementwise functions ----------------------
 
     def moves(self, op: ir.Operation, operand: int, dim: int, name: str):
-        if name in _SAME_TYPE or name == "func.call" and self._elementwise_call(op):
+        if name in _SAME_SHAPE or name == "func.call" and self._elementwise_call(op):
             return dim
         return moves(op, operand, dim)
 
     def carriers(self, op: ir.Operation, dim: int, name: str) -> dict[int, int]:
-        if name in _SAME_TYPE:
-            return {0: dim}
-        if name == "func.call" and self._elementwise_call(op):
+        if name in _SAME_SHAPE or name == "func.call" and self._elementwise_call(op):
             return {i: dim for i in range(len(op.operands))}
         return carriers(op, dim)
 
@@ -223,7 +224,7 @@ class _Body:
         self.block = block
         self.ops = [op.operation for op in block.operations]
         self.names = [op.name for op in self.ops]
-        self.position: dict[int, int] = {}  # op result -> its op's place (filled by `run`)
+        self.position: dict[int, int] | None = None  # op result -> its op's place (see `_place_of`)
         self.perms: dict[int, Perm] = {}  # place -> the permutation there
         for i, name in enumerate(self.names):
             if name == "sdy.manual_computation":
@@ -255,11 +256,6 @@ class _Body:
     def run(self) -> None:
         if not self.perms:
             return
-        position = self.position
-        for i, op in enumerate(self.ops):
-            for result in op.results:
-                position[hash(result)] = i
-        _count_operands(self.ops, self.names, self.use_count)
         self._sink()
         self._hoist()
         self._edit()
@@ -267,8 +263,16 @@ class _Body:
     # -- 1. forward: inverses sink ------------------------------------------------------------------------------
 
     def _sink(self) -> None:
-        permuted, perms = self.permuted, self.perms
+        """(Each op's operands are counted here too, for the edits: see `use_count`.)"""
+        permuted, perms, names, count = self.permuted, self.perms, self.names, self.use_count
         for place, op in enumerate(self.ops):
+            operands = op.operands
+            keys = [hash(v) for v in operands]
+            for key in keys:
+                count[key] = count.get(key, 0) + 1
+            name = names[place]
+            if name != "sdy.manual_computation" and len(op.regions):
+                _count_nested(op, count)
             perm = perms.get(place)
             if perm is not None:
                 if perm.inverse:
@@ -278,13 +282,19 @@ class _Body:
                     self.forwards.setdefault((hash(perm.source), perm.order), perm)
                     self._read(place, None, perm.source, perm.order, perm)
                 continue
-            if self.names[place] in _READS_AS_IS:
+            if name in _READS_AS_IS:
                 continue
-            first = next(((i, permuted[k]) for i, k in enumerate(map(hash, op.operands)) if k in permuted), None)
+            if name in _WHERE_VALUES_SIT:  # one operand, of the result's type: read and run in its order
+                found = permuted.get(keys[0])
+                if found is not None and (place, 0) not in self.read_order:
+                    order, _, like = found
+                    self._read(place, 0, operands[0], order, like)
+                    self._run_permuted(place, order, like)
+                continue
+            first = next(((i, permuted[k]) for i, k in enumerate(keys) if k in permuted), None)
             if first is None:
                 continue
             i, (order, _, like) = first
-            name = self.names[place]
             try:
                 dim = self.mover.moves(op, i, order.dim, name)
                 operand_dims = ({i: order.dim, **reduced_with(op, i, order.dim)} if dim == REDUCED
@@ -318,7 +328,7 @@ class _Body:
         operands = op.operands
         reading = [(j, operands[j], self.mover.order(kind, d)) for j, d in operand_dims.items()]
         try:
-            self._check(place, reading, kind)
+            self._check(place, reading, kind, self.names[place] not in _SAME_SHAPE)
         except Blocked as why:
             self.mover.say(kind, inverse, op, why)
             return False
@@ -419,23 +429,31 @@ class _Body:
         key = (hash(value), order)
         self.read_count[key] = self.read_count.get(key, 0) + 1
         if self._in(value, order) is None:
-            owner = self.position.get(key[0])  # None: a function argument
+            owner = self._place_of(key[0])  # None: a function argument
             if owner is not None:
                 if owner not in self.needs:
                     heapq.heappush(self.heap, -owner)
                 self.needs.setdefault(owner, []).append((value, order, like))
+
+    def _place_of(self, key: int) -> int | None:
+        """The place of the op whose result `key` is (None for a block argument); the map is made on first
+        use, which few bodies have."""
+        if self.position is None:
+            self.position = {hash(result): i for i, op in enumerate(self.ops) for result in op.results}
+        return self.position.get(key)
 
     def _run_permuted(self, place: int, order: Order, like: Perm) -> None:
         self.runs_permuted.append(place)
         for result in self.ops[place].results:
             self.permuted[hash(result)] = (order, result, like)
 
-    def _check(self, place: int, reading: list[tuple[int, ir.Value, Order]], kind: Kind) -> None:
+    def _check(self, place: int, reading: list[tuple[int, ir.Value, Order]], kind: Kind, lengths: bool) -> None:
         """The op at `place` may read these operands in permuted order: each has the sequence's length along
-        its dim, is in no other permuted order, and is not read in another order already (a dot_general that sums
+        its dim (checked with `lengths`; an op of _SAME_SHAPE gives its operands the length of the value that led
+        here), is in no other permuted order, and is not read in another order already (a dot_general that sums
         the tokens of one dim of an operand can't also give a result permuted along another dim of it)."""
         for index, value, order in reading:
-            if ir.ShapedType(value.type).get_dim_size(order.dim) != kind.length:
+            if lengths and ir.ShapedType(value.type).get_dim_size(order.dim) != kind.length:
                 raise Blocked("changes the sequence length")
             found = self.permuted.get(hash(value))
             if found is not None and found[0] is not order:
@@ -457,17 +475,17 @@ class _Body:
         return Perm(op, kind, order.dim, inverse, sharding, like.manual_axes, order)
 
 
-def _count_operands(ops: list[ir.Operation], names: list[str], count: dict[int, int]) -> None:
-    """Add to `count` each value read by an operand of these ops or of the ops in their regions, except inside
-    manual computations (isolated from above: their bodies read only their own values)."""
-    for op, name in zip(ops, names):
-        for key in map(hash, op.operands):
-            count[key] = count.get(key, 0) + 1
-        if name != "sdy.manual_computation" and len(op.regions):
-            for region in op.regions:
-                for block in region.blocks:
-                    inner = [o.operation for o in block.operations]
-                    _count_operands(inner, [o.name for o in inner], count)
+def _count_nested(op: ir.Operation, count: dict[int, int]) -> None:
+    """Add to `count` each value read by an operand of an op in `op`'s regions, except inside manual
+    computations (isolated from above: their bodies read only their own values)."""
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.operations:
+                inner = inner.operation
+                for key in map(hash, inner.operands):
+                    count[key] = count.get(key, 0) + 1
+                if inner.name != "sdy.manual_computation" and len(inner.regions):
+                    _count_nested(inner, count)
 
 
 def _is_elementwise_body(func: ir.Operation, whole: ir.Type) -> bool:

@@ -33,13 +33,15 @@ class Layout:
     block: int
 
 
-def apply_rewrites(module: ir.Operation, plans: list[tuple[list[Rewrite], Layout]]) -> int:
+def apply_rewrites(module: ir.Operation, plans: list[tuple[list[Rewrite], Layout]],
+                   callers: dict[str, int] | None = None) -> int:
     """Rewrite the recorded reads of each region (its rewrites, the layout it is reordered to). Reads in the
     region's body are rewritten in place; a function holding reads is rewritten in a copy made for the calls that
     asked for exactly those reads, so its other callers (regions left as they are, other layouts, other
     arguments) keep the original; copies are shared between calls that ask for the same. Originals no call
-    reaches any more are erased. Returns how many reads were rewritten."""
-    specializer = _Specializer(module)
+    reaches any more are erased. Returns how many reads were rewritten. `callers`: how many func.call ops name each function
+    before the rewrite, if known (else the module is walked to count them)."""
+    specializer = _Specializer(module, callers)
     done = 0
     for rewrites, layout in plans:
         here = [r for r in rewrites if not r.calls]
@@ -70,17 +72,22 @@ def _rewrite_operand(op: ir.Operation, operand: int, unit: int, layout: Layout) 
 class _Specializer:
     """Copies of functions with some of their reads rewritten, one per (function, reads, layout)."""
 
-    def __init__(self, module: ir.Operation):
+    def __init__(self, module: ir.Operation, callers: dict[str, int] | None = None):
         self.module = module
+        self.callers = callers  # func.call ops naming each function, before any redirect (None: unknown)
         self.table = ir.SymbolTable(module)
         self.copies: dict = {}  # (function name, reads, layout) -> name of the copy
         self.indexes: dict = {}  # function name -> {op: its place in a pre-order walk}
         self.redirected: set = set()  # names of functions some call was moved away from
+        self.moved: list[tuple[str, str]] = []  # (from, to) of each call the module had that was moved
 
-    def redirect(self, call: ir.Operation, rewrites: list[Rewrite], layout: Layout) -> None:
+    def redirect(self, call: ir.Operation, rewrites: list[Rewrite], layout: Layout, in_copy: bool = False) -> None:
         name = ir.FlatSymbolRefAttr(call.attributes["callee"]).value
-        call.attributes["callee"] = ir.FlatSymbolRefAttr.get(self.copy(name, rewrites, layout))
+        new_name = self.copy(name, rewrites, layout)
+        call.attributes["callee"] = ir.FlatSymbolRefAttr.get(new_name)
         self.redirected.add(name)
+        if not in_copy:  # a call the module had (a copy's calls are counted in the copy)
+            self.moved.append((name, new_name))
 
     def copy(self, name: str, rewrites: list[Rewrite], layout: Layout) -> str:
         """The copy of function `name` with `rewrites` (relative to it) applied."""
@@ -102,18 +109,29 @@ class _Specializer:
         for r in sorted(here, key=lambda r: (index[r.op], r.operand)):
             _rewrite_operand(ops[index[r.op]], r.operand, r.unit, layout)
         for call, below in _by_first_call([r for r in rewrites if r.calls]).items():
-            self.redirect(ops[index[call]], below, layout)
+            self.redirect(ops[index[call]], below, layout, in_copy=True)
         return new_name
 
     def erase_unreached(self) -> None:
         """Erase the private functions calls were moved away from once no call reaches them."""
         if not self.redirected:
             return
-        callers: dict = {}
-        for op in _preorder(self.module):
-            if op.name == "func.call":
-                callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
-                callers[callee] = callers.get(callee, 0) + 1
+        if self.callers is not None:  # counted before: moved calls and the copies' calls change the counts
+            callers = dict(self.callers)
+            for old, new in self.moved:
+                callers[old] -= 1
+                callers[new] = callers.get(new, 0) + 1
+            for copy in self.copies.values():
+                for op in _preorder(self.table[copy].operation):
+                    if op.name == "func.call":
+                        callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
+                        callers[callee] = callers.get(callee, 0) + 1
+        else:
+            callers = {}
+            for op in _preorder(self.module):
+                if op.name == "func.call":
+                    callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
+                    callers[callee] = callers.get(callee, 0) + 1
         pending = [n for n in self.redirected if not callers.get(n)]
         while pending:
             name = pending.pop()

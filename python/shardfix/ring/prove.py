@@ -43,9 +43,10 @@ class _GroupRefusal(Exception):
         self.refusal, self.region = refusal, region
 
 
-def prove_rings(module: ir.Operation, analyse: bool = True) -> list[Verdict]:
-    """A verdict per ring region (analysed only with `analyse`; otherwise just grouped)."""
-    regions = find_ring_regions(module)
+def prove_rings(module: ir.Operation, analyse: bool = True, callers: dict[str, int] | None = None) -> list[Verdict]:
+    """A verdict per ring region (analysed only with `analyse`; otherwise just grouped). `callers`: see
+    find_ring_regions."""
+    regions = find_ring_regions(module, callers)
     funcs = module_funcs(module)
     verdicts = {id(r.region): Verdict(r) for r in regions}
     for r in regions:
