@@ -111,6 +111,12 @@ def _read_line(line: str, meshes: dict[str, Mesh], shardings: list[TensorShardin
             continue
 
 
+def _is_a(attribute_text: str, start: str) -> bool:
+    """Whether an attribute's text starts with `start` (`#sdy<manual_axes`, say), whitespace between its tokens
+    aside."""
+    return "".join(attribute_text[:len(start) + 64].split()).startswith(start)
+
+
 def _fit(original: str, replacement: str) -> str:
     """The replacement laid out so the text after it keeps its line, and its column where the replacement is no
     longer than the original."""
@@ -189,6 +195,8 @@ class _Rewriter:
                 s.aliases[spelling] = self._value_extent(i + 2)
             elif token.kind == mt.IDENT and spelling == "sdy.mesh":
                 self._mesh(i)
+            elif token.kind == mt.STRING and spelling == '"sdy.mesh"':  # generic form: no results to lead to it
+                self._op(i)
             elif token.kind == mt.VALUE:
                 found = s.result_list(i, stack)
                 if found is not None:
@@ -350,7 +358,7 @@ class _Rewriter:
 
     def _generic(self, index: int, name: str) -> None:
         if name not in ("sdy.sharding_constraint", "sdy.reshard", "sdy.data_flow_edge", "sdy.named_computation",
-                        "sdy.manual_computation"):
+                        "sdy.manual_computation", "sdy.mesh"):
             return
         s = self.s
         i = index + 1
@@ -367,6 +375,9 @@ class _Rewriter:
         if s.is_punct(after + 1, "("):
             regions = (after + 1, s.group_end(after + 1))
         tag_after = regions[1] if regions else after
+        if name == "sdy.mesh":
+            self._generic_mesh(entries)
+            return
         if name == "sdy.manual_computation":
             self._generic_manual(index, entries, operands, regions, tag_after)
             return
@@ -377,15 +388,32 @@ class _Rewriter:
         block_args = s.names_in(*self._block_args(regions)) if regions else ()
         if self.is_frozen(self.statement.results + block_args, index):
             return
+        texts = {key: self._attribute_text(s.tokens[entries[key][1]].start, s.tokens[entries[key][2]].end)
+                 for key in present}
+        kind = "#sdy.sharding<" if name != "sdy.named_computation" else "#sdy.sharding_per_value<"
+        if any(not _is_a(text, kind) for text in texts.values()):
+            return  # not the attribute the op takes there: MLIR's own error says so
         held = {}
         for key in present:
             key_index, first, last = entries[key]
-            held[key] = self.hold(self._attribute_text(s.tokens[first].start, s.tokens[last].end))
+            held[key] = self.hold(texts[key])
             if name in ("sdy.sharding_constraint", "sdy.reshard"):  # required: one the verifier takes on anything
                 self.edits.append((s.tokens[first].start, s.tokens[last].end, "#sdy.sharding" + _SINGLE_DEVICE))
             else:  # optional: left out
                 self._drop_entry(key_index, last, props_close)
         self._tag(tag_after, held)
+
+    def _generic_mesh(self, entries: dict) -> None:
+        """`"sdy.mesh"() <{mesh = #sdy.mesh<[...]>, sym_name = "name"}>`: the mesh, for the shardings naming it."""
+        if "mesh" not in entries or "sym_name" not in entries:
+            return
+        s = self.s
+        name_token = entries["sym_name"][1]
+        if s.tokens[name_token].kind != mt.STRING:
+            return
+        c = Cursor(s.text, s.tokens, entries["mesh"][1])
+        c.accept("#sdy.mesh")
+        self.s.meshes[mt.unquote(s.spelling(name_token))] = read_mesh(c)
 
     def _entries(self, open_index: int, close_index: int) -> dict[str, tuple[int, int, int]]:
         """The entries of an attribute dictionary: name -> (its token, its value's first and last token)."""
@@ -427,6 +455,10 @@ class _Rewriter:
             return
         texts = {k: self._attribute_text(s.tokens[entries[k][1]].start, s.tokens[entries[k][2]].end)
                  for k in ("in_shardings", "out_shardings", "manual_axes")}
+        if not (_is_a(texts["in_shardings"], "#sdy.sharding_per_value<") and
+                _is_a(texts["out_shardings"], "#sdy.sharding_per_value<") and
+                _is_a(texts["manual_axes"], "#sdy<manual_axes")):
+            return  # not the attributes the op takes there: MLIR's own error says so
         lists = {k: list(parse_sharding_per_value(texts[k]).shardings) for k in ("in_shardings", "out_shardings")}
         axes = parse_manual_axes(texts["manual_axes"])
         block_open, block_close = self._block_args(regions)
