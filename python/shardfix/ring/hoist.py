@@ -284,17 +284,18 @@ class _Body:
                 continue
             if name in _READS_AS_IS:
                 continue
-            if name in _WHERE_VALUES_SIT:  # one operand, of the result's type: read and run in its order
-                found = permuted.get(keys[0])
-                if found is not None and (place, 0) not in self.read_order:
-                    order, _, like = found
-                    self._read(place, 0, operands[0], order, like)
-                    self._run_permuted(place, order, like)
-                continue
             first = next(((i, permuted[k]) for i, k in enumerate(keys) if k in permuted), None)
             if first is None:
                 continue
             i, (order, _, like) = first
+            if name in _SAME_SHAPE:  # every operand read in the same order, the op run in it (`moves`, in short)
+                if any(k in permuted and permuted[k][0] is not order for k in keys):
+                    self.mover.say(order.kind, True, op, Blocked("reads values in two different sequence orders"))
+                    continue
+                for j, k in enumerate(keys):
+                    self._read(place, j, operands[j], order, like, k)
+                self._run_permuted(place, order, like)
+                continue
             try:
                 dim = self.mover.moves(op, i, order.dim, name)
                 operand_dims = ({i: order.dim, **reduced_with(op, i, order.dim)} if dim == REDUCED
@@ -420,15 +421,19 @@ class _Body:
         found = self.permuted.get(hash(value))
         return found[1] if found is not None and found[0] is order else None
 
-    def _read(self, place: int, operand: int | None, value: ir.Value, order: Order, like: Perm) -> None:
+    def _read(self, place: int, operand: int | None, value: ir.Value, order: Order, like: Perm,
+              value_key: int | None = None) -> None:
+        """The op at `place` reads `value` (its operand `operand`, None for a forward permutation's source) in
+        `order`. `value_key`: hash(value), where the caller has it."""
         if operand is not None:
             if (place, operand) in self.read_order:
                 return  # read already (a use is counted once: read_count is compared with the uses)
             self.read_order[(place, operand)] = order
         self.reads.append((place, operand, value, order, like))
-        key = (hash(value), order)
+        key = (hash(value) if value_key is None else value_key, order)
         self.read_count[key] = self.read_count.get(key, 0) + 1
-        if self._in(value, order) is None:
+        found = self.permuted.get(key[0])
+        if found is None or found[0] is not order:  # not at hand in that order: its op may compute it so
             owner = self._place_of(key[0])  # None: a function argument
             if owner is not None:
                 if owner not in self.needs:
