@@ -79,23 +79,13 @@ def stand_in_sharding(mesh_ref: MeshRef, dims: Sequence[tuple[AxisRef, ...]]) ->
     return TensorSharding(mesh_ref, tuple(DimSharding(axes) for axes in dims))
 
 
-def stand_in_header(originals: dict[str, list[TensorSharding]], axes: Sequence[str], bound: frozenset[str],
-                    types: dict[str, tuple[list[str], list[str]]], meshes: dict[str, Mesh]):
-    """For a manual computation's text: `in_shardings=[...] out_shardings=[...] manual_axes={...}` that the
-    verifier accepts for its body (each value with just the manual axes its local shape needs, valid manual axes
-    only), and those axes; None when no such header exists. `types`: the global and local type texts of the
-    operands ("in_shardings") and of the results ("out_shardings")."""
-    parts = stand_in_parts(originals, axes, bound, types, meshes)
-    if parts is None:
-        return None
-    ins, outs, manual, kept = parts
-    return f"in_shardings={ins} out_shardings={outs} manual_axes={manual}", kept
-
-
 def stand_in_parts(originals: dict[str, list[TensorSharding]], axes: Sequence[str], bound: frozenset[str],
                    types: dict[str, tuple[list[str], list[str]]], meshes: dict[str, Mesh]):
-    """stand_in_header's pieces: the in and out sharding lists (`[...]`), the manual axes (`{...}`) and those
-    axes, for either form of the op (custom syntax, or the generic form's properties)."""
+    """For a manual computation: in and out sharding lists (`[...]`) and manual axes (`{...}`) that the verifier
+    accepts for its body (each value with just the manual axes its local shape needs, valid manual axes only), and
+    those axes, for either form of the op (custom syntax, or the generic form's properties); None when no such
+    stand-in exists. `types`: the global and local type texts of the operands ("in_shardings") and of the results
+    ("out_shardings")."""
     mesh_ref, mesh = None, None
     for sharding in originals["in_shardings"] + originals["out_shardings"]:
         if isinstance(sharding.mesh, Mesh) or sharding.mesh in meshes:

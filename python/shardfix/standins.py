@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from . import mlir_text as mt
 from .correct import rejected_anywhere
-from .manual import stand_in_header, stand_in_parts
+from .manual import stand_in_parts
 from .sdy_syntax import (Cursor, parse_manual_axes, parse_sharding_per_value, read_manual_axes, read_mesh,
                          read_symbol, read_tensor_sharding_body)
 from .sharding import Mesh, ShardingSyntaxError, TensorSharding
@@ -470,17 +470,11 @@ class _Rewriter:
             c.pos = s.group_end(c.pos) + 1
         c.expect(":")
         global_in, global_out = s.function_type(c)
-        bound = frozenset().union(*(a for _, a in self.manual_stack))
-        if self.is_frozen(self.statement.results + s.names_in(block_open, block_close), index):
-            self.manual_stack.append((region_close, frozenset(axes)))
-            return
-        parts = stand_in_parts(lists, axes, bound, {"in_shardings": (global_in, local_in),
-                                                    "out_shardings": (global_out, local_out)}, s.meshes)
+        parts = self._manual_parts(index, lists, axes, (block_open, block_close), region_close,
+                                   {"in_shardings": (global_in, local_in), "out_shardings": (global_out, local_out)})
         if parts is None:
-            self.manual_stack.append((region_close, frozenset(axes)))
             return
-        ins, outs, manual, kept_axes = parts
-        self.manual_stack.append((region_close, frozenset(kept_axes)))
+        ins, outs, manual, _ = parts
         held = {name: self.hold(value) for name, value in texts.items()}
         for key, text in (("in_shardings", f"#sdy.sharding_per_value<{ins}>"),
                           ("out_shardings", f"#sdy.sharding_per_value<{outs}>"),
@@ -488,6 +482,18 @@ class _Rewriter:
             _, first, last = entries[key]
             self.edits.append((s.tokens[first].start, s.tokens[last].end, text))
         self._tag(tag_after, held)
+
+    def _manual_parts(self, index: int, lists: dict, axes, block_args: tuple[int, int], region_close: int,
+                      types: dict):
+        """A manual computation's stand-in pieces (manual.stand_in_parts), or None where it stays as written (a
+        collective reads one of its values, or no stand-in fits its body); the axes it binds for the ops inside it
+        are noted either way."""
+        bound = frozenset().union(*(a for _, a in self.manual_stack))
+        parts = None
+        if not self.is_frozen(self.statement.results + self.s.names_in(*block_args), index):
+            parts = stand_in_parts(lists, axes, bound, types, self.s.meshes)
+        self.manual_stack.append((region_close, frozenset(parts[3] if parts is not None else axes)))
+        return parts
 
     def _manual(self, index: int) -> None:
         s = self.s
@@ -528,17 +534,12 @@ class _Rewriter:
             c.pos = s.group_end(c.pos) + 1
         c.expect(":")
         global_in, global_out = s.function_type(c)
-        bound = frozenset().union(*(a for _, a in self.manual_stack))
-        if self.is_frozen(self.statement.results + s.names_in(block_open, block_close), index):
-            self.manual_stack.append((region_close, frozenset(a for a in axes)))
+        parts = self._manual_parts(index, lists, axes, (block_open, block_close), region_close,
+                                   {"in_shardings": (global_in, local_in), "out_shardings": (global_out, local_out)})
+        if parts is None:
             return
-        stand_ins = stand_in_header(lists, axes, bound, {"in_shardings": (global_in, local_in),
-                                                         "out_shardings": (global_out, local_out)}, s.meshes)
-        if stand_ins is None:
-            self.manual_stack.append((region_close, frozenset(axes)))
-            return
-        text, kept_axes = stand_ins
-        self.manual_stack.append((region_close, frozenset(kept_axes)))
+        ins, outs, manual, _ = parts
+        text = f"in_shardings={ins} out_shardings={outs} manual_axes={manual}"
         held = {name: self.hold(value) for name, value in originals.items()}
         self.edits.append((s.tokens[start].start, s.tokens[end].end, text))
         self._tag(region_close, held)
