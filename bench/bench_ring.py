@@ -149,7 +149,7 @@ def render_cost(rows: list[dict], rounds: int) -> str:
             "and a backward ring region per layer: *attention*, residual attention layers (q/k/v/o projections); "
             "*llama*, Llama-style blocks (RMSNorm, attention, RMSNorm, SwiGLU MLP through jax.nn.silu, residual "
             "adds). Layers call the same kernel functions, so the analysis of the first stands for the rest (one "
-            "memo per module: a constant part of about 0.1 s); hoist-permutations looks at each op between the "
+            "memo per module: a constant part of about 0.05 s); hoist-permutations looks at each op between the "
             "rings once each way, so its time grows with the ops between them.\n\n"
             + "\n".join(table) + "\n")
 
