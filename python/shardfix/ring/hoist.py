@@ -241,9 +241,10 @@ class _Body:
         # runs in permuted order); `like` is the permutation new ones of that order copy their sharding from
         self.permuted: dict[int, tuple[Order, ir.Value, Perm]] = {}
         self.runs_permuted: list[int] = []
+        self.own: set[int] = set()  # results of the ops in runs_permuted: at hand in permuted order as themselves
         # what reads a value in permuted order: (reader's place, operand number or None for a forward permutation,
         # value, order, like)
-        self.reads: list[tuple[int, int | None, ir.Value, Order, Perm]] = []
+        self.reads: list[tuple[int, int | None, ir.Value, Order, Perm, int]] = []  # ..., and the value's hash
         self.read_count: dict[tuple[int, Order], int] = {}
         self.read_order: dict[tuple[int, int], Order] = {}  # (reader's place, operand number) -> the order it reads
         self.needs: dict[int, list[tuple[ir.Value, Order, Perm]]] = {}  # place -> its results read permuted
@@ -361,12 +362,15 @@ class _Body:
                     continue  # every use is one of the reads in permuted order
                 if reads is None:
                     reads = {(hash(self.ops[place].results[0]), j if j is not None else 0)
-                             for place, j, _, _, _ in self.reads}
+                             for place, j, _, _, _, _ in self.reads}
                 for use in result.uses:
                     owner = use.owner.operation
                     if not len(owner.results) or (hash(owner.results[0]), use.operand_number) not in reads:
                         contiguous.append((result, owner, use.operand_number))
-        for place, j, value, order, like in self.reads:
+        permuted, own = self.permuted, self.own
+        for place, j, value, order, like, key in self.reads:
+            if j is not None and key in own and permuted[key][0] is order:
+                continue  # its op gives it in the order read: the operand stays as it is
             op = self.ops[place]
             held = self._held_in(value, order, like, place)
             if j is not None:
@@ -429,8 +433,8 @@ class _Body:
             if (place, operand) in self.read_order:
                 return  # read already (a use is counted once: read_count is compared with the uses)
             self.read_order[(place, operand)] = order
-        self.reads.append((place, operand, value, order, like))
         key = (hash(value) if value_key is None else value_key, order)
+        self.reads.append((place, operand, value, order, like, key[0]))
         self.read_count[key] = self.read_count.get(key, 0) + 1
         found = self.permuted.get(key[0])
         if found is None or found[0] is not order:  # not at hand in that order: its op may compute it so
@@ -450,7 +454,9 @@ class _Body:
     def _run_permuted(self, place: int, order: Order, like: Perm) -> None:
         self.runs_permuted.append(place)
         for result in self.ops[place].results:
-            self.permuted[hash(result)] = (order, result, like)
+            key = hash(result)
+            self.permuted[key] = (order, result, like)
+            self.own.add(key)
 
     def _check(self, place: int, reading: list[tuple[int, ir.Value, Order]], kind: Kind, lengths: bool) -> None:
         """The op at `place` may read these operands in permuted order: each has the sequence's length along
