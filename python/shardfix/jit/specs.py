@@ -7,13 +7,13 @@ partitions (one entry per dimension) are corrected.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
     from jax.sharding import NamedSharding, PartitionSpec
 
+from .. import mlir_text as mt
 from ..correct import Reason, Site, correct_sharding
 from ..report import Fix
 from ..sharding import (UNCONSTRAINED, Mesh, ShardingSyntaxError, TensorSharding, describe_sub_axis,
@@ -93,21 +93,50 @@ def repair_spec(spec, mesh, shape: Sequence[int] | None, policy: str, *, divisib
     return with_partitions(spec, fixed_entries), reasons
 
 
-_MESH_TEXT = re.compile(r'<\[((?:"[^"]*"=\d+(?:, )?)*)\]>')
-_DIM_TEXT = re.compile(r'\{((?:"[^"]*"(?:, )?)*)(\?)?\}')
-_NAME_TEXT = re.compile(r'"([^"]*)"')
-
-
 def spec_words(detail: str) -> str:
     """A correction-core detail in PartitionSpec words: dims `{"tp"}`, `{"dp", "tp"}`, `{}`, `{?}` become 'tp',
-    ('dp', 'tp'), None, UNCONSTRAINED; a mesh `<["dp"=2, "tp"=4]>` becomes (dp=2, tp=4); axis names take quotes."""
-    def dim(match: re.Match) -> str:
-        names = [f"'{n}'" for n in _NAME_TEXT.findall(match.group(1))]
-        if match.group(2):
-            return "UNCONSTRAINED"
-        return "None" if not names else names[0] if len(names) == 1 else f"({', '.join(names)})"
-    detail = _MESH_TEXT.sub(lambda m: "(" + m.group(1).replace('"', "") + ")", detail)
-    return _NAME_TEXT.sub(r"'\1'", _DIM_TEXT.sub(dim, detail))
+    ('dp', 'tp'), None, UNCONSTRAINED; a mesh `<["dp"=2, "tp"=4]>` becomes (dp=2, tp=4); axis names take quotes.
+    The detail is read as MLIR tokens (its notation is sdy's), the words around them kept as they are."""
+    tokens = mt.tokenize(detail)
+    partner = mt.match_brackets(detail, tokens)
+    spelling = [detail[t.start:t.end] for t in tokens]
+    out, pos, i = [], 0, 0
+    while i < len(tokens):
+        close = partner[i]
+        inner = range(i + 1, close) if close > i else range(0)
+        replacement = None
+        if spelling[i] == "{" and close > i and all(tokens[k].kind == mt.STRING or spelling[k] in (",", "?")
+                                                     for k in inner):
+            names = [f"'{mt.unquote(spelling[k])}'" for k in inner if tokens[k].kind == mt.STRING]
+            replacement = ("UNCONSTRAINED" if "?" in (spelling[k] for k in inner) else "None" if not names
+                           else names[0] if len(names) == 1 else f"({', '.join(names)})")
+        elif spelling[i] == "<" and close == i + 1 + len(inner) and spelling[i + 1:i + 2] == ["["] and \
+                partner[i + 1] == close - 1 and _mesh_axes(tokens, spelling, i + 2, close - 1) is not None:
+            replacement = "(" + ", ".join(_mesh_axes(tokens, spelling, i + 2, close - 1)) + ")"
+        elif tokens[i].kind == mt.STRING:
+            replacement = f"'{mt.unquote(spelling[i])}'"
+            close = i
+        if replacement is None:
+            i += 1
+            continue
+        out += [detail[pos:tokens[i].start], replacement]
+        pos, i = tokens[close].end, close + 1
+    return "".join(out) + detail[pos:]
+
+
+def _mesh_axes(tokens, spelling: list[str], first: int, last: int) -> list[str] | None:
+    """`"dp"=2, "tp"=4` between two token indices as ["dp=2", "tp=4"], or None for anything else."""
+    axes, k = [], first
+    while k < last:
+        if not (tokens[k].kind == mt.STRING and spelling[k + 1:k + 2] == ["="] and k + 2 < last
+                and tokens[k + 2].kind == mt.INTEGER):
+            return None
+        axes.append(f"{mt.unquote(spelling[k])}={spelling[k + 2]}")
+        k += 3
+        if k < last and spelling[k] != ",":
+            return None
+        k += 1
+    return axes
 
 
 def in_user_terms(fixes: Sequence[Fix]) -> list[Fix]:
