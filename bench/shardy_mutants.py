@@ -377,7 +377,8 @@ def run(paths: list[Path], jobs: int, timeout: float, results: bool = False) -> 
         failed = failed or bool(bad)
         origin = text.splitlines()[1].removeprefix("// ").split("`. Mutations:")[0].lstrip("`") if \
             text.startswith("// ") else path.name
-        rows.append(f"| {path.name} | `{origin}` | {len(cases)} | "
+        name = path.name if path.parent.name == "data" else "a fresh set, not checked in"
+        rows.append(f"| {name} | `{origin}` | {len(cases)} | "
                     + " | ".join(str(counts[c]) for c in COLUMNS) + f" | {seconds:.0f} |")
     if results:
         from results import replace_section
@@ -388,7 +389,8 @@ def run(paths: list[Path], jobs: int, timeout: float, results: bool = False) -> 
                                  "out over several lines) goes through `-p fix-shardings` in a child with a "
                                  f"{timeout:g} s limit and its output is verified again; *BAD*: a crash, hang, "
                                  "traceback, unverifiable output or a refusal not in shardfix's words. "
-                                 "tests/data/shardy_mutants.mlir runs in CI (tests/test_mutants.py).\n\n"
+                                 "tests/data/shardy_mutants.mlir and tests/data/shardy_mutants_generic.mlir (the "
+                                 "cases in MLIR's generic form) run in CI (tests/test_mutants.py).\n\n"
                                  + "\n".join(table) + "\n")
     return 1 if failed else 0
 
