@@ -10,6 +10,7 @@ by a stand-in that verifies on any value:
     edge's and a named computation's shardings are left out, and the op is tagged `{<prefix> = N}`;
   - a manual computation gets in/out shardings holding only the manual axes its body's local shapes need (and
     valid manual axes), and the same tag.
+sdy's ops in MLIR's generic form, shardings as properties, get the same (shardfix.standins_generic).
 Shardings that sdy collectives check against (a collective's own, and those of the values it reads, found by
 SSA name) stay as they are: the collective must go on verifying with them.
 Every replacement keeps the lines and, where it can, the columns of the text around it, so the parsed module's
@@ -23,9 +24,9 @@ from dataclasses import dataclass, field
 from . import mlir_text as mt
 from .correct import rejected_anywhere
 from .manual import stand_in_parts
-from .sdy_syntax import (Cursor, parse_manual_axes, parse_sharding_per_value, read_manual_axes, read_mesh,
-                         read_symbol, read_tensor_sharding_body)
+from .sdy_syntax import Cursor, read_manual_axes, read_mesh, read_symbol, read_tensor_sharding_body
 from .sharding import Mesh, ShardingSyntaxError, TensorSharding
+from .standins_generic import SINGLE_DEVICE, GenericForms
 from .token_scan import TokenScan
 
 HELD_KEYS = frozenset({"sdy.sharding", "sdy.propagation_edges", "sdy.block_arg_propagation_edges",
@@ -33,7 +34,6 @@ HELD_KEYS = frozenset({"sdy.sharding", "sdy.propagation_edges", "sdy.block_arg_p
 COLLECTIVES = frozenset({"sdy.all_gather", "sdy.all_slice", "sdy.all_to_all", "sdy.collective_permute",
                          "sdy.all_reduce", "sdy.reduce_scatter", "sdy.sharded_to_unreduced",
                          "sdy.replicated_to_unreduced"})
-_SINGLE_DEVICE = "<mesh<[], device_ids=[0]>, []>"
 
 
 @dataclass
@@ -111,12 +111,6 @@ def _read_line(line: str, meshes: dict[str, Mesh], shardings: list[TensorShardin
             continue
 
 
-def _is_a(attribute_text: str, start: str) -> bool:
-    """Whether an attribute's text starts with `start` (`#sdy<manual_axes`, say), whitespace between its tokens
-    aside."""
-    return "".join(attribute_text[:len(start) + 64].split()).startswith(start)
-
-
 def _fit(original: str, replacement: str) -> str:
     """The replacement laid out so the text after it keeps its line, and its column where the replacement is no
     longer than the original."""
@@ -156,7 +150,7 @@ def _collective_names(s: TokenScan) -> set[tuple[int, str]]:
     return names
 
 
-class _Rewriter:
+class _Rewriter(GenericForms):
     """One pass over the tokens, collecting the edits that put stand-ins in place."""
 
     def __init__(self, s: TokenScan, frozen: set[tuple[int, str]], out: StandIns, edits: list):
@@ -324,7 +318,7 @@ class _Rewriter:
             return
         close = s.group_end(i)
         number = self.hold("#sdy.sharding" + s.text[s.tokens[i].start:s.tokens[close].end])
-        self.edits.append((start, s.tokens[close].end, "" if optional else _SINGLE_DEVICE))
+        self.edits.append((start, s.tokens[close].end, "" if optional else SINGLE_DEVICE))
         attribute = "sharding"
         self._tag(close, {attribute: number})
 
@@ -353,135 +347,6 @@ class _Rewriter:
             held[attribute] = self.hold("#sdy.sharding_per_value<" + body + ">")
             self.edits.append((s.tokens[keyword].start, s.tokens[close].end, ""))
         self._tag(s.group_end(c.pos), held)
-
-    # -- ops in the generic form: `"name"(operands) <{properties}> ({regions}) {attributes} : type` ---------------
-
-    def _generic(self, index: int, name: str) -> None:
-        if name not in ("sdy.sharding_constraint", "sdy.reshard", "sdy.data_flow_edge", "sdy.named_computation",
-                        "sdy.manual_computation", "sdy.mesh"):
-            return
-        s = self.s
-        i = index + 1
-        if not s.is_punct(i, "("):
-            return
-        operands = (i, s.group_end(i))
-        i = operands[1] + 1
-        if not (s.is_punct(i, "<") and s.is_punct(i + 1, "{")):
-            return  # no properties: nothing held there
-        props_close = s.group_end(i + 1)
-        entries = self._entries(i + 1, props_close)
-        after = s.group_end(i)
-        regions = None
-        if s.is_punct(after + 1, "("):
-            regions = (after + 1, s.group_end(after + 1))
-        tag_after = regions[1] if regions else after
-        if name == "sdy.mesh":
-            self._generic_mesh(entries)
-            return
-        if name == "sdy.manual_computation":
-            self._generic_manual(index, entries, operands, regions, tag_after)
-            return
-        keys = ("sharding",) if name != "sdy.named_computation" else ("in_shardings", "out_shardings")
-        present = [k for k in keys if k in entries]
-        if not present:
-            return
-        block_args = s.names_in(*self._block_args(regions)) if regions else ()
-        if self.is_frozen(self.statement.results + block_args, index):
-            return
-        texts = {key: self._attribute_text(s.tokens[entries[key][1]].start, s.tokens[entries[key][2]].end)
-                 for key in present}
-        kind = "#sdy.sharding<" if name != "sdy.named_computation" else "#sdy.sharding_per_value<"
-        if any(not _is_a(text, kind) for text in texts.values()):
-            return  # not the attribute the op takes there: MLIR's own error says so
-        held = {}
-        for key in present:
-            key_index, first, last = entries[key]
-            held[key] = self.hold(texts[key])
-            if name in ("sdy.sharding_constraint", "sdy.reshard"):  # required: one the verifier takes on anything
-                self.edits.append((s.tokens[first].start, s.tokens[last].end, "#sdy.sharding" + _SINGLE_DEVICE))
-            else:  # optional: left out
-                self._drop_entry(key_index, last, props_close)
-        self._tag(tag_after, held)
-
-    def _generic_mesh(self, entries: dict) -> None:
-        """`"sdy.mesh"() <{mesh = #sdy.mesh<[...]>, sym_name = "name"}>`: the mesh, for the shardings naming it."""
-        if "mesh" not in entries or "sym_name" not in entries:
-            return
-        s = self.s
-        name_token = entries["sym_name"][1]
-        if s.tokens[name_token].kind != mt.STRING:
-            return
-        c = Cursor(s.text, s.tokens, entries["mesh"][1])
-        c.accept("#sdy.mesh")
-        self.s.meshes[mt.unquote(s.spelling(name_token))] = read_mesh(c)
-
-    def _entries(self, open_index: int, close_index: int) -> dict[str, tuple[int, int, int]]:
-        """The entries of an attribute dictionary: name -> (its token, its value's first and last token)."""
-        s = self.s
-        entries, i = {}, open_index + 1
-        while i < close_index:
-            if s.tokens[i].kind not in (mt.IDENT, mt.STRING) or not s.is_punct(i + 1, "="):
-                return entries
-            key = mt.unquote(s.spelling(i)) if s.tokens[i].kind == mt.STRING else s.spelling(i)
-            first = i + 2
-            last = s.group_end(first)
-            while last + 1 < close_index and not s.is_punct(last + 1, ","):
-                last = s.group_end(last + 1)
-            entries[key] = (i, first, last)
-            i = last + 2
-        return entries
-
-    def _drop_entry(self, key_index: int, last: int, close_index: int) -> None:
-        """Leave a dictionary entry out, with the comma that separates it from the next (or the previous)."""
-        s = self.s
-        start, end = s.tokens[key_index].start, s.tokens[last].end
-        if s.is_punct(last + 1, ","):
-            end = s.tokens[last + 2].start if last + 2 < close_index else s.tokens[last + 1].end
-        elif s.is_punct(key_index - 1, ","):
-            start = s.tokens[key_index - 1].start
-        self.edits.append((start, end, ""))
-
-    def _block_args(self, regions: tuple[int, int]) -> tuple[int, int]:
-        """The bracket group of the first block's arguments in `({ ^bb0(...): ... })`, or an empty span."""
-        s = self.s
-        i = regions[0] + 1
-        if s.is_punct(i, "{") and s.spelling(i + 1).startswith("^") and s.is_punct(i + 2, "("):
-            return i + 2, s.group_end(i + 2)
-        return i, i
-
-    def _generic_manual(self, index: int, entries: dict, operands: tuple[int, int], regions, tag_after: int) -> None:
-        s = self.s
-        if regions is None or any(k not in entries for k in ("in_shardings", "out_shardings", "manual_axes")):
-            return
-        texts = {k: self._attribute_text(s.tokens[entries[k][1]].start, s.tokens[entries[k][2]].end)
-                 for k in ("in_shardings", "out_shardings", "manual_axes")}
-        if not (_is_a(texts["in_shardings"], "#sdy.sharding_per_value<") and
-                _is_a(texts["out_shardings"], "#sdy.sharding_per_value<") and
-                _is_a(texts["manual_axes"], "#sdy<manual_axes")):
-            return  # not the attributes the op takes there: MLIR's own error says so
-        lists = {k: list(parse_sharding_per_value(texts[k]).shardings) for k in ("in_shardings", "out_shardings")}
-        axes = parse_manual_axes(texts["manual_axes"])
-        block_open, block_close = self._block_args(regions)
-        local_in = s.typed_list(block_open + 1, block_close) if block_close > block_open else []
-        region_open, region_close = regions[0] + 1, s.group_end(regions[0] + 1)
-        local_out = s.return_types(region_open, region_close)
-        c = Cursor(s.text, s.tokens, tag_after + 1)
-        if c.at("{"):
-            c.pos = s.group_end(c.pos) + 1
-        c.expect(":")
-        global_in, global_out = s.function_type(c)
-        parts = self._manual_parts(index, lists, axes, (block_open, block_close), region_close,
-                                   {"in_shardings": (global_in, local_in), "out_shardings": (global_out, local_out)})
-        if parts is None:
-            return
-        ins, outs, manual, _ = parts
-        held = {name: self.hold(value) for name, value in texts.items()}
-        for key, text in (("in_shardings", f"#sdy.sharding_per_value<{ins}>"),
-                          ("out_shardings", f"#sdy.sharding_per_value<{outs}>"),
-                          ("manual_axes", f"#sdy<manual_axes{manual}>")):
-            _, first, last = entries[key]
-            self.edits.append((s.tokens[first].start, s.tokens[last].end, text))
-        self._tag(tag_after, held)
 
     def _manual_parts(self, index: int, lists: dict, axes, block_args: tuple[int, int], region_close: int,
                       types: dict):
