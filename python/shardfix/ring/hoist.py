@@ -127,9 +127,9 @@ class Motion:
 
 
 # Ops whose operands all have their result's shape, each element of the result computed from the elements at the
-# same place (StableHLO's verifier holds them to that): elementwise ops but select and clamp, whose predicate or
-# bounds may be scalars, and where values sit. Their moves and carries (the rule table's, for these) need no
-# types read, and a sequence dim keeps its length through them.
+# same place (StableHLO's verifier holds them to that, up to dynamic dims): elementwise ops but select and clamp,
+# whose predicate or bounds may be scalars, and where values sit. Their moves and carries (the rule table's, for
+# these) need no types read.
 _WHERE_VALUES_SIT = frozenset({"sdy.sharding_constraint", "sdy.reshard"})
 _SAME_SHAPE = (ELEMENTWISE - {"stablehlo.select", "stablehlo.clamp"}) | _WHERE_VALUES_SIT
 
@@ -150,10 +150,22 @@ class Mover:
         self._elementwise: dict[str, bool] = {}
         self._kinds: dict[Kind, Kind] = {}
         self._orders: dict[tuple[int, int], Order] = {}
+        self._fits: dict[tuple, bool] = {}
 
     def kind(self, kind: Kind) -> Kind:
         """The one Kind object equal to `kind` (Orders are looked up by their kind's identity)."""
         return self._kinds.setdefault(kind, kind)
+
+    def fits(self, value_type: ir.Type, order: Order) -> bool:
+        """Whether a value of this type has the sequence's length along the order's dim (types are uniqued: each
+        is read once)."""
+        key = (value_type, order.dim, order.kind.length)
+        found = self._fits.get(key)
+        if found is None:
+            shaped = ir.ShapedType(value_type)
+            found = self._fits[key] = (shaped.has_rank and order.dim < shaped.rank and
+                                       shaped.get_dim_size(order.dim) == order.kind.length)
+        return found
 
     def order(self, kind: Kind, dim: int) -> Order:
         """The one Order object for (kind, dim), `kind` one of `self.kind`'s."""
@@ -293,6 +305,9 @@ class _Body:
                 if any(k in permuted and permuted[k][0] is not order for k in keys):
                     self.mover.say(order.kind, True, op, Blocked("reads values in two different sequence orders"))
                     continue
+                if not all(self.mover.fits(v.type, order) for v in operands):  # a dynamic dim, say
+                    self.mover.say(order.kind, True, op, Blocked("changes the sequence length"))
+                    continue
                 for j, k in enumerate(keys):
                     self._read(place, j, operands[j], order, like, k)
                 self._run_permuted(place, order, like)
@@ -330,7 +345,7 @@ class _Body:
         operands = op.operands
         reading = [(j, operands[j], self.mover.order(kind, d)) for j, d in operand_dims.items()]
         try:
-            self._check(place, reading, kind, self.names[place] not in _SAME_SHAPE)
+            self._check(place, reading, kind)
         except Blocked as why:
             self.mover.say(kind, inverse, op, why)
             return False
@@ -458,13 +473,12 @@ class _Body:
             self.permuted[key] = (order, result, like)
             self.own.add(key)
 
-    def _check(self, place: int, reading: list[tuple[int, ir.Value, Order]], kind: Kind, lengths: bool) -> None:
+    def _check(self, place: int, reading: list[tuple[int, ir.Value, Order]], kind: Kind) -> None:
         """The op at `place` may read these operands in permuted order: each has the sequence's length along
-        its dim (checked with `lengths`; an op of _SAME_SHAPE gives its operands the length of the value that led
-        here), is in no other permuted order, and is not read in another order already (a dot_general that sums
+        its dim, is in no other permuted order, and is not read in another order already (a dot_general that sums
         the tokens of one dim of an operand can't also give a result permuted along another dim of it)."""
         for index, value, order in reading:
-            if lengths and ir.ShapedType(value.type).get_dim_size(order.dim) != kind.length:
+            if not self.mover.fits(value.type, order):
                 raise Blocked("changes the sequence length")
             found = self.permuted.get(hash(value))
             if found is not None and found[0] is not order:
