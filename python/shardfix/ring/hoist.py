@@ -305,7 +305,7 @@ class _Body:
                 if any(k in permuted and permuted[k][0] is not order for k in keys):
                     self.mover.say(order.kind, True, op, Blocked("reads values in two different sequence orders"))
                     continue
-                if not all(self.mover.fits(v.type, order) for v in operands):  # a dynamic dim, say
+                if not all(self.mover.fits(v.type, order) for v in list(operands) + list(op.results)):  # a dynamic dim
                     self.mover.say(order.kind, True, op, Blocked("changes the sequence length"))
                     continue
                 for j, k in enumerate(keys):
@@ -314,6 +314,8 @@ class _Body:
                 continue
             try:
                 dim = self.mover.moves(op, i, order.dim, name)
+                if dim != REDUCED and not self.mover.fits(op.results[0].type, self.mover.order(order.kind, dim)):
+                    raise Blocked("changes the sequence length")  # its result can't be put back in order
                 operand_dims = ({i: order.dim, **reduced_with(op, i, order.dim)} if dim == REDUCED
                                 else self.mover.carriers(op, dim, name))
             except Blocked as why:

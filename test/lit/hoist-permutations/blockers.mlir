@@ -72,3 +72,21 @@ func.func @dynamic_operand(%x: tensor<8x4xf32>, %d: tensor<?x4xf32>) -> tensor<8
   } : (tensor<8x4xf32>) -> tensor<8x4xf32>
   return %r2 : tensor<8x4xf32>
 }
+
+// -----
+
+// The same for a result whose sequence dim is dynamic: it couldn't be put back in order after the op.
+
+sdy.mesh @mesh = <["cp"=2]>
+
+func.func @dynamic_result(%x: tensor<8x4xf32>, %y: tensor<8x4xf32>) -> tensor<?x4xf32> {
+  // expected-remark @+1 {{ring-reorder: axis "cp", zigzag: applied}}
+  %r1 = sdy.manual_computation(%x) in_shardings=[<@mesh, [{"cp"}, {}]>] out_shardings=[<@mesh, [{"cp"}, {}]>] manual_axes={"cp"} (%l1: tensor<4x4xf32>) {
+    %p1 = "stablehlo.collective_permute"(%l1) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, source_target_pairs = dense<[[0, 1], [1, 0]]> : tensor<2x2xi64>}> : (tensor<4x4xf32>) -> tensor<4x4xf32>
+    %s1 = stablehlo.maximum %l1, %p1 : tensor<4x4xf32>
+    sdy.return %s1 : tensor<4x4xf32>
+  } : (tensor<8x4xf32>) -> tensor<8x4xf32>
+  // expected-remark @+1 {{hoist-permutations: an inverse zigzag permutation stops at 'stablehlo.add': it changes the sequence length}}
+  %b = stablehlo.add %r1, %y : (tensor<8x4xf32>, tensor<8x4xf32>) -> tensor<?x4xf32>
+  return %b : tensor<?x4xf32>
+}
