@@ -105,6 +105,16 @@ def _read_line(line: str, meshes: dict[str, Mesh], shardings: list[TensorShardin
                 name = read_symbol(c)
                 c.expect("=")
                 meshes[name] = read_mesh(c)
+            elif word == '"sdy.mesh"':  # the generic form: `<{mesh = #sdy.mesh<[...]>, sym_name = "name"}>`
+                at = {w: k for k, w in enumerate(words) if k > i}
+                if "mesh" in at and "sym_name" in at and words[at["sym_name"] + 1:at["sym_name"] + 2] == ["="]:
+                    c = Cursor(line, tokens, at["mesh"] + 1)
+                    c.expect("=")
+                    c.accept("#sdy.mesh")
+                    mesh = read_mesh(c)
+                    k = at["sym_name"] + 2
+                    if k < len(words) and tokens[k].kind == mt.STRING:
+                        meshes[mt.unquote(words[k])] = mesh
             elif word == "<" and i + 2 < len(words) and (tokens[i + 1].kind == mt.SYMBOL or words[i + 1] == "mesh"):
                 shardings.append(read_tensor_sharding_body(Cursor(line, tokens, i)))
         except ShardingSyntaxError:

@@ -10,6 +10,8 @@ MLIR nor JAX.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from . import mlir_text as mt
 from .sdy_syntax import Cursor, parse_manual_axes, parse_sharding_per_value, read_mesh
 
@@ -27,51 +29,51 @@ class GenericForms:
     token scan `s`, `hold`, `edits`, `_tag`, `_attribute_text`, `is_frozen`, `statement` and `_manual_parts`)."""
 
     def _generic(self, index: int, name: str) -> None:
-        if name not in ("sdy.sharding_constraint", "sdy.reshard", "sdy.data_flow_edge", "sdy.named_computation",
-                        "sdy.manual_computation", "sdy.mesh"):
+        if name not in _OPS:
             return
         s = self.s
-        i = index + 1
-        if not s.is_punct(i, "("):
+        if not s.is_punct(index + 1, "("):
             return
-        operands = (i, s.group_end(i))
-        i = operands[1] + 1
-        if not (s.is_punct(i, "<") and s.is_punct(i + 1, "{")):
-            return  # no properties: nothing held there
-        props_close = s.group_end(i + 1)
-        entries = self._entries(i + 1, props_close)
-        after = s.group_end(i)
-        regions = None
-        if s.is_punct(after + 1, "("):
-            regions = (after + 1, s.group_end(after + 1))
+        operands_close = s.group_end(index + 1)
+        i = operands_close + 1
+        in_properties = s.is_punct(i, "<") and s.is_punct(i + 1, "{")
+        after = s.group_end(i) if in_properties else operands_close
+        regions = (after + 1, s.group_end(after + 1)) if s.is_punct(after + 1, "(") else None
         tag_after = regions[1] if regions else after
+        # the inherent attributes: properties, or (MLIR takes that too) the attribute dictionary after the regions
+        holder = i + 1 if in_properties else tag_after + 1
+        if not s.is_punct(holder, "{"):
+            return
+        found = self._entries(holder, s.group_end(holder))
+        if found is None:
+            return
+        target = _Dictionary(holder, s.group_end(holder), found, in_properties, tag_after)
         if name == "sdy.mesh":
-            self._generic_mesh(entries)
-            return
-        if name == "sdy.manual_computation":
-            self._generic_manual(index, entries, operands, regions, tag_after)
-            return
+            self._generic_mesh(found)
+        elif name == "sdy.manual_computation":
+            self._generic_manual(index, target, regions)
+        else:
+            self._generic_sharded(index, name, target, regions)
+
+    def _generic_sharded(self, index: int, name: str, target: "_Dictionary", regions) -> None:
+        """A sharding_constraint's or reshard's sharding, a data_flow_edge's, a named computation's lists."""
+        s = self.s
         keys = ("sharding",) if name != "sdy.named_computation" else ("in_shardings", "out_shardings")
-        present = [k for k in keys if k in entries]
+        present = [k for k in keys if k in target.entries]
         if not present:
             return
         block_args = s.names_in(*self._block_args(regions)) if regions else ()
         if self.is_frozen(self.statement.results + block_args, index):
             return
-        texts = {key: self._attribute_text(s.tokens[entries[key][1]].start, s.tokens[entries[key][2]].end)
-                 for key in present}
+        texts = {key: self._entry_text(target, key) for key in present}
         kind = "#sdy.sharding<" if name != "sdy.named_computation" else "#sdy.sharding_per_value<"
         if any(not _is_a(text, kind) for text in texts.values()):
             return  # not the attribute the op takes there: MLIR's own error says so
-        held = {}
-        for key in present:
-            key_index, first, last = entries[key]
-            held[key] = self.hold(texts[key])
-            if name in ("sdy.sharding_constraint", "sdy.reshard"):  # required: one the verifier takes on anything
-                self.edits.append((s.tokens[first].start, s.tokens[last].end, "#sdy.sharding" + SINGLE_DEVICE))
-            else:  # optional: left out
-                self._drop_entry(key_index, last, props_close)
-        self._tag(tag_after, held)
+        held = {key: self.hold(texts[key]) for key in present}
+        if name in ("sdy.sharding_constraint", "sdy.reshard"):  # required: one the verifier takes on anything
+            self._rewrite(target, held, {"sharding": "#sdy.sharding" + SINGLE_DEVICE})
+        else:  # optional: left out
+            self._rewrite(target, held, {key: None for key in present})
 
     def _generic_mesh(self, entries: dict) -> None:
         """`"sdy.mesh"() <{mesh = #sdy.mesh<[...]>, sym_name = "name"}>`: the mesh, for the shardings naming it."""
@@ -81,17 +83,22 @@ class GenericForms:
         name_token = entries["sym_name"][1]
         if s.tokens[name_token].kind != mt.STRING:
             return
-        c = Cursor(s.text, s.tokens, entries["mesh"][1])
+        _, first, last = entries["mesh"]
+        text = self._attribute_text(s.tokens[first].start, s.tokens[last].end)  # an alias stands for its value
+        c = Cursor(text)
         c.accept("#sdy.mesh")
-        self.s.meshes[mt.unquote(s.spelling(name_token))] = read_mesh(c)
+        mesh = read_mesh(c)
+        if c.token() is None:
+            self.s.meshes[mt.unquote(s.spelling(name_token))] = mesh
 
-    def _entries(self, open_index: int, close_index: int) -> dict[str, tuple[int, int, int]]:
-        """The entries of an attribute dictionary: name -> (its token, its value's first and last token)."""
+    def _entries(self, open_index: int, close_index: int) -> dict[str, tuple[int, int, int]] | None:
+        """The entries of an attribute dictionary: name -> (its token, its value's first and last token); None
+        when it holds something else (an entry without a value, say)."""
         s = self.s
         entries, i = {}, open_index + 1
         while i < close_index:
-            if s.tokens[i].kind not in (mt.IDENT, mt.STRING) or not s.is_punct(i + 1, "="):
-                return entries
+            if s.tokens[i].kind not in (mt.IDENT, mt.STRING) or not s.is_punct(i + 1, "=") or i + 2 >= close_index:
+                return None
             key = mt.unquote(s.spelling(i)) if s.tokens[i].kind == mt.STRING else s.spelling(i)
             first = i + 2
             last = s.group_end(first)
@@ -101,15 +108,40 @@ class GenericForms:
             i = last + 2
         return entries
 
-    def _drop_entry(self, key_index: int, last: int, close_index: int) -> None:
-        """Leave a dictionary entry out, with the comma that separates it from the next (or the previous)."""
+    def _entry_text(self, target: "_Dictionary", key: str) -> str:
+        _, first, last = target.entries[key]
+        return self._attribute_text(self.s.tokens[first].start, self.s.tokens[last].end)
+
+    def _rewrite(self, target: "_Dictionary", held: dict[str, int], values: dict[str, str | None]) -> None:
+        """Write the dictionary again: entries in `values` get that value (None: left out), the others stay as
+        written (on one line, comments dropped); the op is tagged with the numbers of its held attributes, in this
+        dictionary when it is the attribute dictionary, else in one after the regions."""
         s = self.s
-        start, end = s.tokens[key_index].start, s.tokens[last].end
-        if s.is_punct(last + 1, ","):
-            end = s.tokens[last + 2].start if last + 2 < close_index else s.tokens[last + 1].end
-        elif s.is_punct(key_index - 1, ","):
-            start = s.tokens[key_index - 1].start
-        self.edits.append((start, end, ""))
+        parts = []
+        for key, (key_index, first, last) in target.entries.items():
+            if key in values:
+                if values[key] is not None:
+                    parts.append(f"{s.spelling(key_index)} = {values[key]}")
+            else:
+                parts.append(self._one_line(key_index, last))
+        if target.in_properties:
+            self._tag(target.tag_after, held)
+        else:
+            tag = len(self.out.tagged_ops)
+            self.out.tagged_ops[tag] = held
+            parts.insert(0, f"{self.out.prefix} = {tag}")
+        self.edits.append((s.tokens[target.open].end, s.tokens[target.close].start, ", ".join(parts)))
+
+    def _one_line(self, first: int, last: int) -> str:
+        """The text of tokens first..last, the space between two of them a single space where it holds a line
+        break or a comment (else as written: `4x8xf32` stays whole)."""
+        s = self.s
+        pieces = [s.spelling(first)]
+        for k in range(first + 1, last + 1):
+            gap = s.text[s.tokens[k - 1].end:s.tokens[k].start]
+            pieces.append(" " if "\n" in gap or "/" in gap else gap)
+            pieces.append(s.spelling(k))
+        return "".join(pieces)
 
     def _block_args(self, regions: tuple[int, int]) -> tuple[int, int]:
         """The bracket group of the first block's arguments in `({ ^bb0(...): ... })`, or an empty span."""
@@ -119,12 +151,12 @@ class GenericForms:
             return i + 2, s.group_end(i + 2)
         return i, i
 
-    def _generic_manual(self, index: int, entries: dict, operands: tuple[int, int], regions, tag_after: int) -> None:
+    def _generic_manual(self, index: int, target: "_Dictionary", regions) -> None:
         s = self.s
-        if regions is None or any(k not in entries for k in ("in_shardings", "out_shardings", "manual_axes")):
+        keys = ("in_shardings", "out_shardings", "manual_axes")
+        if regions is None or any(k not in target.entries for k in keys):
             return
-        texts = {k: self._attribute_text(s.tokens[entries[k][1]].start, s.tokens[entries[k][2]].end)
-                 for k in ("in_shardings", "out_shardings", "manual_axes")}
+        texts = {k: self._entry_text(target, k) for k in keys}
         if not (_is_a(texts["in_shardings"], "#sdy.sharding_per_value<") and
                 _is_a(texts["out_shardings"], "#sdy.sharding_per_value<") and
                 _is_a(texts["manual_axes"], "#sdy<manual_axes")):
@@ -135,7 +167,7 @@ class GenericForms:
         local_in = s.typed_list(block_open + 1, block_close) if block_close > block_open else []
         region_open, region_close = regions[0] + 1, s.group_end(regions[0] + 1)
         local_out = s.return_types(region_open, region_close)
-        c = Cursor(s.text, s.tokens, tag_after + 1)
+        c = Cursor(s.text, s.tokens, target.tag_after + 1)
         if c.at("{"):
             c.pos = s.group_end(c.pos) + 1
         c.expect(":")
@@ -146,9 +178,21 @@ class GenericForms:
             return
         ins, outs, manual, _ = parts
         held = {name: self.hold(value) for name, value in texts.items()}
-        for key, text in (("in_shardings", f"#sdy.sharding_per_value<{ins}>"),
-                          ("out_shardings", f"#sdy.sharding_per_value<{outs}>"),
-                          ("manual_axes", f"#sdy<manual_axes{manual}>")):
-            _, first, last = entries[key]
-            self.edits.append((s.tokens[first].start, s.tokens[last].end, text))
-        self._tag(tag_after, held)
+        self._rewrite(target, held, {"in_shardings": f"#sdy.sharding_per_value<{ins}>",
+                                     "out_shardings": f"#sdy.sharding_per_value<{outs}>",
+                                     "manual_axes": f"#sdy<manual_axes{manual}>"})
+
+
+@dataclass
+class _Dictionary:
+    """Where an op in the generic form holds its inherent attributes."""
+
+    open: int  # its `{` and `}` tokens
+    close: int
+    entries: dict[str, tuple[int, int, int]]
+    in_properties: bool  # `<{...}>`; else the attribute dictionary
+    tag_after: int  # the token the op's attribute dictionary (if any) follows
+
+
+_OPS = frozenset({"sdy.sharding_constraint", "sdy.reshard", "sdy.data_flow_edge", "sdy.named_computation",
+                  "sdy.manual_computation", "sdy.mesh"})

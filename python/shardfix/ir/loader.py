@@ -10,7 +10,6 @@ from __future__ import annotations
 from jaxlib.mlir import ir
 
 from .. import mlir_text
-from ..locations import SourceLoc
 from ..report import Diagnostic
 from ..standins import StandIns, quickly_rejected, stand_in
 from .context import LoadError, diagnostics_of
@@ -43,25 +42,25 @@ def load_module(source: str | bytes, ctx: ir.Context, source_name: str = "-",
                 if not lenient or isinstance(source, bytes):
                     raise LoadError(diagnostics_of(e)) from None
         stand_ins = stand_in(source)
-        if not stand_ins:
+        if not stand_ins:  # nothing to hold aside: the module loads as it is (after a quick look that misread it)
             lines = frozenset(stand_ins.collective_lines) if stand_ins is not None else frozenset()
-            raise LoadError(explain(_strict_errors(source, source_name), lines))
+            return _strict(source, source_name, lines), False
         try:
             module = _parse_op(stand_ins.text, source_name)
         except ir.MLIRError as e:  # what even the stand-ins couldn't hold aside: the reason to give
             raise LoadError(explain(diagnostics_of(e), frozenset(stand_ins.collective_lines))) from None
         if not _restore(module, stand_ins):
-            raise LoadError(explain(_strict_errors(source, source_name)))
+            return _strict(source, source_name, frozenset()), False
         return module, True
 
 
-def _strict_errors(source: str, source_name: str) -> list[Diagnostic]:
-    """MLIR's own errors for the text as it is."""
+def _strict(source: str, source_name: str, lines: frozenset[int]) -> ir.Operation:
+    """The module parsed as it is, or a LoadError with MLIR's own errors explained (`lines`: those of shardings a
+    collective reads)."""
     try:
-        _parse_op(source, source_name)
+        return _parse_op(source, source_name)
     except ir.MLIRError as e:
-        return diagnostics_of(e)
-    return [Diagnostic("error", "the module holds attributes shardfix can't read back", SourceLoc(source_name, 1, 1))]
+        raise LoadError(explain(diagnostics_of(e), lines)) from None
 
 
 def _parse_op(source: str | bytes, source_name: str) -> ir.Operation:
