@@ -305,7 +305,11 @@ class _Body:
                 if any(k in permuted and permuted[k][0] is not order for k in keys):
                     self.mover.say(order.kind, True, op, Blocked("reads values in two different sequence orders"))
                     continue
-                if not all(self.mover.fits(v.type, order) for v in list(operands) + list(op.results)):  # a dynamic dim
+                # the sequence's length: a value at hand permuted has it already, and a sharding constraint's
+                # result has its operand's type; the others are read (a dynamic dim, say, stops the motion)
+                if name not in _WHERE_VALUES_SIT and not (
+                        all(self.mover.fits(operands[j].type, order) for j, k in enumerate(keys) if k not in permuted)
+                        and all(self.mover.fits(result.type, order) for result in op.results)):
                     self.mover.say(order.kind, True, op, Blocked("changes the sequence length"))
                     continue
                 for j, k in enumerate(keys):
