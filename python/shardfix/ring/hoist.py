@@ -132,6 +132,12 @@ class Motion:
 # these) need no types read.
 _WHERE_VALUES_SIT = frozenset({"sdy.sharding_constraint", "sdy.reshard"})
 _SAME_SHAPE = (ELEMENTWISE - {"stablehlo.select", "stablehlo.clamp"}) | _WHERE_VALUES_SIT
+# Ops that hold no region that could read a value from outside (a manual computation is isolated from above).
+_NO_REGIONS = ELEMENTWISE | _WHERE_VALUES_SIT | {
+    "sdy.manual_computation", "stablehlo.constant", "stablehlo.broadcast_in_dim", "stablehlo.dot_general",
+    "stablehlo.transpose", "stablehlo.reshape", "stablehlo.convert", "stablehlo.iota", "stablehlo.slice",
+    "stablehlo.concatenate", "stablehlo.dynamic_slice", "stablehlo.dynamic_update_slice", "func.call",
+    "func.return"}
 
 # Ops that read their operands in the order they are in: a ring region reads them as its own (its permutations
 # are the module's forward permutations), a function returns them to its caller.
@@ -284,7 +290,7 @@ class _Body:
             for key in keys:
                 count[key] = count.get(key, 0) + 1
             name = names[place]
-            if name != "sdy.manual_computation" and len(op.regions):
+            if name not in _NO_REGIONS and len(op.regions):
                 _count_nested(op, count)
             perm = perms.get(place)
             if perm is not None:
