@@ -358,16 +358,25 @@ class _Rewriter(GenericForms):
             self.edits.append((s.tokens[keyword].start, s.tokens[close].end, ""))
         self._tag(s.group_end(c.pos), held)
 
-    def _manual_parts(self, index: int, lists: dict, axes, block_args: tuple[int, int], region_close: int,
-                      types: dict):
+    def _manual_parts(self, index: int, lists: dict, axes, block_args: tuple[int, int], local_in,
+                      region: tuple[int, int], after: int):
         """A manual computation's stand-in pieces (manual.stand_in_parts), or None where it stays as written (a
         collective reads one of its values, or no stand-in fits its body); the axes it binds for the ops inside it
-        are noted either way."""
+        are noted either way. `region`: the `{` and `}` of its body; `after`: the token its attribute dictionary
+        (if any) and type follow."""
+        s = self.s
+        local_out = s.return_types(*region)
+        c = Cursor(s.text, s.tokens, after + 1)
+        if c.at("{"):
+            c.pos = s.group_end(c.pos) + 1
+        c.expect(":")
+        global_in, global_out = s.function_type(c)
+        types = {"in_shardings": (global_in, local_in), "out_shardings": (global_out, local_out)}
         bound = frozenset().union(*(a for _, a in self.manual_stack))
         parts = None
-        if not self.is_frozen(self.statement.results + self.s.names_in(*block_args), index):
-            parts = stand_in_parts(lists, axes, bound, types, self.s.meshes)
-        self.manual_stack.append((region_close, frozenset(parts[3] if parts is not None else axes)))
+        if not self.is_frozen(self.statement.results + s.names_in(*block_args), index):
+            parts = stand_in_parts(lists, axes, bound, types, s.meshes)
+        self.manual_stack.append((region[1], frozenset(parts[3] if parts is not None else axes)))
         return parts
 
     def _manual(self, index: int) -> None:
@@ -402,19 +411,12 @@ class _Rewriter(GenericForms):
         c.pos = block_close + 1
         if not c.at("{"):
             return
-        region_open, region_close = c.pos, s.group_end(c.pos)
-        local_out = s.return_types(region_open, region_close)
-        c.pos = region_close + 1
-        if c.at("{"):
-            c.pos = s.group_end(c.pos) + 1
-        c.expect(":")
-        global_in, global_out = s.function_type(c)
-        parts = self._manual_parts(index, lists, axes, (block_open, block_close), region_close,
-                                   {"in_shardings": (global_in, local_in), "out_shardings": (global_out, local_out)})
+        region = (c.pos, s.group_end(c.pos))
+        parts = self._manual_parts(index, lists, axes, (block_open, block_close), local_in, region, region[1])
         if parts is None:
             return
         ins, outs, manual, _ = parts
         text = f"in_shardings={ins} out_shardings={outs} manual_axes={manual}"
         held = {name: self.hold(value) for name, value in originals.items()}
         self.edits.append((s.tokens[start].start, s.tokens[end].end, text))
-        self._tag(region_close, held)
+        self._tag(region[1], held)

@@ -165,15 +165,8 @@ class GenericForms:
         axes = parse_manual_axes(texts["manual_axes"])
         block_open, block_close = self._block_args(regions)
         local_in = s.typed_list(block_open + 1, block_close) if block_close > block_open else []
-        region_open, region_close = regions[0] + 1, s.group_end(regions[0] + 1)
-        local_out = s.return_types(region_open, region_close)
-        c = Cursor(s.text, s.tokens, target.tag_after + 1)
-        if c.at("{"):
-            c.pos = s.group_end(c.pos) + 1
-        c.expect(":")
-        global_in, global_out = s.function_type(c)
-        parts = self._manual_parts(index, lists, axes, (block_open, block_close), region_close,
-                                   {"in_shardings": (global_in, local_in), "out_shardings": (global_out, local_out)})
+        region = (regions[0] + 1, s.group_end(regions[0] + 1))
+        parts = self._manual_parts(index, lists, axes, (block_open, block_close), local_in, region, target.tag_after)
         if parts is None:
             return
         ins, outs, manual, _ = parts
