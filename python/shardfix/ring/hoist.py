@@ -130,14 +130,7 @@ class Motion:
 # same place (StableHLO's verifier holds them to that, up to dynamic dims): elementwise ops but select and clamp,
 # whose predicate or bounds may be scalars, and where values sit. Their moves and carries (the rule table's, for
 # these) need no types read.
-_WHERE_VALUES_SIT = frozenset({"sdy.sharding_constraint", "sdy.reshard"})
-_SAME_SHAPE = (ELEMENTWISE - {"stablehlo.select", "stablehlo.clamp"}) | _WHERE_VALUES_SIT
-# Ops that hold no region that could read a value from outside (a manual computation is isolated from above).
-_NO_REGIONS = ELEMENTWISE | _WHERE_VALUES_SIT | {
-    "sdy.manual_computation", "stablehlo.constant", "stablehlo.broadcast_in_dim", "stablehlo.dot_general",
-    "stablehlo.transpose", "stablehlo.reshape", "stablehlo.convert", "stablehlo.iota", "stablehlo.slice",
-    "stablehlo.concatenate", "stablehlo.dynamic_slice", "stablehlo.dynamic_update_slice", "func.call",
-    "func.return"}
+_SAME_SHAPE = (ELEMENTWISE - {"stablehlo.select", "stablehlo.clamp"}) | {"sdy.sharding_constraint", "sdy.reshard"}
 
 # Ops that read their operands in the order they are in: a ring region reads them as its own (its permutations
 # are the module's forward permutations), a function returns them to its caller.
@@ -290,7 +283,7 @@ class _Body:
             for key in keys:
                 count[key] = count.get(key, 0) + 1
             name = names[place]
-            if name not in _NO_REGIONS and len(op.regions):
+            if name != "sdy.manual_computation" and len(op.regions):
                 _count_nested(op, count)
             perm = perms.get(place)
             if perm is not None:
@@ -307,31 +300,20 @@ class _Body:
             if first is None:
                 continue
             i, (order, _, like) = first
-            if name in _SAME_SHAPE:  # every operand read in the same order, the op run in it (`moves`, in short)
-                if any(k in permuted and permuted[k][0] is not order for k in keys):
-                    self.mover.say(order.kind, True, op, Blocked("reads values in two different sequence orders"))
-                    continue
-                # the sequence's length: a value at hand permuted has it already, and a sharding constraint's
-                # result has its operand's type; the others are read (a dynamic dim, say, stops the motion)
-                if name not in _WHERE_VALUES_SIT and not (
-                        all(self.mover.fits(operands[j].type, order) for j, k in enumerate(keys) if k not in permuted)
-                        and all(self.mover.fits(result.type, order) for result in op.results)):
-                    self.mover.say(order.kind, True, op, Blocked("changes the sequence length"))
-                    continue
-                for j, k in enumerate(keys):
-                    self._read(place, j, operands[j], order, like, k)
-                self._run_permuted(place, order, like)
-                continue
             try:
-                dim = self.mover.moves(op, i, order.dim, name)
-                if dim != REDUCED and not self.mover.fits(op.results[0].type, self.mover.order(order.kind, dim)):
-                    raise Blocked("changes the sequence length")  # its result can't be put back in order
-                operand_dims = ({i: order.dim, **reduced_with(op, i, order.dim)} if dim == REDUCED
-                                else self.mover.carriers(op, dim, name))
+                if name in _SAME_SHAPE:  # the rule table's `moves` and `carriers`, in short
+                    dim, operand_dims = order.dim, dict.fromkeys(range(len(keys)), order.dim)
+                else:
+                    dim = self.mover.moves(op, i, order.dim, name)
+                    operand_dims = ({i: order.dim, **reduced_with(op, i, order.dim)} if dim == REDUCED
+                                    else self.mover.carriers(op, dim, name))
+                if dim != REDUCED and not all(self.mover.fits(r.type, self.mover.order(order.kind, dim))
+                                              for r in op.results):
+                    raise Blocked("changes the sequence length")  # its result couldn't be put back in order
             except Blocked as why:
                 self.mover.say(order.kind, True, op, why)
                 continue
-            if self._read_permuted(place, op, operand_dims, order.kind, like, inverse=True) and dim != REDUCED:
+            if self._read_permuted(place, op, operand_dims, order.kind, like, True, keys) and dim != REDUCED:
                 self._run_permuted(place, self.mover.order(order.kind, dim), like)
 
     # -- 2. backward: forward permutations rise -----------------------------------------------------------------
@@ -351,18 +333,20 @@ class _Body:
                         self._run_permuted(place, order, like)
 
     def _read_permuted(self, place: int, op: ir.Operation, operand_dims: dict[int, int], kind: Kind, like: Perm,
-                       inverse: bool) -> bool:
+                       inverse: bool, keys: list[int] | None = None) -> bool:
         """The op at `place` reads these operands in permuted order, if it may (else the motion stops there, said
-        as the inverse's or the forward permutation's)."""
+        as the inverse's or the forward permutation's). `keys`: the hashes of its operands, where the caller has
+        them."""
         operands = op.operands
-        reading = [(j, operands[j], self.mover.order(kind, d)) for j, d in operand_dims.items()]
+        reading = [(j, operands[j], self.mover.order(kind, d), None if keys is None else keys[j])
+                   for j, d in operand_dims.items()]
         try:
-            self._check(place, reading, kind)
+            self._check(place, reading)
         except Blocked as why:
             self.mover.say(kind, inverse, op, why)
             return False
-        for j, value, order in reading:
-            self._read(place, j, value, order, like)
+        for j, value, order, key in reading:
+            self._read(place, j, value, order, like, key)
         return True
 
     def _all_reads_permuted(self, place: int, order: Order) -> bool:
@@ -485,16 +469,17 @@ class _Body:
             self.permuted[key] = (order, result, like)
             self.own.add(key)
 
-    def _check(self, place: int, reading: list[tuple[int, ir.Value, Order]], kind: Kind) -> None:
+    def _check(self, place: int, reading: list[tuple[int, ir.Value, Order, int | None]]) -> None:
         """The op at `place` may read these operands in permuted order: each has the sequence's length along
-        its dim, is in no other permuted order, and is not read in another order already (a dot_general that sums
-        the tokens of one dim of an operand can't also give a result permuted along another dim of it)."""
-        for index, value, order in reading:
-            if not self.mover.fits(value.type, order):
-                raise Blocked("changes the sequence length")
-            found = self.permuted.get(hash(value))
+        its dim (a value at hand in that order has it already), is in no other permuted order, and is not read in
+        another order already (a dot_general that sums the tokens of one dim of an operand can't also give a
+        result permuted along another dim of it)."""
+        for index, value, order, key in reading:
+            found = self.permuted.get(hash(value) if key is None else key)
             if found is not None and found[0] is not order:
                 raise Blocked("reads values in two different sequence orders")
+            if found is None and not self.mover.fits(value.type, order):
+                raise Blocked("changes the sequence length")
             read = self.read_order.get((place, index))
             if read is not None and read is not order:
                 raise Blocked("would read an operand in two sequence orders (along two of its dims)")
