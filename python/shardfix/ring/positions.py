@@ -39,8 +39,8 @@ def apply_rewrites(module: ir.Operation, plans: list[tuple[list[Rewrite], Layout
     region's body are rewritten in place; a function holding reads is rewritten in a copy made for the calls that
     asked for exactly those reads, so its other callers (regions left as they are, other layouts, other
     arguments) keep the original; copies are shared between calls that ask for the same. Originals no call
-    reaches any more are erased. Returns how many reads were rewritten. `callers`: how many func.call ops name each function
-    before the rewrite, if known (else the module is walked to count them)."""
+    reaches any more are erased. Returns how many reads were rewritten. `callers`: how many func.call ops name
+    each function before the rewrite, if known (else the module is walked to count them)."""
     specializer = _Specializer(module, callers)
     done = 0
     for rewrites, layout in plans:
@@ -122,16 +122,9 @@ class _Specializer:
                 callers[old] -= 1
                 callers[new] = callers.get(new, 0) + 1
             for copy in self.copies.values():
-                for op in _preorder(self.table[copy].operation):
-                    if op.name == "func.call":
-                        callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
-                        callers[callee] = callers.get(callee, 0) + 1
+                _count_calls(self.table[copy].operation, callers)
         else:
-            callers = {}
-            for op in _preorder(self.module):
-                if op.name == "func.call":
-                    callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
-                    callers[callee] = callers.get(callee, 0) + 1
+            callers = _count_calls(self.module, {})
         pending = [n for n in self.redirected if not callers.get(n)]
         while pending:
             name = pending.pop()
@@ -159,6 +152,15 @@ class _Specializer:
         while f"{base}_{n}" in self.table:
             n += 1
         return f"{base}_{n}"
+
+
+def _count_calls(op: ir.Operation, callers: dict[str, int]) -> dict[str, int]:
+    """Add the func.call ops in `op` to `callers` (callee -> how many call it)."""
+    for inner in _preorder(op):
+        if inner.name == "func.call":
+            callee = ir.FlatSymbolRefAttr(inner.attributes["callee"]).value
+            callers[callee] = callers.get(callee, 0) + 1
+    return callers
 
 
 def _preorder(op: ir.Operation) -> list:
