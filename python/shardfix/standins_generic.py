@@ -1,11 +1,12 @@
 """Stand-ins for sdy ops written in MLIR's generic form, `"name"(operands) <{properties}> ({regions}) {attributes}
-: type`, where shardings are properties: the part of the stand-in scanner (shardfix.standins) that reads them.
+: type`, where shardings are inherent attributes (properties, or entries of the attribute dictionary): the part of
+the stand-in scanner (shardfix.standins) that reads them.
 
 A sharding_constraint's or reshard's sharding is held behind one the verifier takes on anything; a data_flow_edge's
 and a named computation's (optional) are left out; a manual computation's in/out shardings and manual axes are
-replaced by ones that fit its body; an `sdy.mesh` definition is read for the shardings that name it. A property
-holding another kind of attribute than the op takes is left as written, for MLIR's own error. Pure: imports neither
-MLIR nor JAX.
+replaced by ones that fit its body; an `sdy.mesh` definition (inline or through an alias) is read for the shardings
+that name it. The dictionary holding them is written again as a whole. A property holding another kind of attribute
+than the op takes is left as written, for MLIR's own error. Pure: imports neither MLIR nor JAX.
 """
 
 from __future__ import annotations
