@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 from .. import mlir_text as mt
 from ..correct import Reason, Site, correct_sharding
+from ..sdy_syntax import Cursor, read_dim, read_mesh
 from ..report import Fix
 from ..sharding import (UNCONSTRAINED, Mesh, ShardingSyntaxError, TensorSharding, describe_sub_axis,
                         from_spec_entries, parse_tensor_sharding, to_spec_entries)
@@ -96,47 +97,42 @@ def repair_spec(spec, mesh, shape: Sequence[int] | None, policy: str, *, divisib
 def spec_words(detail: str) -> str:
     """A correction-core detail in PartitionSpec words: dims `{"tp"}`, `{"dp", "tp"}`, `{}`, `{?}` become 'tp',
     ('dp', 'tp'), None, UNCONSTRAINED; a mesh `<["dp"=2, "tp"=4]>` becomes (dp=2, tp=4); axis names take quotes.
-    The detail is read as MLIR tokens (its notation is sdy's), the words around them kept as they are."""
+    The detail is read as MLIR tokens with sdy's readers (its notation is sdy's), the words around them kept."""
     tokens = mt.tokenize(detail)
     partner = mt.match_brackets(detail, tokens)
-    spelling = [detail[t.start:t.end] for t in tokens]
     out, pos, i = [], 0, 0
     while i < len(tokens):
-        close = partner[i]
-        inner = range(i + 1, close) if close > i else range(0)
-        replacement = None
-        if spelling[i] == "{" and close > i and all(tokens[k].kind == mt.STRING or spelling[k] in (",", "?")
-                                                     for k in inner):
-            names = [f"'{mt.unquote(spelling[k])}'" for k in inner if tokens[k].kind == mt.STRING]
-            replacement = ("UNCONSTRAINED" if "?" in (spelling[k] for k in inner) else "None" if not names
-                           else names[0] if len(names) == 1 else f"({', '.join(names)})")
-        elif spelling[i] == "<" and close == i + 1 + len(inner) and spelling[i + 1:i + 2] == ["["] and \
-                partner[i + 1] == close - 1 and _mesh_axes(tokens, spelling, i + 2, close - 1) is not None:
-            replacement = "(" + ", ".join(_mesh_axes(tokens, spelling, i + 2, close - 1)) + ")"
-        elif tokens[i].kind == mt.STRING:
-            replacement = f"'{mt.unquote(spelling[i])}'"
-            close = i
+        replacement, last = _spec_word(detail, tokens, partner, i)
         if replacement is None:
             i += 1
             continue
         out += [detail[pos:tokens[i].start], replacement]
-        pos, i = tokens[close].end, close + 1
+        pos, i = tokens[last].end, last + 1
     return "".join(out) + detail[pos:]
 
 
-def _mesh_axes(tokens, spelling: list[str], first: int, last: int) -> list[str] | None:
-    """`"dp"=2, "tp"=4` between two token indices as ["dp=2", "tp=4"], or None for anything else."""
-    axes, k = [], first
-    while k < last:
-        if not (tokens[k].kind == mt.STRING and spelling[k + 1:k + 2] == ["="] and k + 2 < last
-                and tokens[k + 2].kind == mt.INTEGER):
-            return None
-        axes.append(f"{mt.unquote(spelling[k])}={spelling[k + 2]}")
-        k += 3
-        if k < last and spelling[k] != ",":
-            return None
-        k += 1
-    return axes
+def _spec_word(detail: str, tokens, partner: list[int], i: int) -> tuple[str | None, int]:
+    """What the sdy notation starting at token i says in PartitionSpec words, and its last token; None where it is
+    none of a dim of plain axes, a mesh or an axis name."""
+    spelling = detail[tokens[i].start:tokens[i].end]
+    try:
+        if spelling == "{" and partner[i] > i:
+            dim = read_dim(Cursor(detail, tokens, i, partner[i] + 1))
+            if not any(a.is_sub_axis for a in dim.axes):
+                names = [f"'{a.name}'" for a in dim.axes]
+                word = ("UNCONSTRAINED" if not dim.is_closed else "None" if not names else names[0]
+                        if len(names) == 1 else f"({', '.join(names)})")
+                return word, partner[i]
+        elif spelling == "<" and partner[i] > i:
+            c = Cursor(detail, tokens, i, partner[i] + 1)
+            mesh = read_mesh(c)
+            if c.pos == partner[i] + 1 and mesh.device_ids is None:
+                return "(" + ", ".join(f"{name}={size}" for name, size in mesh.axes) + ")", partner[i]
+    except ShardingSyntaxError:
+        pass
+    if tokens[i].kind == mt.STRING:
+        return f"'{mt.unquote(spelling)}'", i
+    return None, i
 
 
 def in_user_terms(fixes: Sequence[Fix]) -> list[Fix]:
