@@ -186,7 +186,7 @@ class Mover:
     # -- where the sequence dim goes: the rule table, and calls of elementwise functions ----------------------
 
     def moves(self, op: ir.Operation, operand: int, dim: int, name: str):
-        if name in _SAME_SHAPE or name == "func.call" and self._elementwise_call(op):
+        if name == "func.call" and self._elementwise_call(op):
             return dim
         return moves(op, operand, dim)
 
