@@ -140,12 +140,47 @@ def test_a_run_past_its_time_limit_is_a_located_error_and_writes_nothing(tmp_pat
     assert target.read_text() == "keep\n"
 
 
-def test_a_crashed_run_is_a_located_error(capfd):
-    code = run_guarded(lambda channel: (channel.progress(7), os.kill(os.getpid(), signal.SIGKILL)), 30, "m.mlir",
-                       "shardfix-opt")
+CHILDREN = """
+import os, signal
+
+def crash(argv, channel):
+    channel.progress(int(argv[0]))
+    os.kill(os.getpid(), signal.SIGKILL)
+
+def fail(argv, channel):
+    raise RuntimeError("broken: " + " ".join(argv))
+
+def answer(argv, channel):
+    channel.output("-", "out " + " ".join(argv) + "\\n")
+    return 0
+"""
+
+
+@pytest.fixture
+def children(tmp_path, monkeypatch):
+    """A module of child functions the watchdog's fresh interpreter can import (through PYTHONPATH)."""
+    (tmp_path / "watchdog_children.py").write_text(CHILDREN)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    return "watchdog_children"
+
+
+def test_a_crashed_run_is_a_located_error(capfd, children):
+    code = run_guarded(f"{children}:crash", ["7"], 30, "m.mlir", "shardfix-opt")
     assert code == 1
     assert capfd.readouterr().err == ("m.mlir:7:1: error: internal error: the run died of SIGKILL while working "
                                       "here; nothing was written\n")
+
+
+def test_the_child_is_a_fresh_interpreter_not_a_fork(capfd, children):
+    """No fork of this (multithreaded, JAX-importing) process: no DeprecationWarning, whatever the filters say."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert run_guarded(f"{children}:answer", ["a", "b"], 30, "m.mlir", "shardfix-opt") == 0
+        assert run_guarded(f"{children}:fail", ["x"], 30, "m.mlir", "shardfix-opt") == 1
+    out, err = capfd.readouterr()
+    assert out == "out a b\n"
+    assert err == "shardfix-opt: internal error: RuntimeError: broken: x\n"
 
 
 @pytest.mark.parametrize("argv, message", [

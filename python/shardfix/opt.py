@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.timeout == 0 or args.version or args.list_passes:
         return _unguarded(argv)
     input_name = "<stdin>" if args.input == "-" else args.input
-    return run_guarded(lambda channel: _work(argv, channel), args.timeout, input_name, PROG)
+    return run_guarded("shardfix.opt:_work", argv, args.timeout, input_name, PROG)
 
 
 def _work(argv: list[str], channel) -> int:
