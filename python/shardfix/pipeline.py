@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 import gc
+import logging
+import time
 from dataclasses import dataclass
 
 from jaxlib.mlir import ir, passmanager
@@ -16,6 +18,7 @@ from jaxlib.mlir import ir, passmanager
 from shardfix import passes as registry
 from shardfix.passes import OptionError, Pass, PassContext, PassError
 
+from ._log import logger
 from .ir import LoadError, diagnostics_of
 from .locations import SourceLoc
 from .refusal import explain
@@ -126,7 +129,7 @@ def build_pass_manager(pipeline: Pipeline, ctx: ir.Context, pass_ctx: PassContex
         pm = passmanager.PassManager("builtin.module")
         for element in pipeline.elements:
             if element.ours is not None:
-                pm.add(_runner(element.ours, pass_ctx), name=element.ours.name)
+                pm.add(_runner(element.ours, pass_ctx), **_pass_names(element.ours))
                 continue
             try:
                 pm.add(element.text)
@@ -140,8 +143,17 @@ def build_pass_manager(pipeline: Pipeline, ctx: ir.Context, pass_ctx: PassContex
     return pm
 
 
+def _pass_names(pass_: Pass) -> dict[str, str]:
+    """How MLIR names a Python pass in its IR dumps, timing and crash reports: by its pipeline name (the `argument`
+    is what MLIR prints; without it, `unknown<NAME>`)."""
+    return {"name": pass_.name, "argument": pass_.name, "description": pass_.description}
+
+
 def _runner(pass_: Pass, pass_ctx: PassContext):
     def run(op, _external_pass) -> None:
+        report = pass_ctx.report
+        before = len(report.fixes), len(report.remarks), len(report.rings)
+        start = time.perf_counter()
         # A pass makes many small short-lived objects and no garbage cycles to speak of; with the cyclic
         # collector on, each collection also scans the caller's whole heap (a JAX process holds millions of
         # objects), which would make a pass's time follow the size of the process rather than of the module.
@@ -152,7 +164,23 @@ def _runner(pass_: Pass, pass_ctx: PassContext):
         finally:
             if collecting:
                 gc.enable()
+        if logger.isEnabledFor(logging.INFO):
+            _log_pass(pass_.name, time.perf_counter() - start, report, before)
     return run
+
+
+def _log_pass(name: str, seconds: float, report, before: tuple[int, int, int]) -> None:
+    """INFO: the pass's time and what it changed; DEBUG: each ring it left alone, and why."""
+    fixes, remarks, rings = report.fixes[before[0]:], report.remarks[before[1]:], report.rings[before[2]:]
+    applied = sum(r.applied for r in rings)
+    logger.info("%s: %.1f ms, %d sharding(s) changed, %d of %d ring(s) reordered, %d remark(s)", name,
+                seconds * 1e3, sum(f.count for f in fixes), applied, len(rings), len(remarks))
+    for fix in fixes:
+        logger.info("%s: %s: %s", name, fix.location or "?", fix.message())
+    for ring in rings:
+        if not ring.applied:
+            logger.debug("%s: %s: ring on axis %r (%s) left alone: %s", name, ring.location or "?", ring.axis,
+                         ring.strategy, ring.why or "no reason recorded")
 
 
 def _mlir_pipeline_message(message: str, element: str) -> str:

@@ -76,6 +76,10 @@ def user_stacklevel() -> int:
             return level
         if fallback is None and not os.path.abspath(path).startswith(_PACKAGE_DIR):
             fallback = level
-        frame, level = frame.f_back, level + 1
+        frame = frame.f_back
+        # warnings.warn doesn't count the import system's frames (a warning raised while a module is imported)
+        if frame is not None and not ("importlib" in frame.f_code.co_filename
+                                      and "_bootstrap" in frame.f_code.co_filename):
+            level += 1
     return fallback or 1
 
