@@ -122,9 +122,10 @@ def _split_top_level(text: str, sep: str, offset: int):
 
 
 def build_pass_manager(pipeline: Pipeline, ctx: ir.Context, pass_ctx: PassContext, verify_each: bool = True,
-                       print_ir_after_all: bool = False, timing: bool = False) -> passmanager.PassManager:
-    """A PassManager for the pipeline; MLIR prints the module after every pass (`print_ir_after_all`) and the
-    time of each pass (`timing`, when the manager is deleted) to stderr."""
+                       print_ir_after_all: bool = False, timing: bool = False,
+                       print_ir_before_all: bool = False) -> passmanager.PassManager:
+    """A PassManager for the pipeline; MLIR prints the module before (`print_ir_before_all`) and after every pass
+    (`print_ir_after_all`) and the time of each pass (`timing`, when the manager is deleted) to stderr."""
     with ctx:
         pm = passmanager.PassManager("builtin.module")
         for element in pipeline.elements:
@@ -136,17 +137,19 @@ def build_pass_manager(pipeline: Pipeline, ctx: ir.Context, pass_ctx: PassContex
             except ValueError as e:
                 raise PipelineError(_mlir_pipeline_message(str(e), element.text), element.col) from None
         pm.enable_verifier(verify_each)
-        if print_ir_after_all:
-            pm.enable_ir_printing(print_after_all=True, print_module_scope=True)
+        if print_ir_after_all or print_ir_before_all:
+            pm.enable_ir_printing(print_before_all=print_ir_before_all, print_after_all=print_ir_after_all,
+                                  print_module_scope=True)
         if timing:
             pm.enable_timing()
     return pm
 
 
 def _pass_names(pass_: Pass) -> dict[str, str]:
-    """How MLIR names a Python pass in its IR dumps, timing and crash reports: by its pipeline name (the `argument`
-    is what MLIR prints; without it, `unknown<NAME>`)."""
-    return {"name": pass_.name, "argument": pass_.name, "description": pass_.description}
+    """How MLIR names a Python pass in its IR dumps, timing and crash reports, as it names its own
+    (`CanonicalizerPass: canonicalize`): the class, and the pipeline name as the argument (without one MLIR says
+    `unknown<NAME>`)."""
+    return {"name": type(pass_).__name__, "argument": pass_.name, "description": pass_.description}
 
 
 def _runner(pass_: Pass, pass_ctx: PassContext):
@@ -195,14 +198,14 @@ def _mlir_pipeline_message(message: str, element: str) -> str:
 
 def run_pipeline(module: ir.Operation, pipeline: Pipeline, ctx: ir.Context, pass_ctx: PassContext,
                  verify_each: bool = True, explain_failures: bool = False, print_ir_after_all: bool = False,
-                 timing: bool = False) -> None:
+                 timing: bool = False, print_ir_before_all: bool = False) -> None:
     """Run the pipeline on the module in place; failures raise LoadError with located diagnostics. The result
     is verified after every pass, or (verify_each=False, cheaper for long pipelines) once at the end.
     `explain_failures` (for a module loaded with stand-ins, which held shardings the verifier rejects): a
     verifier error is said in shardfix's words, as what the repair couldn't do."""
     if not pipeline.elements:
         return
-    pm = build_pass_manager(pipeline, ctx, pass_ctx, verify_each, print_ir_after_all, timing)
+    pm = build_pass_manager(pipeline, ctx, pass_ctx, verify_each, print_ir_after_all, timing, print_ir_before_all)
     try:
         with ctx:
             pm.run(module)

@@ -40,8 +40,11 @@ class Channel:
     def progress(self, line: int) -> None:
         self._send(b"P", str(line).encode())
 
-    def output(self, path: str, text: str) -> None:
-        self._send(b"O", path.encode("utf-8", "surrogateescape") + b"\0" + text.encode("utf-8", "surrogateescape"))
+    def output(self, path: str, data: str | bytes) -> None:
+        """What to write to `path` ("-": standard output): text, or bytes (MLIR bytecode) as they are."""
+        if isinstance(data, str):
+            data = data.encode("utf-8", "surrogateescape")
+        self._send(b"O", path.encode("utf-8", "surrogateescape") + b"\0" + data)
 
 
 @dataclass
