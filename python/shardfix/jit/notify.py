@@ -4,18 +4,17 @@ attributed to the user's own line; and notes."""
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import sys
 import sysconfig
 import warnings
 from typing import Iterator
 
+from .._log import logger
 from ..locations import is_library_file
 from ..report import Fix, ShardingFixError, ShardingFixWarning, merge_fixes, render_fixes
 from .specs import in_user_terms
 
-logger = logging.getLogger("shardfix")
 ON_FIX = ("warn", "log", "error", "ignore")
 
 
