@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+import sysconfig
 import tomllib
 
 import pytest
@@ -57,6 +58,20 @@ def test_the_plugin_is_on_once_jax_is_imported(site_dir):
     late = "import jax, shardfix\nprint(shardfix.is_enabled())\n"
     assert subprocess.run([sys.executable, "-c", late], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "SHARDFIX": "1"}).stdout == "True\n"
+
+
+def test_this_environment_has_shardfix_pth_as_a_regular_install_has():
+    """`make test`'s editable install puts shardfix.pth beside the package as `pip install .` does, and a path entry
+    for python/ that type checkers follow: SHARDFIX works there as in a regular install."""
+    purelib = sysconfig.get_path("purelib")
+    with open(os.path.join(purelib, "shardfix.pth")) as installed, open(PTH) as source:
+        assert installed.read() == source.read()
+    done = subprocess.run([sys.executable, "-c", LOADED], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "SHARDFIX": "1"})
+    assert (done.stdout, done.stderr) == ("['shardfix', 'shardfix._startup']\n", "")
+    paths = subprocess.run([sys.executable, "-c", "import sys; print(sys.path)"], capture_output=True, text=True,
+                           env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}).stdout
+    assert repr(os.path.join(ROOT, "python")) in paths
 
 
 WARN = "import warnings, shardfix\nwarnings.warn('changed', shardfix.ShardingFixWarning)\nprint('done')\n"
