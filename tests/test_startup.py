@@ -95,6 +95,31 @@ def test_warning_filters_on_the_command_line_and_in_the_environment(site_dir):
     assert later.returncode == 1 and later.stderr.endswith("ShardingFixWarning: changed\n")
 
 
+LOCATED = """\
+import jax, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+from shardfix import autofix_shardings
+mesh = jax.make_mesh((2, 4), ("dp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+def g(x):
+    return jax.lax.with_sharding_constraint(x * 2, NamedSharding(mesh, P(None, "tp")))
+f = autofix_shardings(g, in_shardings=P("tp"), mesh=mesh, policy="drop")
+print(float(f(np.ones((6, 2), np.float32)).sum()))
+"""
+
+
+def test_every_location_of_a_warning_is_written_one_way(tmp_path):
+    """Run by a relative path, the header and every entry name the file as Python does (relative); run by an
+    absolute one, all are absolute."""
+    (tmp_path / "model.py").write_text(LOCATED)
+    for path in ("model.py", str(tmp_path / "model.py")):
+        done = subprocess.run([sys.executable, "-c", f"import runpy; runpy.run_path({path!r})"], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        header, *entries = [line for line in done.stderr.splitlines() if "model.py:" in line]
+        assert header.startswith(f"{path}:8: ShardingFixWarning: shardfix changed 2 sharding(s) of g:")
+        assert [e.split(": ", 1)[0].strip() for e in entries] == [f"{path}:5", f"{path}:6"], done.stderr
+
+
 def test_the_shardfix_logger_says_each_pass_and_why_a_ring_was_left_alone(caplog):
     source = open(os.path.join(ROOT, "test", "lit", "ring-reorder", "modes-and-idempotence.mlir"), "rb").read()
     with caplog.at_level(logging.DEBUG, logger="shardfix"):
