@@ -113,16 +113,20 @@ def test_full_standard_output_is_one_line_and_exit_1():
     assert proc.stderr.decode() == "shardfix-opt: error: cannot write to standard output: no space left on the device\n"
 
 
+def with_closed(fd: int, argv: list[str]) -> list[str]:
+    """`argv` run with file descriptor `fd` closed: a small Python closes it and execs the command (no preexec_fn,
+    which would fork this multithreaded process)."""
+    return [sys.executable, "-c", f"import os, sys; os.close({fd}); os.execv(sys.argv[1], sys.argv[1:])", *argv]
+
+
 def test_closed_standard_output_is_one_line_and_exit_1():
-    proc = subprocess.run([sys.executable, OPT, "-"], input=MODULE, stderr=subprocess.PIPE,
-                          preexec_fn=lambda: os.close(1))
+    proc = subprocess.run(with_closed(1, [sys.executable, OPT, "-"]), input=MODULE, stderr=subprocess.PIPE)
     assert proc.returncode == 1
     assert proc.stderr.decode() == "shardfix-opt: error: cannot write to standard output: it is closed\n"
 
 
 def test_closed_standard_input_is_one_line_and_exit_1():
-    proc = subprocess.run([sys.executable, OPT, "-", "-p", "fix-shardings"], capture_output=True,
-                          preexec_fn=lambda: os.close(0))
+    proc = subprocess.run(with_closed(0, [sys.executable, OPT, "-", "-p", "fix-shardings"]), capture_output=True)
     assert proc.returncode == 1 and proc.stdout == b""
     assert proc.stderr.decode() == "shardfix-opt: error: cannot read standard input: standard input is closed\n"
 
