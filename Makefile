@@ -2,8 +2,9 @@
 #   make test          the suite on the newest JAX the machine's newest Python (3.12+) allows (requirements.txt)
 #   make test-oldest   the suite on the oldest supported JAX, 0.10.2, on Python 3.11 (requirements-oldest.txt),
 #                      with the clients pinned to that JAX (ejkernel)
-#   make test-install  `pip install .` (not editable) into a fresh environment that has the newest JAX: JAX is kept,
-#                      and the installed package, shardfix-opt and the lit suite work (.ci/install-check)
+#   make test-install  `python -m build` (sdist and wheel), each installed (not editable) into a fresh environment
+#                      that has the newest JAX: JAX is kept, and the installed package, shardfix-opt and the lit
+#                      suite work (.ci/install-check)
 # Override PYTHON, VENV or REQUIREMENTS to test another combination.
 
 NEWEST_PYTHON := $(shell for v in 3.13 3.12; do \
@@ -71,4 +72,4 @@ _bench-ring: $(STAMP)
 	$(BIN)/python bench/run_all.py bench_ring
 
 clean:
-	rm -rf .venv .venv-oldest .venv-install build *.egg-info python/*.egg-info
+	rm -rf .venv .venv-oldest .venv-install-wheel .venv-install-sdist build dist *.egg-info python/*.egg-info

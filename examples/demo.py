@@ -48,6 +48,27 @@ def make_block(sharded: bool):
     return block
 
 
+def _bytes(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError
+
+
+def boundary_table(names, args, written, running) -> list[str]:
+    """One row per argument: its shape, the spec written, the sharding the compiled program takes, and the bytes
+    each device holds (of the whole array)."""
+    rows = [("argument", "shape", "you wrote", "runs as", "bytes a device (whole array)")]
+    for name, arg, spec, sharding in zip(names, args, written, running):
+        shard = int(np.prod(sharding.shard_shape(arg.shape))) * arg.dtype.itemsize
+        share = "replicated" if shard == arg.nbytes else f"1/{arg.nbytes // shard}"
+        rows.append((name, str(arg.shape), "None" if spec is None else str(spec), str(sharding.spec),
+                     f"{_bytes(shard)} ({_bytes(arg.nbytes)}, {share})"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+
+
 def main() -> int:
     mesh = jax.make_mesh((2, 4), ("dp", "tp"))  # Explicit axes, jax.make_mesh's default
     rng = np.random.default_rng(0)
@@ -73,11 +94,17 @@ def main() -> int:
         warnings.simplefilter("always")
         loss = float(step(*args))
         pads = pad_count(step.lower(*args).compile().as_text())
+        compiled = step.lower(*args).compile()
     shown = told[0]
-    print("   " + warnings.formatwarning(shown.message, shown.category, os.path.relpath(shown.filename),
-                                        shown.lineno, None).strip().replace("\n", "\n   "))
+    text = warnings.formatwarning(shown.message, shown.category, shown.filename, shown.lineno, None)
+    # every path in it relative to the current directory, the header's and the entries' alike
+    print("   " + text.strip().replace(os.getcwd() + os.sep, "").replace("\n", "\n   "))
+    print("\n   Before and after, per argument: plain jax.jit raised (1. above); this is what runs now:")
+    print("   " + "\n   ".join(boundary_table(("tokens", "embed", "w1", "w2"), args, in_shardings,
+                                              compiled.input_shardings[0])))
     reference = float(jax.jit(make_block(False))(*args))
-    print(f"   compiled HLO pads: {pads}; loss sharded+repaired {loss:.6f}  unsharded reference {reference:.6f}")
+    print(f"   padded splits in the compiled program: {pads} (every sharded dimension now divides evenly)")
+    print(f"   loss: sharded and repaired {loss:.6f}, unsharded reference {reference:.6f}")
     ok &= abs(loss - reference) <= 1e-5 * max(1.0, abs(reference)) and pads == 0
     print(f"   the same specs, corrected by hand (correct_spec): P('fsdp', 'tp') for w1 {w1.shape} -> "
           f"{correct_spec(w1.shape, P('fsdp', 'tp'), mesh)}")

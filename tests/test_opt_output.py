@@ -113,16 +113,20 @@ def test_full_standard_output_is_one_line_and_exit_1():
     assert proc.stderr.decode() == "shardfix-opt: error: cannot write to standard output: no space left on the device\n"
 
 
+def with_closed(fd: int, argv: list[str]) -> list[str]:
+    """`argv` run with file descriptor `fd` closed: a small Python closes it and execs the command (no preexec_fn,
+    which would fork this multithreaded process)."""
+    return [sys.executable, "-c", f"import os, sys; os.close({fd}); os.execv(sys.argv[1], sys.argv[1:])", *argv]
+
+
 def test_closed_standard_output_is_one_line_and_exit_1():
-    proc = subprocess.run([sys.executable, OPT, "-"], input=MODULE, stderr=subprocess.PIPE,
-                          preexec_fn=lambda: os.close(1))
+    proc = subprocess.run(with_closed(1, [sys.executable, OPT, "-"]), input=MODULE, stderr=subprocess.PIPE)
     assert proc.returncode == 1
     assert proc.stderr.decode() == "shardfix-opt: error: cannot write to standard output: it is closed\n"
 
 
 def test_closed_standard_input_is_one_line_and_exit_1():
-    proc = subprocess.run([sys.executable, OPT, "-", "-p", "fix-shardings"], capture_output=True,
-                          preexec_fn=lambda: os.close(0))
+    proc = subprocess.run(with_closed(0, [sys.executable, OPT, "-", "-p", "fix-shardings"]), capture_output=True)
     assert proc.returncode == 1 and proc.stdout == b""
     assert proc.stderr.decode() == "shardfix-opt: error: cannot read standard input: standard input is closed\n"
 
@@ -140,12 +144,47 @@ def test_a_run_past_its_time_limit_is_a_located_error_and_writes_nothing(tmp_pat
     assert target.read_text() == "keep\n"
 
 
-def test_a_crashed_run_is_a_located_error(capfd):
-    code = run_guarded(lambda channel: (channel.progress(7), os.kill(os.getpid(), signal.SIGKILL)), 30, "m.mlir",
-                       "shardfix-opt")
+CHILDREN = """
+import os, signal
+
+def crash(argv, channel):
+    channel.progress(int(argv[0]))
+    os.kill(os.getpid(), signal.SIGKILL)
+
+def fail(argv, channel):
+    raise RuntimeError("broken: " + " ".join(argv))
+
+def answer(argv, channel):
+    channel.output("-", "out " + " ".join(argv) + "\\n")
+    return 0
+"""
+
+
+@pytest.fixture
+def children(tmp_path, monkeypatch):
+    """A module of child functions the watchdog's fresh interpreter can import (through PYTHONPATH)."""
+    (tmp_path / "watchdog_children.py").write_text(CHILDREN)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    return "watchdog_children"
+
+
+def test_a_crashed_run_is_a_located_error(capfd, children):
+    code = run_guarded(f"{children}:crash", ["7"], 30, "m.mlir", "shardfix-opt")
     assert code == 1
     assert capfd.readouterr().err == ("m.mlir:7:1: error: internal error: the run died of SIGKILL while working "
                                       "here; nothing was written\n")
+
+
+def test_the_child_is_a_fresh_interpreter_not_a_fork(capfd, children):
+    """No fork of this (multithreaded, JAX-importing) process: no DeprecationWarning, whatever the filters say."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert run_guarded(f"{children}:answer", ["a", "b"], 30, "m.mlir", "shardfix-opt") == 0
+        assert run_guarded(f"{children}:fail", ["x"], 30, "m.mlir", "shardfix-opt") == 1
+    out, err = capfd.readouterr()
+    assert out == "out a b\n"
+    assert err == "shardfix-opt: internal error: RuntimeError: broken: x\n"
 
 
 @pytest.mark.parametrize("argv, message", [

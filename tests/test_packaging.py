@@ -1,11 +1,13 @@
 """The package as users get it: the pure core imports neither JAX nor MLIR, top-level names load lazily, and the
 wheel carries every subpackage, the typing marker, the license and metadata that admit the installed JAX.
-(`make test-install` installs the wheel into a fresh environment that has the newest JAX.)"""
+The sdist builds, installs and carries the test suites whole. (`make test-install` installs the sdist and the wheel
+each into a fresh environment that has the newest JAX.)"""
 
 import os
 import re
 import subprocess
 import sys
+import tarfile
 import zipfile
 
 import jax
@@ -56,13 +58,35 @@ def _admits(requirement: str, version: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory):
-    out = tmp_path_factory.mktemp("wheel")
-    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), ROOT],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    [name] = [n for n in os.listdir(out) if n.endswith(".whl")]
-    return zipfile.ZipFile(out / name)
+def dist(tmp_path_factory):
+    """`python -m build`: the sdist, then the wheel built from the unpacked sdist, as pip builds it when it installs
+    the sdist (the wheel's shardfix.pth and stub come from the sdist's files)."""
+    out = tmp_path_factory.mktemp("dist")
+    done = subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), ROOT], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    [wheel] = [out / n for n in os.listdir(out) if n.endswith(".whl")]
+    [sdist] = [out / n for n in os.listdir(out) if n.endswith(".tar.gz")]
+    return wheel, sdist
+
+
+@pytest.fixture(scope="module")
+def wheel(dist):
+    return zipfile.ZipFile(dist[0])
+
+
+def test_the_sdist_holds_the_build_inputs_and_the_test_suites_whole(dist):
+    with tarfile.open(dist[1]) as sdist:
+        names = {n.split("/", 1)[1] for n in sdist.getnames() if "/" in n}
+    assert {"pyproject.toml", "setup.py", "MANIFEST.in", "LICENSE", "README.md", "python/shardfix.pth",
+            "python/shardfix/__init__.pyi", "python/shardfix/py.typed", "passes/__init__.py", "Makefile",
+            "requirements.txt", "requirements-oldest.txt", "tools/opt", "test/lit/lit.cfg.py"} <= names
+    tracked = subprocess.run(["git", "ls-files", "tests", "test/lit", "examples"], cwd=ROOT, capture_output=True,
+                             text=True).stdout.split()
+    if tracked:  # in a git checkout: every tracked test file, support module and data file ships
+        assert set(tracked) <= names, sorted(set(tracked) - names)[:10]
+    assert {"tests/conftest.py", "tests/support/__init__.py"} <= names
+    assert not any("__pycache__" in n or "/Output/" in n or ".hypothesis" in n for n in names)
 
 
 def test_wheel_contents_and_metadata(wheel):
@@ -72,7 +96,7 @@ def test_wheel_contents_and_metadata(wheel):
     packages.add("shardfix/passes")
     for package in packages:
         assert f"{package}/__init__.py" in files, f"{package} is not in the wheel"
-    assert "shardfix/py.typed" in files and "shardfix/run.py" in files
+    assert {"shardfix/py.typed", "shardfix/__init__.pyi", "shardfix/run.py", "shardfix.pth"} <= files
     assert not any(f.startswith(("tests/", "support/")) for f in files)
     [metadata] = [n for n in files if n.endswith(".dist-info/METADATA")]
     meta = wheel.read(metadata).decode()

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 import gc
+import logging
+import time
 from dataclasses import dataclass
 
 from jaxlib.mlir import ir, passmanager
@@ -16,6 +18,7 @@ from jaxlib.mlir import ir, passmanager
 from shardfix import passes as registry
 from shardfix.passes import OptionError, Pass, PassContext, PassError
 
+from ._log import logger
 from .ir import LoadError, diagnostics_of
 from .locations import SourceLoc
 from .refusal import explain
@@ -119,29 +122,41 @@ def _split_top_level(text: str, sep: str, offset: int):
 
 
 def build_pass_manager(pipeline: Pipeline, ctx: ir.Context, pass_ctx: PassContext, verify_each: bool = True,
-                       print_ir_after_all: bool = False, timing: bool = False) -> passmanager.PassManager:
-    """A PassManager for the pipeline; MLIR prints the module after every pass (`print_ir_after_all`) and the
-    time of each pass (`timing`, when the manager is deleted) to stderr."""
+                       print_ir_after_all: bool = False, timing: bool = False,
+                       print_ir_before_all: bool = False) -> passmanager.PassManager:
+    """A PassManager for the pipeline; MLIR prints the module before (`print_ir_before_all`) and after every pass
+    (`print_ir_after_all`) and the time of each pass (`timing`, when the manager is deleted) to stderr."""
     with ctx:
         pm = passmanager.PassManager("builtin.module")
         for element in pipeline.elements:
             if element.ours is not None:
-                pm.add(_runner(element.ours, pass_ctx), name=element.ours.name)
+                pm.add(_runner(element.ours, pass_ctx), **_pass_names(element.ours))
                 continue
             try:
                 pm.add(element.text)
             except ValueError as e:
                 raise PipelineError(_mlir_pipeline_message(str(e), element.text), element.col) from None
         pm.enable_verifier(verify_each)
-        if print_ir_after_all:
-            pm.enable_ir_printing(print_after_all=True, print_module_scope=True)
+        if print_ir_after_all or print_ir_before_all:
+            pm.enable_ir_printing(print_before_all=print_ir_before_all, print_after_all=print_ir_after_all,
+                                  print_module_scope=True)
         if timing:
             pm.enable_timing()
     return pm
 
 
+def _pass_names(pass_: Pass) -> dict[str, str]:
+    """How MLIR names a Python pass in its IR dumps, timing and crash reports, as it names its own
+    (`CanonicalizerPass: canonicalize`): the class, and the pipeline name as the argument (without one MLIR says
+    `unknown<NAME>`)."""
+    return {"name": type(pass_).__name__, "argument": pass_.name, "description": pass_.description}
+
+
 def _runner(pass_: Pass, pass_ctx: PassContext):
     def run(op, _external_pass) -> None:
+        report = pass_ctx.report
+        before = len(report.fixes), len(report.remarks), len(report.rings)
+        start = time.perf_counter()
         # A pass makes many small short-lived objects and no garbage cycles to speak of; with the cyclic
         # collector on, each collection also scans the caller's whole heap (a JAX process holds millions of
         # objects), which would make a pass's time follow the size of the process rather than of the module.
@@ -152,7 +167,23 @@ def _runner(pass_: Pass, pass_ctx: PassContext):
         finally:
             if collecting:
                 gc.enable()
+        if logger.isEnabledFor(logging.INFO):
+            _log_pass(pass_.name, time.perf_counter() - start, report, before)
     return run
+
+
+def _log_pass(name: str, seconds: float, report, before: tuple[int, int, int]) -> None:
+    """INFO: the pass's time and what it changed; DEBUG: each ring it left alone, and why."""
+    fixes, remarks, rings = report.fixes[before[0]:], report.remarks[before[1]:], report.rings[before[2]:]
+    applied = sum(r.applied for r in rings)
+    logger.info("%s: %.1f ms, %d sharding(s) changed, %d of %d ring(s) reordered, %d remark(s)", name,
+                seconds * 1e3, sum(f.count for f in fixes), applied, len(rings), len(remarks))
+    for fix in fixes:
+        logger.info("%s: %s: %s", name, fix.location or "?", fix.message())
+    for ring in rings:
+        if not ring.applied:
+            logger.debug("%s: %s: ring on axis %r (%s) left alone: %s", name, ring.location or "?", ring.axis,
+                         ring.strategy, ring.why or "no reason recorded")
 
 
 def _mlir_pipeline_message(message: str, element: str) -> str:
@@ -167,14 +198,14 @@ def _mlir_pipeline_message(message: str, element: str) -> str:
 
 def run_pipeline(module: ir.Operation, pipeline: Pipeline, ctx: ir.Context, pass_ctx: PassContext,
                  verify_each: bool = True, explain_failures: bool = False, print_ir_after_all: bool = False,
-                 timing: bool = False) -> None:
+                 timing: bool = False, print_ir_before_all: bool = False) -> None:
     """Run the pipeline on the module in place; failures raise LoadError with located diagnostics. The result
     is verified after every pass, or (verify_each=False, cheaper for long pipelines) once at the end.
     `explain_failures` (for a module loaded with stand-ins, which held shardings the verifier rejects): a
     verifier error is said in shardfix's words, as what the repair couldn't do."""
     if not pipeline.elements:
         return
-    pm = build_pass_manager(pipeline, ctx, pass_ctx, verify_each, print_ir_after_all, timing)
+    pm = build_pass_manager(pipeline, ctx, pass_ctx, verify_each, print_ir_after_all, timing, print_ir_before_all)
     try:
         with ctx:
             pm.run(module)

@@ -1,18 +1,24 @@
 """A time limit for a driver run. MLIR's parser, verifier and passes can't be interrupted from Python, so the run
-happens in a forked child that sends its output back over a pipe; the parent (which never imports MLIR or JAX)
+happens in a child process that sends its output back over a pipe; the parent (which never imports MLIR or JAX)
 writes it only once the child has finished well. A child past the limit is killed, a crashed one reported, and in
-both cases nothing is written. Pure: imports neither MLIR nor JAX."""
+both cases nothing is written. Pure: imports neither MLIR nor JAX.
+
+The child is a fresh interpreter (`sys.executable`), never a fork: a fork of a process that runs threads (any
+process that has imported JAX, a test runner's) can deadlock, and Python warns about it. The child finds the same
+shardfix package as the parent, and runs `module:function(argv, channel)`."""
 
 from __future__ import annotations
 
+import importlib
+import json
 import os
 import select
 import signal
 import struct
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable
 
 from .output import OutputError, write_output
 
@@ -34,8 +40,11 @@ class Channel:
     def progress(self, line: int) -> None:
         self._send(b"P", str(line).encode())
 
-    def output(self, path: str, text: str) -> None:
-        self._send(b"O", path.encode("utf-8", "surrogateescape") + b"\0" + text.encode("utf-8", "surrogateescape"))
+    def output(self, path: str, data: str | bytes) -> None:
+        """What to write to `path` ("-": standard output): text, or bytes (MLIR bytecode) as they are."""
+        if isinstance(data, str):
+            data = data.encode("utf-8", "surrogateescape")
+        self._send(b"O", path.encode("utf-8", "surrogateescape") + b"\0" + data)
 
 
 @dataclass
@@ -73,34 +82,36 @@ def _flush() -> None:
             stream.flush()
 
 
-def run_guarded(work: Callable[[Channel], int], timeout: float, input_name: str, prog: str) -> int:
-    """Run `work` in a forked child with a time limit; write what it sends as output; return the exit status."""
+_INTERNAL_ERROR = 70  # the child's exit status when `work` raised: it has said so on stderr
+
+# The child: `-P` keeps the current directory (a user's own `jax.py`, say) off its path; the directory holding the
+# parent's shardfix goes first, so that the child runs the same code whether shardfix is installed, editable or
+# only on PYTHONPATH.
+_CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); "
+          "from shardfix.watchdog import _child_main; sys.exit(_child_main(sys.argv[2:]))")
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_guarded(target: str, argv: list[str], timeout: float, input_name: str, prog: str) -> int:
+    """Run `target` ("module:function", called as function(argv, channel) and returning an exit status) in a child
+    process with a time limit; write what it sends as output; return the exit status."""
     stdout_open = _fd_open(1)
     for fd in (0, 1, 2):  # a closed standard stream must not be taken by the pipe below
         if not _fd_open(fd):
             os.dup2(os.open(os.devnull, os.O_RDWR), fd)
     read_end, write_end = os.pipe()
     _flush()
-    pid = os.fork()
-    if pid == 0:  # the child: do the work, report through the pipe, never return
-        code = 70
-        try:
-            os.close(read_end)
-            code = work(Channel(write_end))
-        except BaseException as e:  # noqa: BLE001  (reported by the parent as an internal error)
-            if sys.stderr is not None:
-                print(f"{prog}: internal error: {type(e).__name__}: {e}", file=sys.stderr)
-            code = 70
-        finally:
-            _flush()
-            os._exit(code)
-    os.close(write_end)
+    try:
+        child = subprocess.Popen([sys.executable, "-P", "-c", _CHILD, _PACKAGE_ROOT, prog, target, str(write_end),
+                                  json.dumps(argv)], pass_fds=(write_end,))
+    finally:
+        os.close(write_end)
     received, deadline = _Received(), time.monotonic() + timeout if timeout > 0 else None
     try:
-        status = _collect(pid, read_end, received, deadline)
+        status = _collect(child, read_end, received, deadline)
     except KeyboardInterrupt:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+        child.kill()
+        child.wait()
         return 130
     finally:
         os.close(read_end)
@@ -109,13 +120,13 @@ def run_guarded(work: Callable[[Channel], int], timeout: float, input_name: str,
         print(f"{where}: error: no result after {timeout:g} s (MLIR's parser, verifier or a pass did not finish); "
               f"nothing was written; --timeout sets the limit", file=sys.stderr)
         return 1
-    if os.WIFSIGNALED(status):
-        name = signal.Signals(os.WTERMSIG(status)).name
+    if status < 0:
+        name = signal.Signals(-status).name
         print(f"{where}: error: internal error: the run died of {name} while working here; nothing was written",
               file=sys.stderr)
         return 1
-    code = os.WEXITSTATUS(status)
-    if code == 70:
+    code = status
+    if code == _INTERNAL_ERROR:
         return 1
     for path, data in received.outputs:
         try:
@@ -128,8 +139,9 @@ def run_guarded(work: Callable[[Channel], int], timeout: float, input_name: str,
     return code
 
 
-def _collect(pid: int, fd: int, received: _Received, deadline: float | None) -> int | None:
-    """Read the child's messages until it exits; its wait status, or None when it ran past the deadline."""
+def _collect(child: subprocess.Popen, fd: int, received: _Received, deadline: float | None) -> int | None:
+    """Read the child's messages until it exits; its exit status (-N: killed by signal N), or None when it ran past
+    the deadline."""
     while True:
         wait = None if deadline is None else max(0.0, deadline - time.monotonic())
         ready, _, _ = select.select([fd], [], [], wait)
@@ -138,9 +150,22 @@ def _collect(pid: int, fd: int, received: _Received, deadline: float | None) -> 
             if data:
                 received.feed(data)
                 continue
-            _, status = os.waitpid(pid, 0)  # the pipe closed: the child is done
-            return status
+            return child.wait()  # the pipe closed: the child is done
         if deadline is not None and time.monotonic() >= deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
+            child.kill()
+            child.wait()
             return None
+
+
+def _child_main(args: list[str]) -> int:
+    """The child: `prog target fd argv-as-JSON`. Whatever `target` raises is one line on stderr, never a traceback."""
+    prog, target, fd, argv = args[0], args[1], int(args[2]), json.loads(args[3])
+    try:
+        module, _, function = target.partition(":")
+        code = getattr(importlib.import_module(module), function)(argv, Channel(fd))
+    except BaseException as e:  # noqa: BLE001  (reported by the parent as an internal error)
+        if sys.stderr is not None:
+            print(f"{prog}: internal error: {type(e).__name__}: {e}", file=sys.stderr)
+        code = _INTERNAL_ERROR
+    _flush()
+    return code

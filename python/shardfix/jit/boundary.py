@@ -12,13 +12,14 @@ from typing import Any
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from .._sentinel import Sentinel
 from ..locations import SourceLoc, caller_loc
 from ..report import Fix
 from ..sharding import shard_count
 from . import tracing
 from .specs import mesh_model, repair_spec, spec_to_model
 
-UNSPECIFIED = object()
+UNSPECIFIED: Any = Sentinel("UNSPECIFIED")  # in/out shardings not given (None would mean "replicated")
 
 
 def check_mesh(mesh) -> None:

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import jax
 
+from .._sentinel import Sentinel
 from ..locations import SourceLoc
 from ..report import Report
 from . import _jax, notify, stages, tracing
@@ -32,13 +33,14 @@ __all__ = ["autofix_shardings", "AutofixFunction", "default_pipeline"]
 # later (a closure over jax.lax.with_sharding_constraint, say) are the hooked ones.
 tracing.install()
 
-_NOT_GIVEN: Any = object()
+# jax.jit's options not given: jax.jit's default, or the option of a jax.jit being wrapped (see options.resolve)
+NOT_GIVEN: Any = Sentinel("NOT_GIVEN")
 
 
 def autofix_shardings(fun: Callable | None = None, *, in_shardings=UNSPECIFIED, out_shardings=UNSPECIFIED,
-                      static_argnums=_NOT_GIVEN, static_argnames=_NOT_GIVEN, donate_argnums=_NOT_GIVEN,
-                      donate_argnames=_NOT_GIVEN, keep_unused=_NOT_GIVEN, device=_NOT_GIVEN, backend=_NOT_GIVEN,
-                      inline=_NOT_GIVEN, compiler_options=_NOT_GIVEN, mesh=None, policy: str = DEFAULT_POLICY,
+                      static_argnums=NOT_GIVEN, static_argnames=NOT_GIVEN, donate_argnums=NOT_GIVEN,
+                      donate_argnames=NOT_GIVEN, keep_unused=NOT_GIVEN, device=NOT_GIVEN, backend=NOT_GIVEN,
+                      inline=NOT_GIVEN, compiler_options=NOT_GIVEN, mesh=None, policy: str = DEFAULT_POLICY,
                       ring_reorder: str = "auto", on_fix: str = "warn"):
     """Like `jax.jit` (every jax.jit argument is accepted and honoured), with every sharding made valid and
     evenly divisible and ring attention balanced.
@@ -53,7 +55,7 @@ def autofix_shardings(fun: Callable | None = None, *, in_shardings=UNSPECIFIED, 
     given = {name: value for name, value in dict(
         static_argnums=static_argnums, static_argnames=static_argnames, donate_argnums=donate_argnums,
         donate_argnames=donate_argnames, keep_unused=keep_unused, device=device, backend=backend, inline=inline,
-        compiler_options=compiler_options).items() if value is not _NOT_GIVEN}
+        compiler_options=compiler_options).items() if value is not NOT_GIVEN}
     if in_shardings is not UNSPECIFIED:
         given["in_shardings"] = in_shardings
     if out_shardings is not UNSPECIFIED:

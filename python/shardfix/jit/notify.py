@@ -4,18 +4,17 @@ attributed to the user's own line; and notes."""
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import sys
 import sysconfig
 import warnings
 from typing import Iterator
 
+from .._log import logger
 from ..locations import is_library_file
 from ..report import Fix, ShardingFixError, ShardingFixWarning, merge_fixes, render_fixes
 from .specs import in_user_terms
 
-logger = logging.getLogger("shardfix")
 ON_FIX = ("warn", "log", "error", "ignore")
 
 
@@ -76,6 +75,10 @@ def user_stacklevel() -> int:
             return level
         if fallback is None and not os.path.abspath(path).startswith(_PACKAGE_DIR):
             fallback = level
-        frame, level = frame.f_back, level + 1
+        frame = frame.f_back
+        # warnings.warn doesn't count the import system's frames (a warning raised while a module is imported)
+        if frame is not None and not ("importlib" in frame.f_code.co_filename
+                                      and "_bootstrap" in frame.f_code.co_filename):
+            level += 1
     return fallback or 1
 

@@ -1,6 +1,12 @@
 // RUN: %python -c "open('%t.empty.mlir', 'w').write('  \n')"
-// RUN: not %opt %t.empty.mlir 2>&1 | FileCheck %s
-// RUN: not %opt - < %t.empty.mlir 2>&1 | FileCheck %s --check-prefix=STDIN
+// RUN: %opt %t.empty.mlir | FileCheck %s
+// RUN: %opt - < %t.empty.mlir | FileCheck %s
+// RUN: %opt %t.empty.mlir -fix-shardings | FileCheck %s
+// RUN: not %opt %t.empty.mlir --no-implicit-module 2>&1 | FileCheck %s --check-prefix=SINGLE
 
-// CHECK: empty.mlir.tmp.empty.mlir:1:1: error: input is empty
-// STDIN: <stdin>:1:1: error: input is empty
+// As mlir-opt: an empty input is an empty module (the pipeline runs on it), unless --no-implicit-module asks for
+// the input's one top-level operation.
+// CHECK: module {
+// CHECK-NEXT: }
+// CHECK-EMPTY:
+// SINGLE: empty.mlir.tmp.empty.mlir:1:1: error: source must contain a single top-level operation, found: 0

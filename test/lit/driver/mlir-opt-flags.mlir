@@ -4,11 +4,11 @@
 // mlir-opt's spellings: single-dash long options, passes as flags, the module printed to stderr after every pass,
 // and the time each pass took.
 
-// IR: // -----// IR Dump After fix-shardings
+// IR: // -----// IR Dump After FixShardings: fix-shardings ({{.*}}builtin.module{{.*}} operation)
 // IR: sdy.sharding_constraint %arg0 <@mesh, [{"a"}]>
 // IR: // -----// IR Dump After {{.*}}canonicalize
 // TIMING: Execution time report
-// TIMING: fix-shardings
+// TIMING: FixShardings
 // CHECK-LABEL: func @f
 // CHECK: sdy.sharding_constraint %arg0 <@mesh, [{"a"}]>
 sdy.mesh @mesh = <["a"=2]>
