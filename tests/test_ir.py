@@ -5,7 +5,7 @@ import os
 import pytest
 
 from shardfix.ir import LoadError, parse_module, source_loc, transform_shardings, walk_shardings
-from shardfix.sharding import parse_tensor_sharding
+from shardfix.sdy_syntax import parse_tensor_sharding
 
 HERE = os.path.dirname(__file__)
 EVERY_SITE = os.path.join(HERE, "data", "every_site.mlir")

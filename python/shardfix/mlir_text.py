@@ -42,14 +42,6 @@ class Token(NamedTuple):  # a tuple: modules have hundreds of thousands of token
     end: int  # offset just past the last character
 
 
-class LexError(ValueError):
-    """Text that MLIR's lexer would reject; `offset` is where."""
-
-    def __init__(self, message: str, offset: int):
-        super().__init__(message)
-        self.offset = offset
-
-
 def tokenize(text: str) -> list[Token]:
     """The tokens of `text`, comments and whitespace left out. Characters MLIR rejects become ERROR tokens, so a
     caller decides how strict to be."""
