@@ -1,5 +1,5 @@
 """Manual computations: which manual axes each dim of an operand or result needs so that the global shape, split
-over them, is the body's local shape. Both the lenient loader (for its stand-ins) and fix-shardings (for repairs)
+over them, is the body's local shape. Both the lenient loader (for its placeholders) and fix-shardings (for repairs)
 decide it here. Pure: imports neither MLIR nor JAX.
 """
 

@@ -1,6 +1,6 @@
 """MLIR's textual syntax as tokens: a lexer following MLIR's own token rules, and bracket matching over them.
 
-Readers of sdy syntax (shardfix.sdy_syntax) and the lenient loader's stand-ins (shardfix.standins) work on these
+Readers of sdy syntax (shardfix.sdy_syntax) and the lenient loader's plan (shardfix.lenient) work on these
 tokens, never on raw characters: a string literal or a comment that happens to look like a sharding stays a string
 or a comment. Pure: imports neither MLIR nor JAX.
 """

@@ -1,8 +1,18 @@
 """Loading modules: strict (parse and verify), and lenient (a module the sdy verifier rejects because of its
 shardings loads too, holding those shardings as written, so fix-shardings can repair it).
 
-The bindings verify whatever they parse, so a lenient load parses the text with stand-ins the verifier accepts
-(shardfix.standins) and then puts the original attributes back through the bindings.
+The bindings verify whatever they parse. A lenient load first parses the module as it is (a valid one, the usual
+case, costs nothing more); if the verifier rejects it, the text is parsed again with the changes shardfix.lenient
+plans (sdy's keys renamed, placeholders for the shardings of sdy's own ops with the originals beside them), and the
+bindings then put every original in its place: setting an attribute verifies nothing. What jaxlib's bindings allow,
+probed on jax 0.10.2 and 0.12.0.1:
+  - a sharding in an attribute dictionary parses and verifies when only its key is renamed to a dialect nobody
+    registered (`sd_.sharding`, the same length, so every column is kept);
+  - `ir.Attribute.parse` (and the parser, for a discardable attribute) takes a `#sdy.sharding` that names unknown
+    meshes or axes, duplicates or bad sub-axes: only the op's verifier rejects them;
+  - a module in MLIR's generic form parses with only stablehlo and func registered and unregistered dialects
+    allowed, sdy's attributes unverified; but its sdy ops then aren't sdy's, so the generic form is read like
+    sdy's syntax: only the shardings the sdy ops verify themselves need placeholders.
 """
 
 from __future__ import annotations
@@ -10,15 +20,10 @@ from __future__ import annotations
 from jaxlib.mlir import ir
 
 from .. import mlir_text
-from ..report import Diagnostic
-from ..standins import StandIns, quickly_rejected, stand_in
-from .context import LoadError, diagnostics_of
+from ..lenient import INHERENT, plan
 from ..refusal import explain, explain_bytecode
-
-
-# Above this size a lenient load first looks for shardings the verifier rejects anywhere, and if it finds one skips
-# the strict parse: MLIR's error for a failing function prints all of it, which takes longer than the function.
-_QUICK_LOOK_BYTES = 1 << 18
+from ..report import Diagnostic
+from .context import LoadError, diagnostics_of
 
 
 def parse_module(source: str | bytes, ctx: ir.Context, source_name: str = "-", lenient: bool = False) -> ir.Operation:
@@ -30,37 +35,57 @@ def parse_module(source: str | bytes, ctx: ir.Context, source_name: str = "-", l
 
 def load_module(source: str | bytes, ctx: ir.Context, source_name: str = "-",
                 lenient: bool = False) -> tuple[ir.Operation, bool]:
-    """parse_module, and whether the module needed stand-ins to load (it doesn't verify as it is)."""
+    """parse_module, and whether the module holds what the verifier rejects (it doesn't verify as it is)."""
     with ctx:
-        quick = lenient and isinstance(source, str) and len(source) > _QUICK_LOOK_BYTES and quickly_rejected(source)
-        if not quick:
-            try:
-                return _parse_op(source, source_name), False
-            except ir.MLIRError as e:
-                if isinstance(source, bytes) and lenient:
-                    raise LoadError(explain_bytecode(diagnostics_of(e))) from None
-                if not lenient or isinstance(source, bytes):
-                    raise LoadError(diagnostics_of(e)) from None
-        stand_ins = stand_in(source)
-        if not stand_ins:  # nothing to hold aside: the module loads as it is (after a quick look that misread it)
-            lines = frozenset(stand_ins.collective_lines) if stand_ins is not None else frozenset()
-            return _strict(source, source_name, lines), False
         try:
-            module = _parse_op(stand_ins.text, source_name)
-        except ir.MLIRError as e:  # what even the stand-ins couldn't hold aside: the reason to give
-            raise LoadError(explain(diagnostics_of(e), frozenset(stand_ins.collective_lines))) from None
-        if not _restore(module, stand_ins):
-            return _strict(source, source_name, frozenset()), False
+            return _parse_op(source, source_name), False
+        except ir.MLIRError as e:
+            if not lenient:
+                raise LoadError(diagnostics_of(e)) from None
+            if isinstance(source, bytes):
+                raise LoadError(explain_bytecode(diagnostics_of(e))) from None
+            strict = diagnostics_of(e)
+        changed = plan(source)
+        if changed is None or not changed.changes:  # nothing the verifier rejects could be held aside
+            raise LoadError(explain(strict, frozenset(changed.frozen_lines if changed else ()))) from None
+        try:
+            module = _parse_op(changed.text, source_name)
+        except ir.MLIRError as e:
+            found = diagnostics_of(e)
+            # a syntax error is the text's own, where it is written (not in an original held beside a placeholder)
+            verifier = found[0].message.startswith("'") or "' op " in found[0].message
+            raise LoadError(explain(found if verifier else strict, frozenset(changed.frozen_lines))) from None
+        if _put_back(module, changed.prefix + ".") != changed.changes:
+            raise LoadError(explain(strict, frozenset(changed.frozen_lines)))
         return module, True
 
 
-def _strict(source: str, source_name: str, lines: frozenset[int]) -> ir.Operation:
-    """The module parsed as it is, or a LoadError with MLIR's own errors explained (`lines`: those of shardings a
-    collective reads)."""
-    try:
-        return _parse_op(source, source_name)
-    except ir.MLIRError as e:
-        raise LoadError(explain(diagnostics_of(e), lines)) from None
+def _put_back(module: ir.Operation, prefix: str) -> int:
+    """Rename the renamed keys back and move each held original into place; how many there were."""
+    count = 0
+
+    def original(name: str) -> str:
+        nonlocal count
+        count += 1
+        rest = name[len(prefix):]
+        return rest[len(INHERENT):] if rest.startswith(INHERENT) else "sdy." + rest
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        attrs = op.attributes
+        for name in [attrs[i].name for i in range(len(attrs)) if attrs[i].name.startswith(prefix)]:
+            value = attrs[name]
+            del attrs[name]
+            attrs[original(name)] = value
+        if op.name == "func.func":
+            for key in ("arg_attrs", "res_attrs"):
+                if key in attrs and prefix in str(attrs[key]):
+                    attrs[key] = ir.ArrayAttr.get([ir.DictAttr.get({
+                        original(e.name) if e.name.startswith(prefix) else e.name: e.attr
+                        for e in (entries[i] for i in range(len(entries)))}) for entries in map(ir.DictAttr, ir.ArrayAttr(attrs[key]))])
+        return ir.WalkResult.ADVANCE
+
+    module.walk(visit, ir.WalkOrder.PRE_ORDER)
+    return count
 
 
 def _parse_op(source: str | bytes, source_name: str) -> ir.Operation:
@@ -115,54 +140,6 @@ def _alias_ends(text: str) -> list[tuple[int, int]]:
         found.append((start_line, line))
         i = j
     return found
-
-
-def _restore(module: ir.Operation, stand_ins: StandIns) -> bool:
-    """Put the held attributes back (each parsed from its original text); False if one doesn't parse or wasn't
-    found where the stand-ins left it."""
-    prefix, entry_prefix = stand_ins.prefix, stand_ins.prefix + "."
-    try:  # an original that doesn't parse on its own: MLIR rejects the attribute itself, not its use
-        parsed = [ir.Attribute.parse(text) for text in stand_ins.held]
-    except ir.MLIRError:
-        return False
-    restored: set[int] = set()
-
-    def attribute(number: int) -> ir.Attribute:
-        restored.add(number)
-        return parsed[number]
-
-    def restore_dict(dictionary: ir.Attribute) -> ir.Attribute | None:
-        entries = ir.DictAttr(dictionary)
-        values = {entries[i].name: entries[i].attr for i in range(len(entries))}
-        held = [name for name in values if name.startswith(entry_prefix)]
-        if not held:
-            return None
-        for name in held:
-            values[name[len(entry_prefix):]] = attribute(ir.IntegerAttr(values.pop(name)).value)
-        return ir.DictAttr.get(values)
-
-    def visit(op: ir.Operation):
-        attrs = op.attributes
-        names = [attrs[i].name for i in range(len(attrs))]
-        for name in names:
-            if name == prefix:
-                for attr_name, number in stand_ins.tagged_ops[ir.IntegerAttr(attrs[name]).value].items():
-                    attrs[attr_name] = attribute(number)
-                del attrs[name]
-            elif name.startswith(entry_prefix):
-                attrs[name[len(entry_prefix):]] = attribute(ir.IntegerAttr(attrs[name]).value)
-                del attrs[name]
-        if op.name == "func.func":
-            for key in ("arg_attrs", "res_attrs"):
-                if key in attrs:
-                    dicts = list(ir.ArrayAttr(attrs[key]))
-                    new = [restore_dict(d) for d in dicts]
-                    if any(d is not None for d in new):
-                        attrs[key] = ir.ArrayAttr.get([n if n is not None else d for n, d in zip(new, dicts)])
-        return ir.WalkResult.ADVANCE
-
-    module.walk(visit, ir.WalkOrder.PRE_ORDER)
-    return len(restored) == len(stand_ins.held)
 
 
 __all__ = ["Diagnostic", "LoadError", "load_module", "parse_module"]
