@@ -146,14 +146,17 @@ def test_a_sharding_a_collective_reads_stays_as_written(ctx, mesh):
         "and fix-shardings keeps those as they are;")
 
 
-def test_strings_and_comments_are_not_shardings(ctx):
+@pytest.mark.parametrize("string", ['<@mesh, [{\\"q\\"}]>', '{sdy.sharding = #sdy.sharding<@mesh, [{\\"q\\"}]>}'])
+def test_strings_and_comments_are_not_shardings(ctx, string):
+    # the second string is written as a key in a dictionary is: renaming keys as text would change it
     text = ('sdy.mesh @mesh = <["a"=2]>\n'
-            '// a comment mentioning <@mesh, [{"zz"}]>\n'
+            '// a comment mentioning <@mesh, [{"zz"}]> {sdy.sharding = #sdy.sharding<@mesh, [{"zz"}]>}\n'
             'func.func @f(%arg0: tensor<8xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"zz"}]>, '
-            'jax.result_info = "<@mesh, [{\\"q\\"}]>"}) -> tensor<8xf32> {\n  return %arg0 : tensor<8xf32>\n}\n')
+            f'jax.result_info = "{string}"}}) -> tensor<8xf32> {{\n  return %arg0 : tensor<8xf32>\n}}\n')
     module = parse_module(text, ctx, "t.mlir", lenient=True)
     assert [s.sharding.body() for s in walk_shardings(module)] == ['<@mesh, [{"zz"}]>']
-    assert 'jax.result_info = "<@mesh, [{\\22q\\22}]>"' in str(module.get_asm(assume_verified=True))
+    assert f'jax.result_info = "{string.replace(chr(92) + chr(34), chr(92) + "22")}"' in \
+        str(module.get_asm(assume_verified=True))
 
 
 def test_source_loc_reads_jax_call_sites():

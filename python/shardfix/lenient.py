@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import mlir_text as mt
-from .manual import stand_in_parts
+from .manual import placeholder_parts
 from .sdy_syntax import Cursor, read_manual_axes, read_mesh, read_symbol, read_tensor_sharding_body
 from .sharding import COLLECTIVES, Mesh, ShardingSyntaxError
 
@@ -47,12 +47,28 @@ class Plan:
     frozen_lines: set[int] = field(default_factory=set)  # lines of shardings kept as written for a collective
 
 
+def quick_plan(text: str) -> Plan | None:
+    """The keys renamed where they are written as MLIR prints them (`{sdy.sharding = ` or `, sdy.sharding = `), at
+    the speed of str.replace: the plan for a module whose sdy ops verify as they are (the parse says whether they
+    do, and the module gives back as many keys as were renamed only if each was one). None where an sdy collective
+    may read a renamed sharding."""
+    if any(name in text for name in COLLECTIVES):
+        return None
+    found = Plan(text, _prefix(text))
+    for key in KEYS:
+        for before in ("{", ", "):
+            written = f"{before}{key} = "
+            found.changes += found.text.count(written)
+            found.text = found.text.replace(written, f"{before}{found.prefix}{key[3:]} = ")
+    return found
+
+
 def plan(text: str) -> Plan | None:
     """The text to parse instead of `text`, or None when it doesn't lex as MLIR."""
     tokens = mt.tokenize(text)
     if any(t.kind == mt.ERROR for t in tokens):
         return None
-    prefix = next(p for p in (f"sd{c}" for c in "_0123456789abcdefgh") if p + "." not in text)
+    prefix = _prefix(text)
     scan = _Scan(text, tokens, prefix)
     scan.run()
     edits = sorted(scan.edits, key=lambda e: (e[0], e[1]))
@@ -64,6 +80,11 @@ def plan(text: str) -> Plan | None:
                                                    "\n" * lines + " " * (len(original) - original.rfind("\n") - 1))]
         pos = end
     return Plan("".join(pieces) + text[pos:], prefix, scan.changes, scan.frozen_lines)
+
+
+def _prefix(text: str) -> str:
+    """What `sdy` becomes in a renamed key: three letters that the text doesn't hold before a dot."""
+    return next(p for p in (f"sd{c}" for c in "_0123456789abcdefgh") if p + "." not in text)
 
 
 class _Scan:
@@ -274,9 +295,8 @@ class _Scan:
                                                           wrap(k, self.span(first, last)))
                      for k, (_, first, last, _) in held.items()]
         self.changes += len(originals)
-        for key, (k, first, last, dictionary) in held.items():
-            if not generic:
-                self.replace(k if new[key] is None else first, last, new[key] or "")
+        for key, (k, first, last, _) in held.items() if not generic else ():
+            self.replace(k if new[key] is None else first, last, new[key] or "")
         for dictionary in {h[3] for h in held.values()} if generic else ():  # each written again as a whole
             parts = [self.span(k, last) if key not in held else f"{self.words[k]} = {wrap(key, new[key])}"
                      for key, (k, _, last) in self.entries(dictionary).items() if key not in held or new[key]]
@@ -294,7 +314,7 @@ class _Scan:
             self.edits.append((at, at, " {" + ", ".join(originals) + "}"))
 
     def manual_placeholders(self, held, generic: bool, block, body, after: int):
-        """A manual computation's placeholders (manual.stand_in_parts), or None when none fits its body."""
+        """A manual computation's placeholders (manual.placeholder_parts), or None when none fits its body."""
         if body is None or any(k not in held for k in ("in_shardings", "out_shardings", "manual_axes")):
             return None
         lists = {}
@@ -318,7 +338,7 @@ class _Scan:
             self.types(k + 2, self.end(k + 1)) if self.at(k + 1, "(") else [self.type_text(k + 1)]
         types = {"in_shardings": (global_in, local_in), "out_shardings": (global_out, self.returned(body))}
         bound = frozenset().union(*(axes for _, axes in self.manual))  # by the manual computations around it
-        return stand_in_parts(lists, axes, bound, types, self.meshes)
+        return placeholder_parts(lists, axes, bound, types, self.meshes)
 
     # -- types ---------------------------------------------------------------------------------------------------------
 

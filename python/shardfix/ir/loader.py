@@ -1,18 +1,20 @@
 """Loading modules: strict (parse and verify), and lenient (a module the sdy verifier rejects because of its
 shardings loads too, holding those shardings as written, so fix-shardings can repair it).
 
-The bindings verify whatever they parse. A lenient load first parses the module as it is (a valid one, the usual
+The bindings verify whatever they parse. A lenient load parses the module as it is first (a valid one, the usual
 case, costs nothing more); if the verifier rejects it, the text is parsed again with the changes shardfix.lenient
-plans (sdy's keys renamed, placeholders for the shardings of sdy's own ops with the originals beside them), and the
-bindings then put every original in its place: setting an attribute verifies nothing. What jaxlib's bindings allow,
-probed on jax 0.10.2 and 0.12.0.1:
-  - a sharding in an attribute dictionary parses and verifies when only its key is renamed to a dialect nobody
-    registered (`sd_.sharding`, the same length, so every column is kept);
-  - `ir.Attribute.parse` (and the parser, for a discardable attribute) takes a `#sdy.sharding` that names unknown
-    meshes or axes, duplicates or bad sub-axes: only the op's verifier rejects them;
+plans, and the bindings then put every original in its place (setting an attribute verifies nothing). What jaxlib's
+bindings allow, probed on jax 0.10.2 and 0.12.0.1, and what the design takes from it:
+  - a sharding in an attribute dictionary (`sdy.sharding = ...` on an op or a function argument) parses and verifies
+    when only its key is renamed to a dialect nobody registered (`sd_.sharding`: the same length, every column
+    kept), so those shardings need no placeholder;
+  - `ir.Attribute.parse`, and the parser for a discardable attribute, take a `#sdy.sharding` naming unknown meshes
+    or axes, duplicates, bad sub-axes or unsorted axes (only the op's verifier rejects them; an inline mesh with an
+    axis of size 0 is refused by the attribute's own parser): the shardings sdy's own ops verify get placeholders,
+    and their originals are written beside them as discardable attributes for MLIR to parse, aliases and all;
   - a module in MLIR's generic form parses with only stablehlo and func registered and unregistered dialects
-    allowed, sdy's attributes unverified; but its sdy ops then aren't sdy's, so the generic form is read like
-    sdy's syntax: only the shardings the sdy ops verify themselves need placeholders.
+    allowed, sdy's attributes unverified; its sdy ops are then no sdy ops for the passes, so the generic form gets
+    the same placeholders as sdy's syntax instead.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from __future__ import annotations
 from jaxlib.mlir import ir
 
 from .. import mlir_text
-from ..lenient import INHERENT, plan
-from ..refusal import explain, explain_bytecode
+from ..lenient import INHERENT, plan, quick_plan
+from ..refusal import explain
 from ..report import Diagnostic
 from .context import LoadError, diagnostics_of
 
@@ -43,8 +45,16 @@ def load_module(source: str | bytes, ctx: ir.Context, source_name: str = "-",
             if not lenient:
                 raise LoadError(diagnostics_of(e)) from None
             if isinstance(source, bytes):
-                raise LoadError(explain_bytecode(diagnostics_of(e))) from None
+                raise LoadError(explain(diagnostics_of(e), bytecode=True)) from None
             strict = diagnostics_of(e)
+        quick = quick_plan(source)
+        if quick is not None and quick.changes:
+            try:
+                module = _parse_op(quick.text, source_name)
+                if _put_back(module, quick.prefix + ".") == quick.changes:
+                    return module, True
+            except ir.MLIRError:
+                pass  # an sdy op's own sharding is wrong too, or a renamed key wasn't one: the full plan decides
         changed = plan(source)
         if changed is None or not changed.changes:  # nothing the verifier rejects could be held aside
             raise LoadError(explain(strict, frozenset(changed.frozen_lines if changed else ()))) from None
