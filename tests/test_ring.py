@@ -54,7 +54,7 @@ def test_reordered_equals_unreordered_and_dense(setup, strategy, variant):
             line = next(i for i, text in enumerate(f, 1) if "acc_q = jax.lax.cond(" in text)
         assert [r.why for r in report.rings] == [
             f"not provably safe with striped{{stripe=1}}: 'stablehlo.case' at {source}:{line} reads positions of "
-            f"units of {half} tokens, which are not a whole part of the 1-token stripe"]
+            "units of 4 tokens, which are not a whole part of the 1-token stripe"]
         return
     assert (decision.axis, decision.applied) == ("cp", True), decision.why
     plain_out = lowered.compile()(*args)
