@@ -28,6 +28,9 @@ from ..report import Diagnostic
 from .context import LoadError, diagnostics_of
 
 
+_QUICK_FIRST_BYTES = 1 << 20
+
+
 def parse_module(source: str | bytes, ctx: ir.Context, source_name: str = "-", lenient: bool = False) -> ir.Operation:
     """Parse and verify a module; with `lenient`, a module the sdy verifier rejects because of its shardings
     loads too, holding those shardings unchanged (it won't verify until they are repaired). A module that can't
@@ -37,8 +40,14 @@ def parse_module(source: str | bytes, ctx: ir.Context, source_name: str = "-", l
 
 def load_module(source: str | bytes, ctx: ir.Context, source_name: str = "-",
                 lenient: bool = False) -> tuple[ir.Operation, bool]:
-    """parse_module, and whether the module holds what the verifier rejects (it doesn't verify as it is)."""
+    """parse_module, and whether the module may hold what the verifier rejects (it was loaded with keys renamed)."""
     with ctx:
+        # MLIR's error for a function that doesn't verify prints all of it, which takes longer than the function:
+        # above this size a lenient load tries the renamed keys before the strict parse
+        if lenient and isinstance(source, str) and len(source) > _QUICK_FIRST_BYTES:
+            module = _quick(source, source_name)
+            if module is not None:
+                return module, True
         try:
             return _parse_op(source, source_name), False
         except ir.MLIRError as e:
@@ -47,14 +56,9 @@ def load_module(source: str | bytes, ctx: ir.Context, source_name: str = "-",
             if isinstance(source, bytes):
                 raise LoadError(explain(diagnostics_of(e), bytecode=True)) from None
             strict = diagnostics_of(e)
-        quick = quick_plan(source)
-        if quick is not None and quick.changes:
-            try:
-                module = _parse_op(quick.text, source_name)
-                if _put_back(module, quick.prefix + ".") == quick.changes:
-                    return module, True
-            except ir.MLIRError:
-                pass  # an sdy op's own sharding is wrong too, or a renamed key wasn't one: the full plan decides
+        module = _quick(source, source_name) if len(source) <= _QUICK_FIRST_BYTES else None
+        if module is not None:
+            return module, True
         changed = plan(source)
         if changed is None or not changed.changes:  # nothing the verifier rejects could be held aside
             raise LoadError(explain(strict, frozenset(changed.frozen_lines if changed else ()))) from None
@@ -68,6 +72,19 @@ def load_module(source: str | bytes, ctx: ir.Context, source_name: str = "-",
         if _put_back(module, changed.prefix + ".") != changed.changes:
             raise LoadError(explain(strict, frozenset(changed.frozen_lines)))
         return module, True
+
+
+def _quick(source: str, source_name: str) -> ir.Operation | None:
+    """The module loaded with its keys renamed as text (shardfix.lenient.quick_plan), or None where that doesn't
+    load it: an sdy op's own sharding is wrong too, or a renamed key wasn't one (then the full plan decides)."""
+    quick = quick_plan(source)
+    if quick is None or not quick.changes:
+        return None
+    try:
+        module = _parse_op(quick.text, source_name)
+    except ir.MLIRError:
+        return None
+    return module if _put_back(module, quick.prefix + ".") == quick.changes else None
 
 
 def _put_back(module: ir.Operation, prefix: str) -> int:
