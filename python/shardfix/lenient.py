@@ -55,7 +55,7 @@ def quick_plan(text: str) -> Plan | None:
     if any(name in text for name in COLLECTIVES):
         return None
     found = Plan(text, _prefix(text))
-    for key in KEYS:
+    for key in KEYS if "propagation_edges" in text else ("sdy.sharding",):
         for before in ("{", ", "):
             written = f"{before}{key} = "
             found.changes += found.text.count(written)

@@ -85,13 +85,13 @@ def _quick(source: str, source_name: str) -> ir.Operation | None:
         module = _parse_op(quick.text, source_name)
     except ir.MLIRError:
         return None
-    return module if _put_back(module, quick.prefix + ".") == quick.changes else None
+    return module if _put_back(module, quick.prefix + ".", held=False) == quick.changes else None
 
 
-def _put_back(module: ir.Operation, prefix: str) -> int:
-    """Rename the renamed keys back and move each held original into place; how many there were."""
+def _put_back(module: ir.Operation, prefix: str, held: bool = True) -> int:
+    """Rename the renamed keys back and (`held`) move each held original into place; how many there were."""
     renamed = {prefix + key[len("sdy."):]: key for key in KEYS}
-    renamed.update((f"{prefix}{INHERENT}{key}", key) for key in WRAP)
+    renamed.update((f"{prefix}{INHERENT}{key}", key) for key in WRAP if held)
     names = tuple(renamed)  # looked up in each op's attributes (in C++): listing them all costs more
     count = 0
 
