@@ -87,9 +87,10 @@ def render(rows: list[dict], rounds: int, baseline: str | None) -> str:
             f"Command: `python bench/bench_opt.py{' --baseline DIR' if baseline else ''}` (wall seconds of "
             f"`tools/opt FILE -o /dev/null [-p fix-shardings]`, each a fresh process as users run it, JAX's import "
             f"included; median of {rounds} runs, the commands alternating). The model: tests/support/llama.py, "
-            "dp=2 x tp=4, lowered with debug info. A valid module is parsed once, as it is; the *invalid copy* (one "
-            "argument's sharding names an axis the mesh lacks) is parsed as it is, refused by the verifier, then "
-            "parsed again with its sharding's key renamed and put back (shardfix.lenient)"
+            "dp=2 x tp=4, lowered with debug info. A valid module is parsed once, as it is (above 4 MiB with its "
+            "sdy.sharding keys renamed and put back); the *invalid copy* (one argument's sharding names an axis the "
+            "mesh lacks) is parsed as it is, refused by the verifier, then parsed again with its keys renamed and put "
+            "back (above 4 MiB the renamed keys come first: shardfix.lenient)"
             + (", against the same run with the loader of an earlier checkout (*earlier loader*)" if baseline else "")
             + ".\n\n" + "\n".join(table) + "\n")
 
