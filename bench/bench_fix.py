@@ -14,7 +14,7 @@ TITLE = "## The auto policy against subaxis on three indivisible constraints (8 
 
 def _per_device(shape: tuple[int, ...], after: str | None, spec_axes, mesh_sizes: dict) -> int:
     """Elements of the constrained value one device holds: the padded split when nothing changed."""
-    from shardfix.sharding import parse_tensor_sharding
+    from shardfix.sdy_syntax import parse_tensor_sharding
     if after is None:
         return math.prod(-(-n // math.prod(mesh_sizes[a] for a in axes)) for n, axes in zip(shape, spec_axes))
     sharding = parse_tensor_sharding(after)

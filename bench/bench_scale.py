@@ -104,7 +104,8 @@ def render(rows: list[dict], rounds: int) -> str:
             "layer has the 6-heads-over-tp=4 and the logits the 32003-over-tp=4 indivisible constraints, which the "
             "default (auto) policy keeps padded, with a remark each. *walk*: the sharding-site walker alone. "
             "*lenient load*: the module with one argument's sharding naming an unknown axis, loaded through "
-            "stand-ins (the text read as MLIR tokens in Python, then parsed by MLIR), against MLIR's strict parse "
+            "shardfix.lenient (parsed as it is and refused, its text read as MLIR tokens in Python, then parsed again with "
+            "the sharding's key renamed), against MLIR's strict parse "
             "of the valid one.\n\n"
             + "\n".join(table) + "\n")
 

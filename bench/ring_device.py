@@ -185,10 +185,10 @@ def compiled_program(text: str):
     import jax.numpy as jnp
     from jaxlib.mlir import ir
 
+    from shardfix.ir import make_context
     from shardfix.jit import _jax
 
-    ctx = _jax.new_ir_context()
-    with ctx:
+    with make_context():
         module = ir.Module.parse(text)
         main = _main(module)
         ftype = ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value)

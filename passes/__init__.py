@@ -69,9 +69,6 @@ class Pass:
             values[field_name] = _convert(cls.name, key, kind, text, minimum=0 if default == 0 else 1)
         return cls(**values)
 
-    def describe_options(self) -> str:
-        return " ".join(f"{k}={getattr(self, f)}" for k, (f, _, _) in self.options().items())
-
 
 def _convert(pass_name: str, key: str, kind, text: str, minimum: int = 1):
     if typing.get_origin(kind) is Literal:

@@ -7,7 +7,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from shardfix import correct_spec, get_corrected_named_sharding
 from shardfix.jit.specs import from_named_sharding, repair_spec, to_named_sharding
-from shardfix.sharding import parse_tensor_sharding
+from shardfix.sdy_syntax import parse_tensor_sharding
 
 
 @pytest.fixture(scope="module")

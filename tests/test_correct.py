@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardfix.correct import CorrectionError, Site, correct_sharding
-from shardfix.sharding import Mesh, parse_tensor_sharding, shard_count
+from shardfix.sdy_syntax import parse_tensor_sharding
+from shardfix.sharding import Mesh, shard_count
 from strategies import meshes, tensor_shardings
 
 DP_MP = {"mesh": Mesh((("dp", 2), ("mp", 4)))}

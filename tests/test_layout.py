@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardfix import reorder_sequence
-from shardfix.layout import inverse_permutation, sequence_permutation, zigzag_chunk_order
+from shardfix.jit.layout import inverse_permutation, sequence_permutation, zigzag_chunk_order
 
 
 def test_zigzag_vectors():

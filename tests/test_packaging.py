@@ -15,7 +15,7 @@ import jaxlib
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PURE = ["shardfix", "shardfix.sharding", "shardfix.correct", "shardfix.layout", "shardfix.report",
+PURE = ["shardfix", "shardfix.sharding", "shardfix.sdy_syntax", "shardfix.correct", "shardfix.report",
         "shardfix.locations", "shardfix.passes"]
 
 

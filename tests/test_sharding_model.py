@@ -4,9 +4,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shardfix.sdy_syntax import parse_mesh, parse_sharding_per_value, parse_tensor_sharding
 from shardfix.sharding import (AxisRef, DimSharding, Mesh, ShardingPerValue, ShardingSyntaxError, TensorSharding,
-                               from_spec_entries, parse_mesh, parse_mesh_spec, parse_sharding_per_value,
-                               parse_tensor_sharding, shard_count, to_spec_entries, UNCONSTRAINED)
+                               from_spec_entries, parse_mesh_spec, shard_count, to_spec_entries, UNCONSTRAINED)
 from strategies import meshes, tensor_shardings
 
 

@@ -19,7 +19,7 @@ _EXPORTS = {
     "is_enabled": "shardfix.jit.plugin",
     "correct_spec": "shardfix.jit.specs",
     "get_corrected_named_sharding": "shardfix.jit.specs",
-    "reorder_sequence": "shardfix.layout",
+    "reorder_sequence": "shardfix.jit.layout",
     "ShardingFixError": "shardfix.report",
     "ShardingFixWarning": "shardfix.report",
 }

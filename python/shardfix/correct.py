@@ -113,16 +113,6 @@ def correct_sharding(sharding: TensorSharding, site: Site, meshes: Mapping[str, 
     return fixed, reasons
 
 
-def rejected_anywhere(sharding: TensorSharding, meshes: Mapping[str, Mesh]) -> bool:
-    """Whether the verifier rejects `sharding` on any value: an unknown mesh or axis, a duplicate, a bad sub-axis,
-    unsorted replicated or unreduced axes, a priority on an empty closed dim, dims on a single device."""
-    try:
-        _, reasons = correct_sharding(sharding, Site((None,) * sharding.rank), meshes, "subaxis")
-    except CorrectionError:
-        return True
-    return bool(reasons)
-
-
 def _single_device(sharding: TensorSharding, mesh_ref, reasons: list[Reason]) -> tuple[TensorSharding, list[Reason]]:
     """A maximal (single-device) sharding names one device and nothing else, whatever the value's rank."""
     if sharding.dims or sharding.replicated or sharding.unreduced:

@@ -1,5 +1,5 @@
 """Manual computations: which manual axes each dim of an operand or result needs so that the global shape, split
-over them, is the body's local shape. Both the lenient loader (for its stand-ins) and fix-shardings (for repairs)
+over them, is the body's local shape. Both the lenient loader (for its placeholders) and fix-shardings (for repairs)
 decide it here. Pure: imports neither MLIR nor JAX.
 """
 
@@ -10,7 +10,7 @@ import math
 from typing import Sequence
 
 from .mlir_text import quote, tensor_shape
-from .sharding import AxisRef, DimSharding, Mesh, MeshRef, TensorSharding
+from .sharding import AxisRef, DimSharding, Mesh, TensorSharding
 
 Shape = tuple  # dims: int, or None for a dynamic dim
 
@@ -74,17 +74,12 @@ def _combination(split: int, free: Sequence[str], mesh: Mesh) -> list[AxisRef] |
     return None
 
 
-def stand_in_sharding(mesh_ref: MeshRef, dims: Sequence[tuple[AxisRef, ...]]) -> TensorSharding:
-    """A sharding holding only the manual axes: what the verifier needs to check a manual computation's shapes."""
-    return TensorSharding(mesh_ref, tuple(DimSharding(axes) for axes in dims))
-
-
-def stand_in_parts(originals: dict[str, list[TensorSharding]], axes: Sequence[str], bound: frozenset[str],
-                   types: dict[str, tuple[list[str], list[str]]], meshes: dict[str, Mesh]):
+def placeholder_parts(originals: dict[str, list[TensorSharding]], axes: Sequence[str], bound: frozenset[str],
+                      types: dict[str, tuple[list[str], list[str]]], meshes: dict[str, Mesh]):
     """For a manual computation: in and out sharding lists (`[...]`) and manual axes (`{...}`) that the verifier
     accepts for its body (each value with just the manual axes its local shape needs, valid manual axes only), and
     those axes, for either form of the op (custom syntax, or the generic form's properties); None when no such
-    stand-in exists. `types`: the global and local type texts of the operands ("in_shardings") and of the results
+    placeholder exists. `types`: the global and local type texts of the operands ("in_shardings") and of the results
     ("out_shardings")."""
     mesh_ref, mesh = None, None
     for sharding in originals["in_shardings"] + originals["out_shardings"]:
@@ -115,7 +110,7 @@ def stand_in_parts(originals: dict[str, list[TensorSharding]], axes: Sequence[st
             dims = manual_dims(original, g_shape, l_shape, kept, mesh)
             if dims is None:
                 return None
-            shardings.append(stand_in_sharding(mesh_ref, dims))
+            shardings.append(TensorSharding(mesh_ref, tuple(DimSharding(axes) for axes in dims)))  # manual axes only
         lists.append("[" + ", ".join(x.body() for x in shardings) + "]")
     manual = "{" + ", ".join(quote(a) for a in kept) + "}"
     return lists[0], lists[1], manual, kept

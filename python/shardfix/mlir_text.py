@@ -1,6 +1,6 @@
 """MLIR's textual syntax as tokens: a lexer following MLIR's own token rules, and bracket matching over them.
 
-Readers of sdy syntax (shardfix.sdy_syntax) and the lenient loader's stand-ins (shardfix.standins) work on these
+Readers of sdy syntax (shardfix.sdy_syntax) and the lenient loader's plan (shardfix.lenient) work on these
 tokens, never on raw characters: a string literal or a comment that happens to look like a sharding stays a string
 or a comment. Pure: imports neither MLIR nor JAX.
 """
@@ -40,14 +40,6 @@ class Token(NamedTuple):  # a tuple: modules have hundreds of thousands of token
     kind: str
     start: int  # offset of the first character in the text
     end: int  # offset just past the last character
-
-
-class LexError(ValueError):
-    """Text that MLIR's lexer would reject; `offset` is where."""
-
-    def __init__(self, message: str, offset: int):
-        super().__init__(message)
-        self.offset = offset
 
 
 def tokenize(text: str) -> list[Token]:

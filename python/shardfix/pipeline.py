@@ -201,7 +201,7 @@ def run_pipeline(module: ir.Operation, pipeline: Pipeline, ctx: ir.Context, pass
                  timing: bool = False, print_ir_before_all: bool = False) -> None:
     """Run the pipeline on the module in place; failures raise LoadError with located diagnostics. The result
     is verified after every pass, or (verify_each=False, cheaper for long pipelines) once at the end.
-    `explain_failures` (for a module loaded with stand-ins, which held shardings the verifier rejects): a
+    `explain_failures` (for a module loaded leniently, which held shardings the verifier rejects): a
     verifier error is said in shardfix's words, as what the repair couldn't do."""
     if not pipeline.elements:
         return

@@ -48,34 +48,26 @@ _CAUSES: list[tuple[tuple[str, ...], str, str]] = [
 ]
 
 
+_BYTECODE = ("the module is MLIR bytecode that doesn't verify, and bytecode is only read by verifying it",
+             "the module as text (JAX: lowered.as_text()), where shardings the verifier rejects are held aside for "
+             "repair")
 _COLLECTIVE = ("a sharding that an sdy collective reads (or the collective's own) is wrong, and fix-shardings keeps "
                "those as they are",
                "the sharding and the collective corrected together, by hand: changing one alone would break the "
                "other")
 
 
-def explain(diagnostics: list[Diagnostic], collective_lines: frozenset[int] = frozenset()) -> list[Diagnostic]:
-    """shardfix's error for a module that fails to load even with its shardings held aside, then MLIR's.
-    `collective_lines`: where shardings were kept as written because collectives read them."""
+def explain(diagnostics: list[Diagnostic], collective_lines: frozenset[int] = frozenset(),
+            bytecode: bool = False) -> list[Diagnostic]:
+    """shardfix's error for a module that fails to load even with its shardings held aside (`collective_lines`:
+    where shardings were kept as written because collectives read them), or for MLIR bytecode that doesn't verify
+    (the bytecode reader verifies what it reads, so nothing can be held aside), then MLIR's."""
     first = next((d for d in diagnostics if d.severity == "error"), None)
     if first is None:
         return diagnostics
-    what, need = _COLLECTIVE if first.loc.line in collective_lines else _cause(first.message)
+    what, need = _BYTECODE if bytecode else _COLLECTIVE if first.loc.line in collective_lines else \
+        _cause(first.message)
     ours = Diagnostic("error", f"fix-shardings can't repair this: {what}; it would need {need}", first.loc)
-    return [ours] + [Diagnostic("note" if d is first else d.severity,
-                                ("MLIR: " if d is first else "") + d.message, d.loc) for d in diagnostics]
-
-
-def explain_bytecode(diagnostics: list[Diagnostic]) -> list[Diagnostic]:
-    """shardfix's error for MLIR bytecode that doesn't verify (the bytecode reader verifies what it reads, so its
-    shardings can't be held aside for repair the way a text module's are), then MLIR's."""
-    first = next((d for d in diagnostics if d.severity == "error"), None)
-    if first is None:
-        return diagnostics
-    ours = Diagnostic("error", "fix-shardings can't repair this: the module is MLIR bytecode that doesn't verify, "
-                               "and bytecode is only read by verifying it; it would need the module as text "
-                               "(JAX: lowered.as_text()), where shardings the verifier rejects are held aside "
-                               "for repair", first.loc)
     return [ours] + [Diagnostic("note" if d is first else d.severity,
                                 ("MLIR: " if d is first else "") + d.message, d.loc) for d in diagnostics]
 

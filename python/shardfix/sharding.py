@@ -2,9 +2,9 @@
 
 Values here mirror the sdy attributes one to one, including forms the sdy verifier rejects (an unknown axis, a
 duplicate, a bad sub-axis), because a repair tool has to be able to hold them. Nothing in this module imports MLIR
-or JAX: conversion to and from attributes lives in `shardfix.ir`, to and from JAX objects in `shardfix.api`.
+or JAX: conversion to and from attributes lives in `shardfix.ir`, to and from JAX objects in `shardfix.jit.specs`.
 
-Printed syntax (what `str()` gives and `parse_*` reads) is the sdy assembly syntax:
+Printed syntax (what `str()` gives and shardfix.sdy_syntax's `parse_*` read) is the sdy assembly syntax:
     mesh            <["a"=2, "b"=4], device_ids=[...]>
     axis ref        "a"   or   "a":(pre)size
     dim sharding    {"a", "b":(1)2}   {"a", ?}   {?}   {}p1
@@ -18,6 +18,12 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence, Union
 
 from .mlir_text import quote
+
+
+# The sdy collectives: each checks its own sharding against the sharding of the value it reads.
+COLLECTIVES = frozenset({"sdy.all_gather", "sdy.all_slice", "sdy.all_to_all", "sdy.collective_permute",
+                         "sdy.all_reduce", "sdy.reduce_scatter", "sdy.sharded_to_unreduced",
+                         "sdy.replicated_to_unreduced"})
 
 
 class ShardingSyntaxError(ValueError):
@@ -181,12 +187,8 @@ def describe_sub_axis(ref: AxisRef, mesh: Mesh) -> str:
     return f"{ref.size} of {ref.name}'s {mesh.axis_size(ref.name)} devices"
 
 
-def dim_shard_count(dim: DimSharding, mesh: Mesh) -> int:
-    return math.prod(ref.size_in(mesh) for ref in dim.axes)
-
-
 # ---------------------------------------------------------------------------------------------------------------
-# Printing names, and reading: the sdy syntax readers live in shardfix.sdy_syntax (on MLIR tokens).
+# Printing names; reading sdy syntax is shardfix.sdy_syntax's (on MLIR tokens), which builds on this model.
 
 _SYMBOL_START = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_")
 _SYMBOL_CHARS = _SYMBOL_START | frozenset("0123456789$.")
@@ -198,30 +200,6 @@ def _symbol(name: str) -> str:
     if name and name[0] in _SYMBOL_START and all(c in _SYMBOL_CHARS for c in name):
         return name
     return quote(name)
-
-
-def parse_mesh(text: str) -> Mesh:
-    """Read `<["a"=2, ...]>` or `#sdy.mesh<[...]>`."""
-    from .sdy_syntax import parse_mesh as read
-    return read(text)
-
-
-def parse_tensor_sharding(text: str) -> TensorSharding:
-    """Read `#sdy.sharding<...>` or the bare `<...>` form used in op assembly."""
-    from .sdy_syntax import parse_tensor_sharding as read
-    return read(text)
-
-
-def parse_sharding_per_value(text: str) -> ShardingPerValue:
-    """Read `#sdy.sharding_per_value<[...]>`."""
-    from .sdy_syntax import parse_sharding_per_value as read
-    return read(text)
-
-
-def parse_manual_axes(text: str) -> tuple[str, ...]:
-    """Read `#sdy<manual_axes{"a", "b"}>` or `{"a", "b"}` (a manual computation's manual axes)."""
-    from .sdy_syntax import parse_manual_axes as read
-    return read(text)
 
 
 def parse_mesh_spec(text: str) -> Mesh:
@@ -250,7 +228,7 @@ def parse_mesh_spec(text: str) -> Mesh:
 # ---------------------------------------------------------------------------------------------------------------
 # PartitionSpec entries (no JAX import: a spec is any sequence of None | str | tuple[str, ...] | UNCONSTRAINED).
 
-UNCONSTRAINED = "?"  # stands for PartitionSpec.UNCONSTRAINED once shardfix.api has translated it
+UNCONSTRAINED = "?"  # stands for PartitionSpec.UNCONSTRAINED once shardfix.jit.specs has translated it
 
 
 def from_spec_entries(entries: Sequence, mesh: MeshRef, rank: int | None = None) -> TensorSharding:

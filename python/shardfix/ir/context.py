@@ -12,17 +12,42 @@ from .locations import source_loc
 
 @functools.cache
 def make_context(allow_unregistered: bool = False) -> ir.Context:
-    """A context with every dialect JAX's lowering emits (stablehlo, sdy, chlo, mhlo, func, ...); one per process
-    and setting, since creating one costs milliseconds and modules of one context are independent.
+    """A context with every dialect JAX's lowering emits (stablehlo, sdy, chlo, mhlo, func, ...) and JAX's MLIR
+    passes registered; one per process and setting, since creating one costs milliseconds and modules of one
+    context are independent.
 
     It is shardfix's own (never JAX's shared one) and single-threaded: MLIR's verifier and parser can deadlock in
-    JAX's thread pool, and shardfix's passes run in Python anyway.
+    JAX's thread pool, and shardfix's passes run in Python anyway. It is built from jaxlib's MLIR modules alone, as
+    JAX builds its own; importing JAX registers the passes a pipeline may name (sdy-propagation-pipeline, ...).
     """
-    from ..jit import _jax
-    ctx = _jax.new_ir_context()
+    import jax  # noqa: F401
+    from jaxlib.mlir._mlir_libs import _jax_mlir_ext
+    from jaxlib.mlir.dialects import chlo, mhlo, sdy, stablehlo
+
+    _register_stablehlo_passes()
+    upstream = ir.DialectRegistry()  # func, arith, math, scf, ...: the upstream dialects JAX registers
+    _jax_mlir_ext.register_dialects(upstream)
+    ctx = ir.Context()
+    ctx.append_dialect_registry(upstream)
+    ctx.load_all_available_dialects()
+    sdy.register_dialect(ctx)
+    mhlo.register_mhlo_dialect(ctx)
+    chlo.register_dialect(ctx)
+    stablehlo.register_dialect(ctx)
+    try:  # Shardy's MPMD dialect, in the jaxlibs that ship it
+        from jaxlib.mlir.dialects import mpmd
+        mpmd.register_dialect(ctx)
+    except (ImportError, AttributeError):
+        pass
     ctx.enable_multithreading(False)
     ctx.allow_unregistered_dialects = allow_unregistered
     return ctx
+
+
+@functools.cache
+def _register_stablehlo_passes() -> None:
+    from jaxlib.mlir.dialects import stablehlo
+    stablehlo.register_stablehlo_passes()
 
 
 class LoadError(Exception):

@@ -1,8 +1,20 @@
 """Loading modules: strict (parse and verify), and lenient (a module the sdy verifier rejects because of its
 shardings loads too, holding those shardings as written, so fix-shardings can repair it).
 
-The bindings verify whatever they parse, so a lenient load parses the text with stand-ins the verifier accepts
-(shardfix.standins) and then puts the original attributes back through the bindings.
+The bindings verify whatever they parse. A lenient load parses the module as it is first (a valid one, the usual
+case, costs nothing more); if the verifier rejects it, the text is parsed again with the changes shardfix.lenient
+plans, and the bindings then put every original in its place (setting an attribute verifies nothing). What jaxlib's
+bindings allow, probed on jax 0.10.2 and 0.12.0.1, and what the design takes from it:
+  - a sharding in an attribute dictionary (`sdy.sharding = ...` on an op or a function argument) parses and verifies
+    when only its key is renamed to a dialect nobody registered (`sd_.sharding`: the same length, every column
+    kept), so those shardings need no placeholder;
+  - `ir.Attribute.parse`, and the parser for a discardable attribute, take a `#sdy.sharding` naming unknown meshes
+    or axes, duplicates, bad sub-axes or unsorted axes (only the op's verifier rejects them; an inline mesh with an
+    axis of size 0 is refused by the attribute's own parser): the shardings sdy's own ops verify get placeholders,
+    and their originals are written beside them as discardable attributes for MLIR to parse, aliases and all;
+  - a module in MLIR's generic form parses with only stablehlo and func registered and unregistered dialects
+    allowed, sdy's attributes unverified; its sdy ops are then no sdy ops for the passes, so the generic form gets
+    the same placeholders as sdy's syntax instead.
 """
 
 from __future__ import annotations
@@ -10,15 +22,13 @@ from __future__ import annotations
 from jaxlib.mlir import ir
 
 from .. import mlir_text
+from ..lenient import INHERENT, KEYS, WRAP, plan, quick_plan
+from ..refusal import explain
 from ..report import Diagnostic
-from ..standins import StandIns, quickly_rejected, stand_in
 from .context import LoadError, diagnostics_of
-from ..refusal import explain, explain_bytecode
 
 
-# Above this size a lenient load first looks for shardings the verifier rejects anywhere, and if it finds one skips
-# the strict parse: MLIR's error for a failing function prints all of it, which takes longer than the function.
-_QUICK_LOOK_BYTES = 1 << 18
+_QUICK_FIRST_BYTES = 4 << 20
 
 
 def parse_module(source: str | bytes, ctx: ir.Context, source_name: str = "-", lenient: bool = False) -> ir.Operation:
@@ -30,37 +40,85 @@ def parse_module(source: str | bytes, ctx: ir.Context, source_name: str = "-", l
 
 def load_module(source: str | bytes, ctx: ir.Context, source_name: str = "-",
                 lenient: bool = False) -> tuple[ir.Operation, bool]:
-    """parse_module, and whether the module needed stand-ins to load (it doesn't verify as it is)."""
+    """parse_module, and whether the module may hold what the verifier rejects (it was loaded with keys renamed)."""
     with ctx:
-        quick = lenient and isinstance(source, str) and len(source) > _QUICK_LOOK_BYTES and quickly_rejected(source)
-        if not quick:
-            try:
-                return _parse_op(source, source_name), False
-            except ir.MLIRError as e:
-                if isinstance(source, bytes) and lenient:
-                    raise LoadError(explain_bytecode(diagnostics_of(e))) from None
-                if not lenient or isinstance(source, bytes):
-                    raise LoadError(diagnostics_of(e)) from None
-        stand_ins = stand_in(source)
-        if not stand_ins:  # nothing to hold aside: the module loads as it is (after a quick look that misread it)
-            lines = frozenset(stand_ins.collective_lines) if stand_ins is not None else frozenset()
-            return _strict(source, source_name, lines), False
+        # MLIR's error for a function that doesn't verify prints all of it, which takes longer than the function (12 s
+        # for a 10 MiB function against 0.7 s to parse it): above this size a lenient load tries the renamed keys
+        # before the strict parse
+        if lenient and isinstance(source, str) and len(source) > _QUICK_FIRST_BYTES:
+            module = _quick(source, source_name)
+            if module is not None:
+                return module, True
         try:
-            module = _parse_op(stand_ins.text, source_name)
-        except ir.MLIRError as e:  # what even the stand-ins couldn't hold aside: the reason to give
-            raise LoadError(explain(diagnostics_of(e), frozenset(stand_ins.collective_lines))) from None
-        if not _restore(module, stand_ins):
-            return _strict(source, source_name, frozenset()), False
+            return _parse_op(source, source_name), False
+        except ir.MLIRError as e:
+            if not lenient:
+                raise LoadError(diagnostics_of(e)) from None
+            if isinstance(source, bytes):
+                raise LoadError(explain(diagnostics_of(e), bytecode=True)) from None
+            strict = diagnostics_of(e)
+        module = _quick(source, source_name) if len(source) <= _QUICK_FIRST_BYTES else None
+        if module is not None:
+            return module, True
+        changed = plan(source)
+        if changed is None or not changed.changes:  # nothing the verifier rejects could be held aside
+            raise LoadError(explain(strict, frozenset(changed.frozen_lines if changed else ()))) from None
+        try:
+            module = _parse_op(changed.text, source_name)
+        except ir.MLIRError as e:
+            found = diagnostics_of(e)
+            # a syntax error is the text's own, where it is written (not in an original held beside a placeholder)
+            verifier = found[0].message.startswith("'") or "' op " in found[0].message
+            raise LoadError(explain(found if verifier else strict, frozenset(changed.frozen_lines))) from None
+        if _put_back(module, changed.prefix + ".") != changed.changes:
+            raise LoadError(explain(strict, frozenset(changed.frozen_lines)))
         return module, True
 
 
-def _strict(source: str, source_name: str, lines: frozenset[int]) -> ir.Operation:
-    """The module parsed as it is, or a LoadError with MLIR's own errors explained (`lines`: those of shardings a
-    collective reads)."""
+def _quick(source: str, source_name: str) -> ir.Operation | None:
+    """The module loaded with its keys renamed as text (shardfix.lenient.quick_plan), or None where that doesn't
+    load it: an sdy op's own sharding is wrong too, or a renamed key wasn't one (then the full plan decides)."""
+    quick = quick_plan(source)
+    if quick is None or not quick.changes:
+        return None
     try:
-        return _parse_op(source, source_name)
-    except ir.MLIRError as e:
-        raise LoadError(explain(diagnostics_of(e), lines)) from None
+        module = _parse_op(quick.text, source_name)
+    except ir.MLIRError:
+        return None
+    return module if _put_back(module, quick.prefix + ".", held=False) == quick.changes else None
+
+
+def _put_back(module: ir.Operation, prefix: str, held: bool = True) -> int:
+    """Rename the renamed keys back and (`held`) move each held original into place; how many there were."""
+    renamed = {prefix + key[len("sdy."):]: key for key in KEYS}
+    renamed.update((f"{prefix}{INHERENT}{key}", key) for key in WRAP if held)
+    names = tuple(renamed)  # looked up in each op's attributes (in C++): listing them all costs more
+    count = 0
+
+    def dictionary(attr: ir.Attribute) -> ir.Attribute:
+        nonlocal count
+        entries = ir.DictAttr(attr)
+        entries = [entries[i] for i in range(len(entries))]
+        count += sum(e.name in renamed for e in entries)
+        return ir.DictAttr.get({renamed.get(e.name, e.name): e.attr for e in entries})
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        nonlocal count
+        attrs = op.attributes
+        for name in names:
+            if name in attrs:
+                value = attrs[name]
+                del attrs[name]
+                attrs[renamed[name]] = value
+                count += 1
+        if op.name == "func.func":
+            for key in ("arg_attrs", "res_attrs"):
+                if key in attrs and prefix in str(attrs[key]):
+                    attrs[key] = ir.ArrayAttr.get([dictionary(d) for d in ir.ArrayAttr(attrs[key])])
+        return ir.WalkResult.ADVANCE
+
+    module.walk(visit, ir.WalkOrder.PRE_ORDER)
+    return count
 
 
 def _parse_op(source: str | bytes, source_name: str) -> ir.Operation:
@@ -115,54 +173,6 @@ def _alias_ends(text: str) -> list[tuple[int, int]]:
         found.append((start_line, line))
         i = j
     return found
-
-
-def _restore(module: ir.Operation, stand_ins: StandIns) -> bool:
-    """Put the held attributes back (each parsed from its original text); False if one doesn't parse or wasn't
-    found where the stand-ins left it."""
-    prefix, entry_prefix = stand_ins.prefix, stand_ins.prefix + "."
-    try:  # an original that doesn't parse on its own: MLIR rejects the attribute itself, not its use
-        parsed = [ir.Attribute.parse(text) for text in stand_ins.held]
-    except ir.MLIRError:
-        return False
-    restored: set[int] = set()
-
-    def attribute(number: int) -> ir.Attribute:
-        restored.add(number)
-        return parsed[number]
-
-    def restore_dict(dictionary: ir.Attribute) -> ir.Attribute | None:
-        entries = ir.DictAttr(dictionary)
-        values = {entries[i].name: entries[i].attr for i in range(len(entries))}
-        held = [name for name in values if name.startswith(entry_prefix)]
-        if not held:
-            return None
-        for name in held:
-            values[name[len(entry_prefix):]] = attribute(ir.IntegerAttr(values.pop(name)).value)
-        return ir.DictAttr.get(values)
-
-    def visit(op: ir.Operation):
-        attrs = op.attributes
-        names = [attrs[i].name for i in range(len(attrs))]
-        for name in names:
-            if name == prefix:
-                for attr_name, number in stand_ins.tagged_ops[ir.IntegerAttr(attrs[name]).value].items():
-                    attrs[attr_name] = attribute(number)
-                del attrs[name]
-            elif name.startswith(entry_prefix):
-                attrs[name[len(entry_prefix):]] = attribute(ir.IntegerAttr(attrs[name]).value)
-                del attrs[name]
-        if op.name == "func.func":
-            for key in ("arg_attrs", "res_attrs"):
-                if key in attrs:
-                    dicts = list(ir.ArrayAttr(attrs[key]))
-                    new = [restore_dict(d) for d in dicts]
-                    if any(d is not None for d in new):
-                        attrs[key] = ir.ArrayAttr.get([n if n is not None else d for n, d in zip(new, dicts)])
-        return ir.WalkResult.ADVANCE
-
-    module.walk(visit, ir.WalkOrder.PRE_ORDER)
-    return len(restored) == len(stand_ins.held)
 
 
 __all__ = ["Diagnostic", "LoadError", "load_module", "parse_module"]

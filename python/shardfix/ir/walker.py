@@ -16,14 +16,11 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import sdy
 
 from ..locations import SourceLoc
-from ..sharding import TensorSharding
+from ..sharding import COLLECTIVES, TensorSharding
 from .attrs import manual_axes_of, sharding_from_attr
 from .edits import Edits
 from .locations import op_loc, source_loc
 
-COLLECTIVES = frozenset({"sdy.all_gather", "sdy.all_slice", "sdy.all_to_all", "sdy.collective_permute",
-                         "sdy.all_reduce", "sdy.reduce_scatter", "sdy.sharded_to_unreduced",
-                         "sdy.replicated_to_unreduced"})
 _SINGLE_KIND = {"sdy.sharding_constraint": "constraint", "sdy.reshard": "reshard", "sdy.data_flow_edge": "edge"}
 _REGION_OPS = {"sdy.manual_computation": "manual", "sdy.named_computation": "named"}
 EDGE_ATTRS = ("sdy.propagation_edges", "sdy.result_propagation_edges", "sdy.block_arg_propagation_edges")

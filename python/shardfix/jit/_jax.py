@@ -1,11 +1,11 @@
 """Every private JAX access shardfix makes, in one place.
 
-shardfix needs a few things JAX has no public API for: an MLIR context with JAX's dialects, a Lowered whose module
-was replaced, JAX's C++ call dispatcher for its own functions, two hooks (around the tracing of every jit and around
-every XLA compile), wrappers around the functions where JAX checks sharding specs while tracing, config values that
-keep JAX's caches apart while shardfix is at work, JAX's trace context, its traceback filtering, and jaxlib's call
-inliner. Each is reached here and nowhere else, switched by version where JAX differs (the tested range is 0.10.2 to
-0.12.0.1: so far none of these differ); tests/test_jax_internals.py exercises every one of them on the installed JAX
+shardfix needs a few things JAX has no public API for: a Lowered whose module was replaced, JAX's C++ call
+dispatcher for its own functions, two hooks (around the tracing of every jit and around every XLA compile), wrappers
+around the functions where JAX checks sharding specs while tracing, config values that keep JAX's caches apart while
+shardfix is at work, JAX's trace context, its traceback filtering, and jaxlib's call inliner. Each is reached here
+and nowhere else, switched by version where JAX differs (the tested range is 0.10.2 to 0.12.0.1: so far none of
+these differ); tests/test_jax_internals.py exercises every one of them on the installed JAX
 so that a move fails loudly there."""
 
 from __future__ import annotations
@@ -46,37 +46,7 @@ wraps = _util.wraps  # how jax.jit names its functions after the user's
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# MLIR.
-
-
-def new_ir_context() -> ir.Context:
-    """A fresh context with every dialect JAX's lowering emits, and JAX's C++ passes registered."""
-    from jax._src.interpreters import mlir as jax_mlir
-    from jaxlib.mlir.dialects import chlo, mhlo, sdy, stablehlo
-
-    _register_passes()
-    ctx = ir.Context()
-    ctx.append_dialect_registry(jax_mlir.upstream_dialects)
-    ctx.load_all_available_dialects()
-    sdy.register_dialect(ctx)
-    mhlo.register_mhlo_dialect(ctx)
-    chlo.register_dialect(ctx)
-    stablehlo.register_dialect(ctx)
-    mpmd = getattr(jax_mlir.dialects, "mpmd", None)
-    if mpmd is not None:
-        mpmd.register_dialect(ctx)
-    return ctx
-
-
-_passes_registered = False
-
-
-def _register_passes() -> None:
-    global _passes_registered
-    if not _passes_registered:
-        from jaxlib.mlir.dialects import stablehlo
-        stablehlo.register_stablehlo_passes()
-        _passes_registered = True
+# MLIR (the context itself is shardfix.ir's, built from jaxlib's MLIR modules).
 
 
 def uses_shardy() -> bool:

@@ -15,10 +15,10 @@ if TYPE_CHECKING:
 
 from .. import mlir_text as mt
 from ..correct import Reason, Site, correct_sharding
-from ..sdy_syntax import Cursor, read_dim, read_mesh
+from ..sdy_syntax import Cursor, parse_tensor_sharding, read_dim, read_mesh
 from ..report import Fix
 from ..sharding import (UNCONSTRAINED, Mesh, ShardingSyntaxError, TensorSharding, describe_sub_axis,
-                        from_spec_entries, parse_tensor_sharding, to_spec_entries)
+                        from_spec_entries, to_spec_entries)
 
 
 def mesh_model(mesh) -> Mesh:

@@ -148,6 +148,7 @@ class Shared:
     keep_alive: list = field(default_factory=list)  # placeholders whose ids key `State.carried`
     meshes: dict = field(default_factory=dict)  # the module's sdy.mesh symbols, for collectives that name one
     blocks: dict = field(default_factory=dict)  # block -> its arguments, (op, results) pairs and returned values
+    apply_rule: object = None  # rules.apply_rule, given by the analysis' caller: the rules build on this module
 
     def block(self, block: ir.Block) -> tuple:
         """A block's arguments, its ops but the terminator each with its results, and the terminator's operands:
@@ -246,7 +247,7 @@ class Engine:
 
     def run_block(self, block, args: list) -> list:
         """Abstract values of the block's terminator operands, given its arguments'."""
-        from .rules import apply_rule
+        apply_rule = self.state.shared.apply_rule
         env = self.env
         arguments, body, returned = self.state.shared.block(block)
         for arg, value in zip(arguments, args):

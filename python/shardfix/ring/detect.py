@@ -10,7 +10,7 @@ import numpy as np
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import sdy, stablehlo
 
-from ..ir import manual_axes_of, mesh_from_attr, sharding_from_attr, source_loc
+from ..ir import manual_axes_of, module_meshes, sharding_from_attr, source_loc
 from ..locations import SourceLoc
 from ..sharding import Mesh, TensorSharding
 from .permutation import PERMUTATION_ATTR
@@ -53,11 +53,6 @@ class RingRegion:
 def module_funcs(module: ir.Operation) -> dict[str, ir.Operation]:
     return {ir.StringAttr(op.operation.attributes["sym_name"]).value: op.operation
             for op in module.regions[0].blocks[0].operations if op.operation.name == "func.func"}
-
-
-def module_meshes(module: ir.Operation) -> dict[str, Mesh]:
-    return {ir.StringAttr(op.operation.attributes["sym_name"]).value: mesh_from_attr(op.operation.attributes["mesh"])
-            for op in module.regions[0].blocks[0].operations if op.operation.name == "sdy.mesh"}
 
 
 def find_ring_regions(module: ir.Operation, callers: dict[str, int] | None = None) -> list[RingRegion]:

@@ -18,6 +18,7 @@ from ..locations import SourceLoc
 from .analysis import Engine, Refusal, RingInfo, Shared, State
 from .detect import RingRegion, axis_strides, find_ring_regions, module_funcs, module_meshes
 from .dims import shape
+from .rules import apply_rule
 from .symbolic import Aff, Scope
 from .values import CONST, FREE, Axis, Data, Index, Stack, Tok, canonical
 
@@ -57,7 +58,7 @@ def prove_rings(module: ir.Operation, analyse: bool = True, callers: dict[str, i
     # One naming of functions and one memo of analysed calls for the whole module: regions that call the same
     # functions with the same abstract operands (the layers of a model) are analysed once. Operands are named by
     # their place in their group, so equal names never meet across groups, which share no values.
-    shared = Shared(meshes=module_meshes(module))
+    shared = Shared(meshes=module_meshes(module), apply_rule=apply_rule)
     for index, group in enumerate(groups):
         for r in group:
             verdicts[id(r.region)].group = index

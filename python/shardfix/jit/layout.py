@@ -1,4 +1,5 @@
-"""Load-balanced sequence orders for causal ring attention: index math in numpy, `reorder_sequence` in jnp.
+"""Load-balanced sequence orders for causal ring attention, the JAX layer's helper for user code: index math in
+numpy, `reorder_sequence` in jnp.
 
 A permutation is given as `src`: position j of the reordered sequence holds token `src[j]` of the original.
   zigzag   2*cp chunks; device r gets chunks (r, 2*cp-1-r) (MaxText, TransformerEngine DualChunkSwap, PyTorch
