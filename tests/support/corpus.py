@@ -9,13 +9,19 @@ It is INVALID when it carries an `expected-error`, VALID otherwise. For each cas
   fix     `-p fix-shardings --report=json`
   reparse the fix output, parsed and verified again
 The children import nothing: the parent imported shardfix and JAX once, so a case costs a fork, not a start.
+A process that has run JAX computations holds JAX's threads, and forking it can deadlock (Python warns about
+every such fork): `judge_file` runs the whole judgement in a fresh interpreter, which forks before any thread
+starts.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -248,3 +254,30 @@ def judge(cases: list[Case], pool: Pool, pipeline: str = "fix-shardings", plain_
     for verdict in verdicts:
         verdict.fixes = sum(1 for ln in verdict.fix.stderr.splitlines() if ln.startswith('{"') and '"fix"' in ln)
     return verdicts
+
+
+def judge_file(path: Path, workdir: Path, *, expects_error: bool, jobs: int, timeout: float,
+               plain_always: bool = True) -> list[tuple[str, str, str]]:
+    """(case name, result, first line of the fix's stderr) for every case of `path` (split at `// -----`), judged
+    in a fresh interpreter (see the module's docstring)."""
+    request = {"path": str(path), "workdir": str(workdir), "expects_error": expects_error, "jobs": jobs,
+               "timeout": timeout, "plain_always": plain_always}
+    tests = str(Path(__file__).resolve().parent.parent)
+    code = f"import sys; sys.path.insert(0, {tests!r}); from support.corpus import _judge_file_main; _judge_file_main()"
+    done = subprocess.run([sys.executable, "-c", code], input=json.dumps(request), capture_output=True, text=True,
+                          check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"judging {path} failed:\n{done.stderr[-4000:]}")
+    return [tuple(row) for row in json.loads(done.stdout)]
+
+
+def _judge_file_main() -> None:
+    request = json.loads(sys.stdin.read())
+    path = Path(request["path"])
+    cases = split_cases(path.name, path.read_text(), split=True)
+    for case in cases:
+        case.expects_error = case.expects_error or request["expects_error"]
+    pool = Pool(Path(request["workdir"]), jobs=request["jobs"], timeout=request["timeout"])
+    verdicts = judge(cases, pool, plain_always=request["plain_always"])
+    json.dump([(v.case.name, v.result, (v.fix.stderr.strip().splitlines() or [""])[0]) for v in verdicts],
+              sys.stdout)
