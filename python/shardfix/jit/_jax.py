@@ -485,8 +485,10 @@ def _get_sharding(original, active):
             result = original(sharding, shape)
         except Exception:  # noqa: BLE001  (JAX says no in several ways; the repaired spec goes to it again)
             return original(session.repair(sharding, tuple(shape), "out_sharding"), shape)
-        session.repair(sharding, tuple(shape), "out_sharding", accepted=True)  # what canonicalization fixed
-        return result
+        # What canonicalization fixed is recorded; what only the (lenient) construction checks reject (a duplicate
+        # axis in the result a sharding rule built, say) is repaired.
+        fixed = session.repair(sharding, tuple(shape), "out_sharding", accepted=True)
+        return result if fixed is sharding else original(fixed, shape)
     return _gated(original, active, body)
 
 
@@ -520,14 +522,13 @@ def _repair_tree(session, values, shardings, api_name: str, divisibility: bool):
     is_spec = lambda s: s is None or isinstance(s, (PartitionSpec, jax.sharding.Sharding))  # noqa: E731
     if not any(isinstance(s, (PartitionSpec, NamedSharding)) for s in jax.tree.leaves(shardings, is_leaf=is_spec)):
         return None
-    try:
+    try:  # one sharding per leaf of `values` (a None among the values has none), as JAX broadcasts them
         full = jax.tree.broadcast(shardings, values, is_leaf=is_spec)
+        tree = jax.tree.structure(values)
+        leaves = tree.flatten_up_to(full)
     except (ValueError, TypeError):
         return None
     shapes = [getattr(v, "shape", None) for v in jax.tree.leaves(values)]
-    leaves, tree = jax.tree.flatten(full, is_leaf=is_spec)
-    if len(leaves) != len(shapes):
-        return None
     return jax.tree.unflatten(tree, [session.repair(s, None if shape is None else tuple(shape), api_name,
                                                     divisibility) for s, shape in zip(leaves, shapes)])
 

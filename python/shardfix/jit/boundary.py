@@ -105,14 +105,22 @@ def _correct_tree(spec_tree, values, mesh, what: str, names: tuple[str, ...], po
     if what == "in_shardings" and not _is_spec(spec_tree) and isinstance(spec_tree, (tuple, list)):
         spec_tree = tuple(spec_tree)  # jax.jit reads a list of per-argument shardings as a tuple
     try:
-        full = jax.tree.broadcast(spec_tree, values, is_leaf=_is_spec)
+        per_leaf = leaf_shardings(spec_tree, values)
     except ValueError:
         raise ValueError(f"{loc}: {_mismatch(spec_tree, values, what, names)}") from None
-    paths_specs = jax.tree_util.tree_flatten_with_path(full, is_leaf=_is_spec)[0]
-    shapes = [getattr(v, "shape", ()) for v in jax.tree.leaves(values)]
-    corrected = [_correct_leaf(spec, tuple(shape), mesh, f"{what}{jax.tree_util.keystr(path)}", policy, loc, fixes)
-                 for (path, spec), shape in zip(paths_specs, shapes)]
-    return jax.tree.unflatten(jax.tree.structure(full, is_leaf=_is_spec), corrected)
+    paths_values = jax.tree_util.tree_flatten_with_path(values)[0]
+    corrected = [_correct_leaf(spec, tuple(getattr(value, "shape", ())), mesh,
+                               f"{what}{jax.tree_util.keystr(path)}", policy, loc, fixes)
+                 for (path, value), spec in zip(paths_values, per_leaf)]
+    return jax.tree.unflatten(jax.tree.structure(values), corrected)
+
+
+def leaf_shardings(spec_tree, values) -> list:
+    """The sharding (or None) for each leaf of `values` from a prefix tree of them, as jax.jit reads in/out
+    shardings: a None in the prefix is a sharding (a leaf) where the values have a leaf, and matches a None the
+    values hold (no leaf: `((P('tp'), None),)` for the argument `(x, None)`). ValueError where it is no prefix."""
+    full = jax.tree.broadcast(spec_tree, values, is_leaf=_is_spec)
+    return jax.tree.structure(values).flatten_up_to(full)
 
 
 def _correct_leaf(spec, shape: tuple, mesh, site: str, policy: str, loc: SourceLoc, fixes: list[Fix]):
@@ -142,9 +150,8 @@ def _lowering_arguments(args: tuple, positions: list[int], in_shardings, names: 
         arg = args[index]
         if shardings is None:
             continue
-        full = jax.tree.broadcast(shardings, arg, is_leaf=_is_spec)
         paths = jax.tree_util.tree_flatten_with_path(arg)[0]
-        targets = jax.tree.leaves(full, is_leaf=_is_spec)
+        targets = leaf_shardings(shardings, arg)
         moved = [_abstract_if_elsewhere(leaf, target, f"{name}{jax.tree_util.keystr(path)}", fixes)
                  for (path, leaf), target in zip(paths, targets)]
         args[index] = jax.tree.unflatten(jax.tree.structure(arg), moved)

@@ -186,7 +186,10 @@ def _on_trace(trace: Callable, args: tuple, kwargs: dict):
         return trace(*args, **kwargs)  # nested in a trace this session already repairs
     if tracing_now is None:
         tell_pending()  # a top-level trace begins: what the last one fixed had no compile to be told with
-    with repairs(session) as report:
+    # Complete: a library function (jnp.matmul, its JVP) that JAX traced for another function while repairing it
+    # is traced again, so that each function's report says what was repaired in it (a fix in `init` and the same
+    # one in `train_step` are both told). Only a trace that repaired something costs the next ones JAX's caches.
+    with repairs(session, complete=True) as report:
         result = trace(*args, **kwargs)
     if not session.collect and report.fixes:
         earlier = _pending.get()

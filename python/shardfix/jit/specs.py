@@ -58,6 +58,17 @@ def spec_to_model(spec, rank: int | None = None, mesh_name: str = "mesh") -> Ten
     return from_spec_entries(partitions(spec), mesh_name, rank)
 
 
+def names_rejected(spec, mesh) -> bool:
+    """Whether a NamedSharding's construction rejects `spec` on `mesh`: an axis the mesh lacks, or one used twice."""
+    names, seen = mesh.axis_names, set()
+    for entry in spec.partitions:
+        for axis in entry if isinstance(entry, tuple) else (entry,) if isinstance(entry, str) else ():
+            if axis in seen or axis not in names:
+                return True
+            seen.add(axis)
+    return False
+
+
 # Where a PartitionSpec is repaired: the boundary of the decorated function (its in/out shardings), or a spec JAX
 # checks while tracing (reshard, out_sharding=, with_sharding_constraint, device_put, a nested jit's in/out).
 BOUNDARY_NO_PADDING = "padding is not an option at an entry function's boundary"

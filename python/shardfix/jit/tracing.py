@@ -34,7 +34,7 @@ from ..locations import SourceLoc, caller_frame, is_library_file
 from ..report import Fix
 from ..sharding import shard_count
 from . import _jax
-from .specs import TRACE_NO_PADDING, mesh_model, repair_spec, spec_to_model
+from .specs import TRACE_NO_PADDING, mesh_model, names_rejected, repair_spec, spec_to_model
 
 _active: contextvars.ContextVar["Repairs | None"] = contextvars.ContextVar("shardfix_repairs", default=None)
 
@@ -79,6 +79,11 @@ class Repairs:
                 return sharding  # JAX says there is no mesh for it
         else:
             return sharding
+        # JAX's own sharding rules build their results' NamedShardings with the construction checks this session
+        # makes lenient: a rule that puts one axis on two dims (a dot of x[b@fsdp, ...] with w[..., e@fsdp]) would
+        # hand JAX a type with a duplicate axis where JAX itself raises. What JAX takes for a shape is checked here
+        # for what only those construction checks reject, and repaired like any other spec.
+        accepted = accepted and not names_rejected(spec, mesh)
         key = (mesh, spec, shape, divisibility)
         outcome = (spec, []) if accepted else self._memo.get(key)
         if outcome is None:
