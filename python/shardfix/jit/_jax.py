@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 import os
 import sys
 import threading
@@ -97,6 +98,20 @@ def compile_shardings(lowered: jax.stages.Lowered) -> tuple[tuple, tuple]:
     """The (in, out) shardings JAX will compile `lowered`'s entry computation with."""
     args = lowered._lowering.compile_args
     return tuple(args["in_shardings"]), tuple(args["out_shardings"])
+
+
+def lowering_devices(lowered: jax.stages.Lowered):
+    """The devices JAX compiles `lowered` for (None where it has none yet)."""
+    return getattr(lowered._lowering, "_device_list", None)
+
+
+def mesh_on(devices, axes: tuple, device_ids: tuple | None = None) -> jax.sharding.Mesh:
+    """A Mesh of the named `axes` ((name, size), ...) over a compile's devices (a module's mesh lays them out in
+    their order, or in the order of its device ids), with Auto axes."""
+    import numpy as np
+    devices = list(devices)
+    ordered = devices if not device_ids else [devices[i] for i in device_ids]
+    return jax.sharding.Mesh(np.array(ordered).reshape([size for _, size in axes]), tuple(n for n, _ in axes))
 
 
 def relowered(lowered: jax.stages.Lowered, module: ir.Module, in_shardings: tuple, out_shardings: tuple,
@@ -356,7 +371,7 @@ def install_spec_hooks(active) -> None:
     with _spec_hooks_lock:
         if _spec_hooks_installed:
             return
-        from jax._src import api, config, core, named_sharding, pjit, sharding_impls
+        from jax._src import api, array, config, core, named_sharding, pjit, sharding_impls
 
         # shardfix's frames (these wrappers among them) are already out of filtered tracebacks and op locations:
         # PACKAGE_DIR is registered with both when this module is imported.
@@ -375,13 +390,14 @@ def install_spec_hooks(active) -> None:
                                                         "with_sharding_constraint", _constraint_divides))
         _rebind(pjit.reshard, _on_tree(pjit.reshard, active, "reshard", lambda: True))
         _rebind(api.device_put, _device_put(api.device_put, active))
+        _rebind(array.make_array_from_callback, _from_callback(array.make_array_from_callback, active))
         check = pjit.pjit_check_aval_sharding
         _rebind(check, _suspendable_check(check, active))
         _rebind(pjit._process_in_axis_resources,
-                _jit_boundary(pjit._process_in_axis_resources, check, active, "in_avals", 4, "jit in_shardings"))
+                _jit_boundary(pjit._process_in_axis_resources, check, active, "in_avals", 4, "in_shardings"))
         _rebind(pjit._check_and_canonicalize_out_shardings,
                 _jit_boundary(pjit._check_and_canonicalize_out_shardings, check, active, "out_avals", 5,
-                              "jit out_shardings"))
+                              "out_shardings"))
         _spec_hooks_installed = True
 
 
@@ -515,6 +531,15 @@ def _device_put(original, active):
     return _gated(original, active, body)
 
 
+def _from_callback(original, active):
+    def body(session, shape, *args, **kwargs):
+        fix = lambda s: session.repair(s, tuple(shape), "make_array_from_callback")  # noqa: E731
+        if "sharding" in kwargs:
+            return original(shape, *args, **{**kwargs, "sharding": fix(kwargs["sharding"])})
+        return original(shape, fix(args[0]), *args[1:], **kwargs)
+    return _gated(original, active, body)
+
+
 def _repair_tree(session, values, shardings, api_name: str, divisibility: bool):
     """The sharding tree broadcast over `values` with each leaf repaired, or None where it doesn't broadcast (JAX
     then reports the structure) or holds nothing to repair."""
@@ -546,6 +571,7 @@ def _jit_boundary(original, check, active, avals_name: str, avals_index: int, ap
     aval check suspended, each flat sharding is repaired for its aval, then JAX's check runs on the result. Uncached
     because its cache key has no trace context: a lenient result must not be served outside the session."""
     uncached = getattr(original, "__wrapped__", original)
+    signature = inspect.signature(uncached)
 
     def body(session, *args, **kwargs):
         session.aval_checks_suspended += 1
@@ -554,7 +580,24 @@ def _jit_boundary(original, check, active, avals_name: str, avals_index: int, ap
         finally:
             session.aval_checks_suspended -= 1
         avals = kwargs[avals_name] if avals_name in kwargs else args[avals_index]
-        fixed = tuple(session.repair(s, tuple(a.shape), api_name) for s, a in zip(flat, avals))
+        sites = _boundary_sites(signature, api_name, args, kwargs, len(flat))
+        fixed = tuple(session.repair(s, tuple(a.shape), site) for s, a, site in zip(flat, avals, sites))
         check(fixed, avals, ("",) * len(avals), f"pjit {api_name}", allow_uneven_sharding=False)
         return fixed, layouts
     return _gated(original, active, body)
+
+
+def _boundary_sites(signature: inspect.Signature, what: str, args: tuple, kwargs: dict, count: int) -> list[str]:
+    """The decorator's words for each flat in/out sharding of a jit: `in_shardings[0]['w']`, `out_shardings[1]`
+    (the key path over the positional arguments, or the results), read off the tree JAX flattened them with."""
+    bound = signature.bind(*args, **kwargs).arguments
+    if what == "out_shardings":
+        tree = bound["out_tree"]
+    else:  # 0.12 passes the arguments' tree; 0.10 a flat tree of avals that holds it
+        tree = bound["in_tree"] if "in_tree" in bound else bound["in_avals"].tree_without_statics
+        if not bound["kws"]:
+            tree = tree.children()[0]
+    if tree.num_leaves != count:
+        return [what] * count
+    paths = jax.tree_util.tree_flatten_with_path(jax.tree.unflatten(tree, [0] * count))[0]
+    return [what + jax.tree_util.keystr(path) for path, _ in paths]

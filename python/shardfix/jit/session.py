@@ -155,7 +155,11 @@ def set_plugin(session: Session | None) -> None:
     global _plugin
     install()
     tell_pending()
+    if _plugin is not None:
+        _jax.forget_lenient_specs()  # what its eager session let through must not be served after it
     _plugin = session
+    from .eager import EagerRepairs
+    tracing.set_eager(None if session is None else EagerRepairs(session))
     _jax.set_global_session_state(0 if session is None else session.settings.cache_key)
 
 
@@ -207,7 +211,7 @@ def _on_compile(from_hlo: Callable, name: str, module, kwargs: dict):
         return from_hlo(name, module, **kwargs)
     every_module, ring_passes = session.settings.passes
     patch = patch_module(module, tuple(kwargs["in_shardings"]), tuple(kwargs["out_shardings"]), every_module,
-                         ring_passes)
+                         ring_passes, devices=kwargs.get("device_list"))
     session.compiles += 1
     if pending:
         patch.report.fixes[:0] = pending  # the trace's fixes and the module's, one report

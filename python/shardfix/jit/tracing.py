@@ -213,7 +213,23 @@ def user_loc(call=None) -> SourceLoc:
 def install() -> None:
     """Install the hooks around JAX's trace-time spec checks (once per process; thread-safe). `repairing` calls it;
     call it early to have the hooks in place before other threads trace."""
-    _jax.install_spec_hooks(_active.get)
+    _jax.install_spec_hooks(_current)
+
+
+# The repairs of the checks JAX makes outside any trace (device_put, make_array_from_callback, an eager reshard or
+# constraint, a jax.jit's shardings as it is made) while the plugin is on: see eager.py.
+_eager: "Repairs | None" = None
+
+
+def set_eager(repairs: "Repairs | None") -> None:
+    global _eager
+    install()
+    _eager = repairs
+
+
+def _current() -> "Repairs | None":
+    """The repairs JAX's spec checks consult here: this context's trace session, else the plugin's eager one."""
+    return _active.get() or _eager
 
 
 # Each distinct session key separates JAX's caches. A stable key per policy lets repeated traces share JAX's caches
