@@ -228,7 +228,8 @@ def call_signature(args: tuple, kwargs: dict, static_argnums: tuple[int, ...], s
 
 def _leaf_signature(x: Any) -> tuple:
     if isinstance(x, jax.Array):
-        return type(x), x.shape, x.dtype, x.weak_type, x.sharding, x.committed
+        # a typed PRNG key is a jax.Array without weak_type
+        return type(x), x.shape, x.dtype, getattr(x, "weak_type", False), x.sharding, x.committed
     if hasattr(x, "shape") and hasattr(x, "dtype"):
         return type(x), tuple(x.shape), x.dtype
     return (type(x),)
@@ -386,8 +387,8 @@ def install_spec_hooks(active) -> None:
         _rebind(sharding_impls.canonicalize_sharding, _canonicalize_sharding(sharding_impls.canonicalize_sharding,
                                                                              active))
         _rebind(core.get_sharding, _get_sharding(core.get_sharding, active))
-        _rebind(pjit.with_sharding_constraint, _on_tree(pjit.with_sharding_constraint, active,
-                                                        "with_sharding_constraint", _constraint_divides))
+        _rebind(pjit.with_sharding_constraint, _constraint(pjit.with_sharding_constraint, pjit.reshard,
+                                                           pjit.assert_shardings_equal, active))
         _rebind(pjit.reshard, _on_tree(pjit.reshard, active, "reshard", lambda: True))
         _rebind(api.device_put, _device_put(api.device_put, active))
         _rebind(array.make_array_from_callback, _from_callback(array.make_array_from_callback, active))
@@ -519,6 +520,48 @@ def _on_tree(original, active, api_name: str, divisibility):
     def body(session, values, shardings, *args, **kwargs):
         fixed = _repair_tree(session, values, shardings, api_name, divisibility())
         return original(values, shardings if fixed is None else fixed, *args, **kwargs)
+    return _gated(original, active, body)
+
+
+def _constraint(original, reshard, assert_equal, active):
+    """with_sharding_constraint: each spec repaired for its leaf; and where every mesh axis is Explicit, where JAX
+    makes the constraint an assert of the value's sharding, a value sharded otherwise is resharded to it first, as
+    the code meant (Equinox's filter_shard, Flax's logical constraints), the move recorded as a fix."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    def body(session, values, shardings, *args, **kwargs):
+        divides = all_axes_explicit()
+        fixed = _repair_tree(session, values, shardings, "with_sharding_constraint", divides)
+        if divides:
+            full = fixed if fixed is not None else _leaf_tree(values, shardings)
+            if full is not None:
+                leaves, tree = jax.tree.flatten(values)
+                targets = tree.flatten_up_to(full)
+                moved = [_reshard_if_elsewhere(session, x, s, reshard, assert_equal) for x, s in zip(leaves, targets)]
+                values = jax.tree.unflatten(tree, moved)
+                fixed = full
+        return original(values, shardings if fixed is None else fixed, *args, **kwargs)
+
+    def _leaf_tree(values, shardings):
+        is_spec = lambda s: s is None or isinstance(s, (PartitionSpec, jax.sharding.Sharding))  # noqa: E731
+        try:
+            return jax.tree.broadcast(shardings, values, is_leaf=is_spec)
+        except (ValueError, TypeError):
+            return None
+
+    def _reshard_if_elsewhere(session, x, target, reshard, assert_equal):
+        if not isinstance(target, (PartitionSpec, NamedSharding)) or not hasattr(x, "shape"):
+            return x
+        named = target if isinstance(target, NamedSharding) else NamedSharding(context_mesh(), target)
+        aval = _core.typeof(x)
+        try:
+            assert_equal(aval, named)
+            return x
+        except AssertionError:
+            pass
+        session.explicit_reshard(aval.sharding.spec, named.spec, tuple(aval.shape), named.mesh)
+        return reshard(x, target)
+
     return _gated(original, active, body)
 
 

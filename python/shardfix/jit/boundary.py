@@ -174,7 +174,7 @@ def _abstract_if_elsewhere(leaf, target, where: str, fixes: list[Fix]):
     fixes.append(Fix("autofix_shardings", f"argument {where} (shape {tuple(leaf.shape)})", caller_loc(),
                      (("moved-argument", f"committed to {before}; moved to {after}, its in_sharding, on each call"),),
                      before, after, _shard_count(leaf.sharding, leaf.shape), _shard_count(target, leaf.shape)))
-    return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=target, weak_type=leaf.weak_type)
+    return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=target, weak_type=getattr(leaf, "weak_type", False))
 
 
 def _spec_text(sharding) -> str:

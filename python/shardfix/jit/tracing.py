@@ -29,7 +29,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from ..correct import POLICIES
+from ..correct import POLICIES, Reason
 from ..locations import SourceLoc, caller_frame, is_library_file
 from ..report import Fix
 from ..sharding import shard_count
@@ -104,6 +104,15 @@ class Repairs:
         if isinstance(sharding, PartitionSpec):
             return fixed
         return NamedSharding(mesh, fixed, memory_kind=sharding.memory_kind)
+
+    def explicit_reshard(self, before, after, shape: tuple, mesh) -> None:
+        """Record that a with_sharding_constraint, an assert of the value's sharding on Explicit axes, was made the
+        reshard the code meant."""
+        call = caller_frame(3)
+        reason = Reason("explicit-constraint", f"with_sharding_constraint asserts the value's sharding where every "
+                                               f"mesh axis is Explicit, and the value is {before}; resharded to the "
+                                               f"constraint, as jax.sharding.reshard does")
+        self._record(self._fix("with_sharding_constraint", shape, before, after, [reason], mesh, call), call)
 
     def lenient(self) -> None:
         self.used_leniency = True

@@ -1,6 +1,6 @@
-"""None in argument and result pytrees at the decorated function's boundary: jax.jit reads a None in in/out
-shardings as matching a None the arguments (or results) hold, which has no leaf; shardfix reads them the same way,
-and repairs the shardings of the leaves there are."""
+"""Argument and result pytrees at the decorated function's boundary: jax.jit reads a None in in/out shardings as
+matching a None the arguments (or results) hold, which has no leaf; shardfix reads them the same way, and repairs
+the shardings of the leaves there are. A typed PRNG key is an argument like any other."""
 
 import warnings
 
@@ -43,3 +43,12 @@ def test_leaves_beside_a_none_are_repaired():
     assert got.sharding.spec == P(("tp", "dp"))
     text = "\n".join(str(c.message) for c in caught if issubclass(c.category, ShardingFixWarning))
     assert "in_shardings[0][0] (shape (8,)): P('tp', 'tp') -> P('tp',) [rank-mismatch]" in text, text
+
+
+def test_typed_prng_key_argument():
+    """A typed key (jax.random.key) is a jax.Array without `weak_type`: Flax Linen's jitted init takes one."""
+    draw = lambda key: jax.random.normal(key, (8,))  # noqa: E731
+    with jax.set_mesh(MESH):
+        f = autofix_shardings(draw, in_shardings=P())
+        for key in (jax.random.key(0), jax.device_put(jax.random.key(0), P())):
+            np.testing.assert_array_equal(np.asarray(f(key)), np.asarray(jax.jit(draw)(jax.random.key(0))))
