@@ -35,6 +35,7 @@ tracing.install()
 _NOT_GIVEN: Any = object()
 
 
+@_jax.api_boundary  # JAX's own errors about the options (raised by jax.jit as it is made) show no shardfix frame
 def autofix_shardings(fun: Callable | None = None, *, in_shardings=UNSPECIFIED, out_shardings=UNSPECIFIED,
                       static_argnums=_NOT_GIVEN, static_argnames=_NOT_GIVEN, donate_argnums=_NOT_GIVEN,
                       donate_argnames=_NOT_GIVEN, keep_unused=_NOT_GIVEN, device=_NOT_GIVEN, backend=_NOT_GIVEN,
@@ -64,6 +65,7 @@ def autofix_shardings(fun: Callable | None = None, *, in_shardings=UNSPECIFIED, 
     return _decorate(fun, given)
 
 
+@_jax.api_boundary
 def _decorate(fun: Callable, given: dict):
     fun, options = resolve(fun, given)
     return AutofixFunction(fun, options).function
