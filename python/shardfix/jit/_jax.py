@@ -424,6 +424,12 @@ def context_mesh():
     return None if physical.empty else physical
 
 
+def has_explicit_axes(mesh) -> bool:
+    """Whether any axis of `mesh` (a Mesh or AbstractMesh) is Explicit."""
+    from jax.sharding import AxisType
+    return any(t == AxisType.Explicit for t in getattr(mesh, "axis_types", ()) or ())
+
+
 def all_axes_explicit() -> bool:
     """Whether JAX treats with_sharding_constraint as an assert here (every context mesh axis Explicit)."""
     from jax._src import mesh as mesh_lib
@@ -559,7 +565,8 @@ def _constraint(original, reshard, assert_equal, active):
             return x
         except AssertionError:
             pass
-        session.explicit_reshard(aval.sharding.spec, named.spec, tuple(aval.shape), named.mesh)
+        session.explicit_reshard(aval.sharding.spec, named.spec, tuple(aval.shape), named.mesh,
+                                 getattr(aval.dtype, "itemsize", None))
         return reshard(x, target)
 
     return _gated(original, active, body)
@@ -596,9 +603,18 @@ def _repair_tree(session, values, shardings, api_name: str, divisibility: bool):
         leaves = tree.flatten_up_to(full)
     except (ValueError, TypeError):
         return None
-    shapes = [getattr(v, "shape", None) for v in jax.tree.leaves(values)]
-    return jax.tree.unflatten(tree, [session.repair(s, None if shape is None else tuple(shape), api_name,
-                                                    divisibility) for s, shape in zip(leaves, shapes)])
+    values = jax.tree.leaves(values)
+    return jax.tree.unflatten(tree, [session.repair(s, _shape(v), api_name, divisibility, itemsize=_itemsize(v))
+                                     for s, v in zip(leaves, values)])
+
+
+def _shape(value) -> tuple | None:
+    shape = getattr(value, "shape", None)
+    return None if shape is None else tuple(shape)
+
+
+def _itemsize(value) -> int | None:
+    return getattr(getattr(value, "dtype", None), "itemsize", None)
 
 
 def _suspendable_check(original, active):
@@ -624,7 +640,8 @@ def _jit_boundary(original, check, active, avals_name: str, avals_index: int, ap
             session.aval_checks_suspended -= 1
         avals = kwargs[avals_name] if avals_name in kwargs else args[avals_index]
         sites = _boundary_sites(signature, api_name, args, kwargs, len(flat))
-        fixed = tuple(session.repair(s, tuple(a.shape), site) for s, a, site in zip(flat, avals, sites))
+        fixed = tuple(session.repair(s, tuple(a.shape), site, itemsize=_itemsize(a))
+                      for s, a, site in zip(flat, avals, sites))
         check(fixed, avals, ("",) * len(avals), f"pjit {api_name}", allow_uneven_sharding=False)
         return fixed, layouts
     return _gated(original, active, body)

@@ -19,8 +19,8 @@ class EagerRepairs(Repairs):
         super().__init__(session.settings.policy)
         self.session = session
 
-    def repair(self, sharding, shape, api, divisibility=True, accepted=False):
-        fixed = super().repair(sharding, shape, api, divisibility, accepted)
+    def repair(self, sharding, shape, api, divisibility=True, accepted=False, itemsize=None):
+        fixed = super().repair(sharding, shape, api, divisibility, accepted, itemsize)
         if self._awaiting_shape:  # no value will be typed with it here: the names-only fix, now
             self.close()
         return fixed

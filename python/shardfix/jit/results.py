@@ -7,14 +7,15 @@ corrected as at any entry boundary, and the partitioner moves the value to it at
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 from jaxlib.mlir import ir
 
 from ..correct import CorrectionError, Site, correct_sharding, resolve_mesh
 from ..ir import module_meshes, sharding_from_attr, sharding_to_attr, source_loc
-from ..report import Fix
-from ..sharding import AxisRef, TensorSharding, shard_count
+from ..report import Fix, bytes_per_device
+from ..sharding import AxisRef, TensorSharding, dim_shard_count, shard_count
 
 _CONSTRAINTS = ("sdy.sharding_constraint", "sdy.reshard")
 RESULT_BOUNDARY = "the function returns this value, and JAX reads a result's sharding back without padding or sub-axes"
@@ -38,8 +39,8 @@ def repair_returned_constraints(main: ir.Operation, module: ir.Operation, policy
         shape = tuple(ir.RankedTensorType(value.type).shape)
         asked = _whole_axes(sharding)  # a sub-axis (the subaxis policy's repair inside) stands for its axis
         try:
-            fixed, reasons = correct_sharding(asked, Site(shape, allow_subaxes=False, no_padding=RESULT_BOUNDARY),
-                                              meshes, policy)
+            fixed, reasons = correct_sharding(asked, Site(shape, allow_subaxes=False, no_padding=RESULT_BOUNDARY,
+                                                          move_axes=True), meshes, policy)
         except CorrectionError:
             continue  # the pass refused the constraint already
         if fixed == sharding:
@@ -48,9 +49,13 @@ def repair_returned_constraints(main: ir.Operation, module: ir.Operation, policy
         changed = True
         name = ir.StringAttr(entry["jax.result_info"]).value if "jax.result_info" in entry else f"result {index}"
         mesh = resolve_mesh(fixed, meshes)[1]
+        itemsize = _itemsize(ir.RankedTensorType(value.type).element_type)
+        sized = lambda s: None if itemsize is None else bytes_per_device(  # noqa: E731
+            shape, [dim_shard_count(d, mesh) for d in s.dims], itemsize)
         fixes.append(Fix("fix-shardings", f"{name} (shape {shape}), set by {owner.name}", source_loc(owner.location),
                          tuple((r.code, r.detail) for r in reasons), asked.body(), fixed.body(),
-                         shard_count(asked, mesh), shard_count(fixed, mesh)))
+                         shard_count(asked, mesh), shard_count(fixed, mesh), shape=shape, bytes_before=sized(asked),
+                         bytes_after=sized(fixed)))
     if changed:
         main.attributes["res_attrs"] = ir.ArrayAttr.get(res_attrs)
     return fixes
@@ -60,3 +65,10 @@ def _whole_axes(sharding: TensorSharding) -> TensorSharding:
     """`sharding` with each sub-axis of a dim written as its whole axis (once)."""
     dims = tuple(replace(d, axes=tuple(dict.fromkeys(AxisRef(a.name) for a in d.axes))) for d in sharding.dims)
     return replace(sharding, dims=dims)
+
+
+def _itemsize(element_type: ir.Type) -> int | None:
+    """Bytes of an element of an MLIR type such as f32, bf16, i8 (None for others: i1, complex, ...)."""
+    match = re.fullmatch(r"[a-z]+(\d+)(?:E\w*)?", str(element_type))
+    bits = int(match[1]) if match else 0
+    return bits // 8 if bits >= 8 and bits % 8 == 0 else None
