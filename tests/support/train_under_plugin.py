@@ -16,20 +16,17 @@ from support import gqa  # noqa: E402
 
 
 def train(library: str, mesh_name: str, mode: str):
-    tokens, rules = gqa.tokens(), gqa.rules(mesh_name)
+    tokens, rules, mesh = gqa.tokens(), gqa.rules(mesh_name), gqa.make_mesh(mesh_name, mode)
     kind = gqa.OPTIMIZER[mode]
-    mesh = gqa.make_mesh(mesh_name, mode)
+    if library == "linen":
+        from support import linen_gqa
+        return linen_gqa.eager(kind, tokens, mesh, rules)  # initialised on the host, then placed on the mesh
     with jax.set_mesh(mesh):
         if library == "nnx":
             from flax import nnx
             from support import nnx_gqa
             with nnx.logical_axis_rules(rules):
                 return nnx_gqa.train_eagerly(kind, tokens)
-        if library == "linen":
-            from flax import linen as nn
-            from support import linen_gqa
-            with nn.logical_axis_rules(rules):
-                return linen_gqa.eager(kind, tokens, mesh, rules)
         from support import eqx_gqa
         return eqx_gqa.eager(kind, tokens, mesh_name)
 
