@@ -55,7 +55,7 @@ def _running_bytes(shape, sharding) -> int:
     return math.prod(sharding.shard_shape(shape)) * 4
 
 
-def measure(mesh_name: str, policy: str) -> dict:
+def measure(mesh_name: str, mode: str, policy: str) -> dict:
     import jax
     import optax
     from jax.sharding import PartitionSpec as P
@@ -67,7 +67,7 @@ def measure(mesh_name: str, policy: str) -> dict:
     param_specs = {key: mesh_spec(logical, mesh_name) for key, logical in names.items()}
     opt_specs = optax.tree_map_params(optimizer, lambda _, spec: spec, opt_state, param_specs,
                                       transform_non_params=lambda _: P(), is_leaf=lambda x: isinstance(x, P))
-    mesh = make_mesh(mesh_name, "explicit")
+    mesh = make_mesh(mesh_name, mode)
     step = autofix_shardings(lambda p, o: (p, o), in_shardings=(param_specs, opt_specs),
                              out_shardings=(param_specs, opt_specs), mesh=mesh, policy=policy, on_fix="ignore")
     with jax.set_mesh(mesh):
@@ -94,16 +94,16 @@ def _mib(n: int) -> str:
 
 def main() -> str:
     from support.gqa import MESHES
-    rows = ["| mesh | policy | parameters requested (MiB/device) | parameters that run (MiB/device) "
+    rows = ["| mesh | axes | policy | parameters requested (MiB/device) | parameters that run (MiB/device) "
             "| Adam state requested | Adam state that runs | the embedding's spec (requested -> runs) |",
-            "|---|---|---:|---:|---:|---:|---|"]
+            "|---|---|---|---:|---:|---:|---:|---|"]
     totals = None
     for mesh_name, (shape, axes, _) in MESHES.items():
-        for policy in ("auto", "drop"):
-            r = measure(mesh_name, policy)
+        for mode, policy in ((mode, policy) for mode in ("auto", "explicit") for policy in ("auto", "drop")):
+            r = measure(mesh_name, mode, policy)
             totals = (r["params_total"], r["adam_total"])
             label = " x ".join(f"{a}={n}" for a, n in zip(axes, shape))
-            rows.append(f"| {label} ({mesh_name}) | {policy} | {_mib(r['params_requested'])} | "
+            rows.append(f"| {label} ({mesh_name}) | {mode} | {policy} | {_mib(r['params_requested'])} | "
                         f"{_mib(r['params_runs'])} | {_mib(r['adam_requested'])} | {_mib(r['adam_runs'])} | "
                         f"{r['embed']} |")
     return (f"{TITLE}\n\nCommand: `python bench/run_all.py bench_memory`. {LAYERS} layers, float32: "
@@ -112,7 +112,10 @@ def main() -> str:
             "fsdp/tp, MaxText's: embed over fsdp, the rest over tp; data: the data/model rules on a mesh without "
             "model). *Requested*: what a device would hold if the spec ran as written, padded as XLA pads an "
             "indivisible dim (axes the mesh lacks count as 1); *runs*: the compiled step's input shardings, after "
-            "@autofix_shardings repaired them at the boundary (where JAX allows no padding).\n\n"
+            "@autofix_shardings repaired them at the boundary (where JAX allows no padding). Where a dim can't hold its "
+            "axis but another dim of the array can, auto moves the axis there (the embedding's 32003 rows over "
+            "model=4 become its 1000 columns over model), on Auto axes; drop replicates the dim. On the (8,) mesh "
+            "the rules name only an axis it lacks: every parameter is whole on every device, as requested.\n\n"
             + "\n".join(rows) + "\n")
 
 
