@@ -58,8 +58,9 @@ def test_a_constraint_on_a_result_of_6_rows_over_8_devices_runs_under_the_defaul
     tokens = np.random.default_rng(1).integers(0, gqa.VOCAB, size=(6, gqa.LENGTH)).astype(np.int32)
     want = np.asarray(jax.jit(lambda m, t: m(t))(model, tokens))
     with jax.set_mesh(gqa.make_mesh("data", "auto")):
-        with pytest.raises(ValueError, match="is not divisible by axis_size=8"):  # at the result
-            jax.jit(predict)(model, tokens)
+        if jax.__version_info__ >= (0, 11):  # JAX 0.10 pads the result; later ones reject it
+            with pytest.raises(ValueError, match="is not divisible by axis_size=8"):  # at the result
+                jax.jit(predict)(model, tokens)
         with pytest.warns(ShardingFixWarning):
             decorated = autofix_shardings(predict)(model, tokens)
         with shardfix.enabled():  # the same fix, told once above
