@@ -219,6 +219,7 @@ def _hooked(module, name: str, first_parameters: list[str]):
     ("pjit", "with_sharding_constraint", ["x", "shardings"]),
     ("pjit", "reshard", ["xs", "out_shardings"]),
     ("api", "device_put", ["x", "device"]),
+    ("array", "make_array_from_callback", ["shape", "sharding", "data_callback"]),
     ("pjit", "pjit_check_aval_sharding", ["shardings", "flat_avals", "names", "what_aval", "allow_uneven_sharding"]),
 ])
 def test_spec_check_hooked(module, name, parameters):
@@ -235,6 +236,23 @@ def test_jit_boundary_canonicalization_hooked(name, avals, index):
     uncached = getattr(original, "__wrapped__", None)
     assert uncached is not None, f"pjit.{name} is no longer a util.cache"
     assert _parameters(uncached).index(avals) == index
+
+
+def test_private_reads_for_boundary_and_results():
+    """The in/out trees the jit boundary wrapper names sites with, the explicit-constraint check, the devices a
+    Lowered compiles for, and a Mesh on a compile's devices."""
+    from jax._src import core, pjit
+    from shardfix.jit import _jax
+    in_parameters = _parameters(getattr(pjit._process_in_axis_resources, "__wrapped__"))
+    assert "in_tree" in in_parameters or "in_avals" in in_parameters and "kws" in in_parameters
+    assert "out_tree" in _parameters(getattr(pjit._check_and_canonicalize_out_shardings, "__wrapped__"))
+    assert _parameters(pjit.assert_shardings_equal)[:2] == ["x_aval", "user_sharding"] and callable(core.typeof)
+    lowered = jax.jit(lambda x: x + 1).lower(np.ones(4, np.float32))
+    devices = _jax.lowering_devices(lowered)
+    assert devices is not None and len(list(devices)) >= 1
+    mesh = _jax.mesh_on(jax.devices(), (("a", 2), ("b", 4)), (7, 6, 5, 4, 3, 2, 1, 0))
+    assert mesh.shape == {"a": 2, "b": 4} and mesh.devices.flat[0] == jax.devices()[7]
+    assert _jax.has_explicit_axes(jax.make_mesh((2, 4), ("a", "b"))) and not _jax.has_explicit_axes(mesh)
 
 
 def test_spec_check_cache_and_contexts():

@@ -127,7 +127,17 @@ EXPLICIT = [
 # even split at all) stay as they are, and so does "tp" where the batch's "dp" (1 row) is dropped. The module's fixes
 # of what the user wrote as PartitionSpecs are said as PartitionSpecs, and the logits' spec, repaired while tracing
 # (its unknown axis) and then in the module (its batch dim), is one fix from what was written to what runs.
+# Under Auto axes the auto policy keeps a spec's shard count at the boundary where another dim holds the axis (w1's
+# tp goes to its 8 rows; x's dp to its 4 features); the lowering's arguments, committed replicated, are moved to it.
+BOUNDARY_AUTO = [
+    ("unknown-axis,indivisible,moved-axis", "P('fsdp', 'tp')", "P('tp', None)", 4),
+    ("rank-mismatch,indivisible", "P('tp', None)", "P(None,)", 4),
+    ("indivisible", "P(None, 'tp')", "P(None, None)", 4),
+    ("indivisible,moved-axis", "P('dp',)", "P(None, 'dp')", 1),  # x
+    ("indivisible", "P('dp',)", "P(None,)", 1),  # labels
+]
 AUTO = [
+    ("lowered", "moved-argument", "P()", "P('tp', None)", 1),
     ("parameters", "unknown-axis", "P('fsdp', 'tp')", "P(None, 'tp')", 1),
     ("parameters", "rank-mismatch", "P('tp', None)", "P('tp',)", 1),
     ("batch", "indivisible", "P('dp', None)", "P(None, None)", 1),  # no gradient: forward only
@@ -141,8 +151,9 @@ def test_report(run):
     assert step.lower_count == 2  # the first call, then the second with its arguments committed by the first
     with jax.set_mesh(mesh_of(explicit)), warnings.catch_warnings():
         warnings.simplefilter("ignore", ShardingFixWarning)
-        fixes = step.lower(*initial_state()).fixes
-    assert report_rows(fixes) == expected_report(__file__, BOUNDARY, EXPLICIT if explicit else AUTO)
+        fixes = step.lower(*initial_state()).fixes  # lowered
+    assert report_rows(fixes) == expected_report(__file__, BOUNDARY if explicit else BOUNDARY_AUTO,
+                                                 EXPLICIT if explicit else AUTO)
     assert len(told) == 1 and told[0].filename == __file__  # at the call; the second compile repeats it: not told
 
 

@@ -176,7 +176,8 @@ def test_run_a_script_that_never_imports_shardfix(tmp_path):
 def test_environment_variable(tmp_path):
     done = run_python(["-m", "shardfix.run", "-m", "train", "--flag"], tmp_path, SHARDFIX="on_fix=log")
     assert done.returncode == 0 and "args ['--flag'] no pad" in done.stdout  # a module, run as with python -m
-    assert "ShardingFixWarning" not in done.stderr and "shardfix changed 1 sharding(s) of f:" in done.stderr
+    # the constraint (a sub-axis inside) and the result it sets, which JAX reads back as a NamedSharding
+    assert "ShardingFixWarning" not in done.stderr and "shardfix changed 2 sharding(s) of f:" in done.stderr
     imported = run_python(["-c", "import shardfix, runpy; runpy.run_path('train.py')"], tmp_path, SHARDFIX="1")
     assert "no pad" in imported.stdout and "ShardingFixWarning" in imported.stderr
     ignored = run_python(["-c", "import shardfix, runpy; runpy.run_path('train.py')"], tmp_path, SHARDFIX="bogus")

@@ -48,6 +48,9 @@ class Site:
     # tracing; `no_padding` says which, in the report.
     allow_subaxes: bool = True
     no_padding: str = "padding is not an option at an entry function's boundary"
+    # An entry argument or result (the auto policy): an axis an indivisible dim can't hold goes to another dim of
+    # the array that holds it and is not sharded, so the array keeps its shard count (and each device its bytes).
+    move_axes: bool = False
 
 
 def resolve_mesh(sharding: TensorSharding, meshes: Mapping[str, Mesh]) -> tuple[str | Mesh, Mesh, list[Reason]]:
@@ -104,7 +107,10 @@ def correct_sharding(sharding: TensorSharding, site: Site, meshes: Mapping[str, 
             reasons.append(Reason("unordered-axes", f"{keyword} axes sorted in mesh order"))
         extras[keyword] = tuple(checker.merge(ordered, keyword))
     if site.shape is not None:
+        asked = dims
         dims = [_divisible_dim(d, n, i, mesh, site, policy, reasons) for i, (d, n) in enumerate(zip(dims, site.shape))]
+        if site.move_axes and policy == "auto":
+            dims = _move_dropped_axes(asked, dims, site.shape, mesh, reasons)
     for i, d in enumerate(dims):
         if d.is_closed and not d.axes and d.priority is not None:
             reasons.append(Reason("priority-on-empty", f"dim {i} is empty and closed; priority p{d.priority} dropped"))
@@ -297,6 +303,27 @@ def _divisible_dim(dim: DimSharding, n: int | None, index: int, mesh: Mesh, site
                                          f"now {_axes_text(new.axes)} (size "
                                          f"{math.prod(a.size_in(mesh) for a in new.axes)}{words}){why}"))
     return new
+
+
+def _move_dropped_axes(asked: list[DimSharding], kept: list[DimSharding], shape, mesh: Mesh,
+                       reasons: list[Reason]) -> list[DimSharding]:
+    """Each whole axis a dim lost for its indivisibility placed on the first dim that no axis shards and whose size
+    it divides (the embedding's 32003 rows over tp=8: tp goes to its 1000 columns), said in the reasons."""
+    out = list(kept)
+    for i, (before, after) in enumerate(zip(asked, kept)):
+        for ref in before.axes:
+            if ref in after.axes or ref.is_sub_axis or not mesh.has_axis(ref.name):
+                continue
+            size = mesh.axis_size(ref.name)
+            home = next((j for j, (d, n) in enumerate(zip(out, shape)) if j != i and d.is_closed and not d.axes
+                         and not asked[j].axes and n is not None and n > 0 and n % size == 0), None)
+            if home is None:
+                continue
+            out[home] = replace(out[home], axes=(ref,))
+            reasons.append(Reason("moved-axis", f"axis {ref} moved from dim {i} ({shape[i]}, which it doesn't "
+                                                f"divide) to dim {home} ({shape[home]} over {size}), which no axis "
+                                                f"shards: the array keeps its shards and each device its share"))
+    return out
 
 
 def _axes_text(axes: Sequence[AxisRef]) -> str:

@@ -43,6 +43,9 @@ class Fix:
     shards_after: int
     count: int = 1
     more_sites: tuple[str, ...] = ()
+    shape: tuple | None = None  # the value's, where known: fixes of values of other shapes are not merged
+    bytes_before: int | None = None  # the value's bytes on each device with the sharding before, and after
+    bytes_after: int | None = None
 
     @property
     def location(self) -> str:
@@ -67,15 +70,35 @@ class Fix:
                 "after": self.after, "shards_before": self.shards_before, "shards_after": self.shards_after}
         if self.count > 1:
             data.update(count=self.count, sites=list(self.sites))
+        if self.bytes_before is not None:
+            data.update(bytes_per_device_before=self.bytes_before, bytes_per_device_after=self.bytes_after)
         return data
+
+    @property
+    def memory(self) -> str:
+        """What the fix does to each device's memory for the value, in words ('' where not known)."""
+        if self.bytes_before is None or self.bytes_after is None:
+            return ""
+        before, after = self.bytes_before, self.bytes_after
+        change = f" (x{after / before:.2f})" if before and before != after else ""
+        return f"per device: {before:,} -> {after:,} bytes{change}"
+
+
+def bytes_per_device(shape, shards_per_dim, itemsize: int) -> int:
+    """The bytes one device holds of an array of `shape` split `shards_per_dim` ways on each dim (a padded split
+    holds whole rows of padding)."""
+    count = itemsize
+    for n, k in zip(shape, shards_per_dim):
+        count *= -(-n // max(k, 1))
+    return count
 
 
 def merge_fixes(fixes) -> list[Fix]:
-    """One Fix per (location, reason, before, after), in order of first appearance, with the count of the fixes it
-    stands for and their distinct sites."""
+    """One Fix per (location, reason, before, after, shape), in order of first appearance, with the count of the
+    fixes it stands for and their distinct sites (values of other shapes, wq's 6 heads and wk's 2, stay apart)."""
     merged: dict[tuple, Fix] = {}
     for fix in fixes:
-        key = (fix.location, fix.reason, fix.before, fix.after)
+        key = (fix.location, fix.reason, fix.before, fix.after, fix.shape)
         first = merged.get(key)
         if first is None:
             merged[key] = fix
@@ -95,6 +118,8 @@ def render_fixes(fixes, name: str) -> str:
         times = f" (x{f.count})" if f.count > 1 else ""
         lines.append(f"  {f.location or '?'}: {site}: {f.before} -> {f.after} [{f.reason}]{times}")
         lines += [f"      {detail}" for detail in dict.fromkeys(detail for _, detail in f.reasons)]
+        if f.memory:
+            lines.append(f"      {f.memory}")
     return "\n".join(lines)
 
 

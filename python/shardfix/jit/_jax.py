@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 import os
 import sys
 import threading
@@ -67,6 +68,20 @@ def compile_shardings(lowered: jax.stages.Lowered) -> tuple[tuple, tuple]:
     """The (in, out) shardings JAX will compile `lowered`'s entry computation with."""
     args = lowered._lowering.compile_args
     return tuple(args["in_shardings"]), tuple(args["out_shardings"])
+
+
+def lowering_devices(lowered: jax.stages.Lowered):
+    """The devices JAX compiles `lowered` for (None where it has none yet)."""
+    return getattr(lowered._lowering, "_device_list", None)
+
+
+def mesh_on(devices, axes: tuple, device_ids: tuple | None = None) -> jax.sharding.Mesh:
+    """A Mesh of the named `axes` ((name, size), ...) over a compile's devices (a module's mesh lays them out in
+    their order, or in the order of its device ids), with Auto axes."""
+    import numpy as np
+    devices = list(devices)
+    ordered = devices if not device_ids else [devices[i] for i in device_ids]
+    return jax.sharding.Mesh(np.array(ordered).reshape([size for _, size in axes]), tuple(n for n, _ in axes))
 
 
 def relowered(lowered: jax.stages.Lowered, module: ir.Module, in_shardings: tuple, out_shardings: tuple,
@@ -183,7 +198,8 @@ def call_signature(args: tuple, kwargs: dict, static_argnums: tuple[int, ...], s
 
 def _leaf_signature(x: Any) -> tuple:
     if isinstance(x, jax.Array):
-        return type(x), x.shape, x.dtype, x.weak_type, x.sharding, x.committed
+        # a typed PRNG key is a jax.Array without weak_type
+        return type(x), x.shape, x.dtype, getattr(x, "weak_type", False), x.sharding, x.committed
     if hasattr(x, "shape") and hasattr(x, "dtype"):
         return type(x), tuple(x.shape), x.dtype
     return (type(x),)
@@ -326,7 +342,7 @@ def install_spec_hooks(active) -> None:
     with _spec_hooks_lock:
         if _spec_hooks_installed:
             return
-        from jax._src import api, config, core, named_sharding, pjit, sharding_impls
+        from jax._src import api, array, config, core, named_sharding, pjit, sharding_impls
 
         # shardfix's frames (these wrappers among them) are already out of filtered tracebacks and op locations:
         # PACKAGE_DIR is registered with both when this module is imported.
@@ -341,17 +357,18 @@ def install_spec_hooks(active) -> None:
         _rebind(sharding_impls.canonicalize_sharding, _canonicalize_sharding(sharding_impls.canonicalize_sharding,
                                                                              active))
         _rebind(core.get_sharding, _get_sharding(core.get_sharding, active))
-        _rebind(pjit.with_sharding_constraint, _on_tree(pjit.with_sharding_constraint, active,
-                                                        "with_sharding_constraint", _constraint_divides))
+        _rebind(pjit.with_sharding_constraint, _constraint(pjit.with_sharding_constraint, pjit.reshard,
+                                                           pjit.assert_shardings_equal, active))
         _rebind(pjit.reshard, _on_tree(pjit.reshard, active, "reshard", lambda: True))
         _rebind(api.device_put, _device_put(api.device_put, active))
+        _rebind(array.make_array_from_callback, _from_callback(array.make_array_from_callback, active))
         check = pjit.pjit_check_aval_sharding
         _rebind(check, _suspendable_check(check, active))
         _rebind(pjit._process_in_axis_resources,
-                _jit_boundary(pjit._process_in_axis_resources, check, active, "in_avals", 4, "jit in_shardings"))
+                _jit_boundary(pjit._process_in_axis_resources, check, active, "in_avals", 4, "in_shardings"))
         _rebind(pjit._check_and_canonicalize_out_shardings,
                 _jit_boundary(pjit._check_and_canonicalize_out_shardings, check, active, "out_avals", 5,
-                              "jit out_shardings"))
+                              "out_shardings"))
         _spec_hooks_installed = True
 
 
@@ -375,6 +392,12 @@ def context_mesh():
         return abstract
     physical = mesh_lib.thread_resources.env.physical_mesh
     return None if physical.empty else physical
+
+
+def has_explicit_axes(mesh) -> bool:
+    """Whether any axis of `mesh` (a Mesh or AbstractMesh) is Explicit."""
+    from jax.sharding import AxisType
+    return any(t == AxisType.Explicit for t in getattr(mesh, "axis_types", ()) or ())
 
 
 def all_axes_explicit() -> bool:
@@ -455,8 +478,10 @@ def _get_sharding(original, active):
             result = original(sharding, shape)
         except Exception:  # noqa: BLE001  (JAX says no in several ways; the repaired spec goes to it again)
             return original(session.repair(sharding, tuple(shape), "out_sharding"), shape)
-        session.repair(sharding, tuple(shape), "out_sharding", accepted=True)  # what canonicalization fixed
-        return result
+        # What canonicalization fixed is recorded; what only the (lenient) construction checks reject (a duplicate
+        # axis in the result a sharding rule built, say) is repaired.
+        fixed = session.repair(sharding, tuple(shape), "out_sharding", accepted=True)
+        return result if fixed is sharding else original(fixed, shape)
     return _gated(original, active, body)
 
 
@@ -474,12 +499,64 @@ def _on_tree(original, active, api_name: str, divisibility):
     return _gated(original, active, body)
 
 
+def _constraint(original, reshard, assert_equal, active):
+    """with_sharding_constraint: each spec repaired for its leaf; and where every mesh axis is Explicit, where JAX
+    makes the constraint an assert of the value's sharding, a value sharded otherwise is resharded to it first, as
+    the code meant (Equinox's filter_shard, Flax's logical constraints), the move recorded as a fix."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    def body(session, values, shardings, *args, **kwargs):
+        divides = all_axes_explicit()
+        fixed = _repair_tree(session, values, shardings, "with_sharding_constraint", divides)
+        if divides:
+            full = fixed if fixed is not None else _leaf_tree(values, shardings)
+            if full is not None:
+                leaves, tree = jax.tree.flatten(values)
+                targets = tree.flatten_up_to(full)
+                moved = [_reshard_if_elsewhere(session, x, s, reshard, assert_equal) for x, s in zip(leaves, targets)]
+                values = jax.tree.unflatten(tree, moved)
+                fixed = full
+        return original(values, shardings if fixed is None else fixed, *args, **kwargs)
+
+    def _leaf_tree(values, shardings):
+        is_spec = lambda s: s is None or isinstance(s, (PartitionSpec, jax.sharding.Sharding))  # noqa: E731
+        try:
+            return jax.tree.broadcast(shardings, values, is_leaf=is_spec)
+        except (ValueError, TypeError):
+            return None
+
+    def _reshard_if_elsewhere(session, x, target, reshard, assert_equal):
+        if not isinstance(target, (PartitionSpec, NamedSharding)) or not hasattr(x, "shape"):
+            return x
+        named = target if isinstance(target, NamedSharding) else NamedSharding(context_mesh(), target)
+        aval = _core.typeof(x)
+        try:
+            assert_equal(aval, named)
+            return x
+        except AssertionError:
+            pass
+        session.explicit_reshard(aval.sharding.spec, named.spec, tuple(aval.shape), named.mesh,
+                                 getattr(aval.dtype, "itemsize", None))
+        return reshard(x, target)
+
+    return _gated(original, active, body)
+
+
 def _device_put(original, active):
     def body(session, x, device=None, *args, **kwargs):
         if device is None:
             return original(x, device, *args, **kwargs)
         fixed = _repair_tree(session, x, device, "device_put", True)
         return original(x, device if fixed is None else fixed, *args, **kwargs)
+    return _gated(original, active, body)
+
+
+def _from_callback(original, active):
+    def body(session, shape, *args, **kwargs):
+        fix = lambda s: session.repair(s, tuple(shape), "make_array_from_callback")  # noqa: E731
+        if "sharding" in kwargs:
+            return original(shape, *args, **{**kwargs, "sharding": fix(kwargs["sharding"])})
+        return original(shape, fix(args[0]), *args[1:], **kwargs)
     return _gated(original, active, body)
 
 
@@ -490,16 +567,24 @@ def _repair_tree(session, values, shardings, api_name: str, divisibility: bool):
     is_spec = lambda s: s is None or isinstance(s, (PartitionSpec, jax.sharding.Sharding))  # noqa: E731
     if not any(isinstance(s, (PartitionSpec, NamedSharding)) for s in jax.tree.leaves(shardings, is_leaf=is_spec)):
         return None
-    try:
+    try:  # one sharding per leaf of `values` (a None among the values has none), as JAX broadcasts them
         full = jax.tree.broadcast(shardings, values, is_leaf=is_spec)
+        tree = jax.tree.structure(values)
+        leaves = tree.flatten_up_to(full)
     except (ValueError, TypeError):
         return None
-    shapes = [getattr(v, "shape", None) for v in jax.tree.leaves(values)]
-    leaves, tree = jax.tree.flatten(full, is_leaf=is_spec)
-    if len(leaves) != len(shapes):
-        return None
-    return jax.tree.unflatten(tree, [session.repair(s, None if shape is None else tuple(shape), api_name,
-                                                    divisibility) for s, shape in zip(leaves, shapes)])
+    values = jax.tree.leaves(values)
+    return jax.tree.unflatten(tree, [session.repair(s, _shape(v), api_name, divisibility, itemsize=_itemsize(v))
+                                     for s, v in zip(leaves, values)])
+
+
+def _shape(value) -> tuple | None:
+    shape = getattr(value, "shape", None)
+    return None if shape is None else tuple(shape)
+
+
+def _itemsize(value) -> int | None:
+    return getattr(getattr(value, "dtype", None), "itemsize", None)
 
 
 def _suspendable_check(original, active):
@@ -515,6 +600,7 @@ def _jit_boundary(original, check, active, avals_name: str, avals_index: int, ap
     aval check suspended, each flat sharding is repaired for its aval, then JAX's check runs on the result. Uncached
     because its cache key has no trace context: a lenient result must not be served outside the session."""
     uncached = getattr(original, "__wrapped__", original)
+    signature = inspect.signature(uncached)
 
     def body(session, *args, **kwargs):
         session.aval_checks_suspended += 1
@@ -523,7 +609,25 @@ def _jit_boundary(original, check, active, avals_name: str, avals_index: int, ap
         finally:
             session.aval_checks_suspended -= 1
         avals = kwargs[avals_name] if avals_name in kwargs else args[avals_index]
-        fixed = tuple(session.repair(s, tuple(a.shape), api_name) for s, a in zip(flat, avals))
+        sites = _boundary_sites(signature, api_name, args, kwargs, len(flat))
+        fixed = tuple(session.repair(s, tuple(a.shape), site, itemsize=_itemsize(a))
+                      for s, a, site in zip(flat, avals, sites))
         check(fixed, avals, ("",) * len(avals), f"pjit {api_name}", allow_uneven_sharding=False)
         return fixed, layouts
     return _gated(original, active, body)
+
+
+def _boundary_sites(signature: inspect.Signature, what: str, args: tuple, kwargs: dict, count: int) -> list[str]:
+    """The decorator's words for each flat in/out sharding of a jit: `in_shardings[0]['w']`, `out_shardings[1]`
+    (the key path over the positional arguments, or the results), read off the tree JAX flattened them with."""
+    bound = signature.bind(*args, **kwargs).arguments
+    if what == "out_shardings":
+        tree = bound["out_tree"]
+    else:  # 0.12 passes the arguments' tree; 0.10 a flat tree of avals that holds it
+        tree = bound["in_tree"] if "in_tree" in bound else bound["in_avals"].tree_without_statics
+        if not bound["kws"]:
+            tree = tree.children()[0]
+    if tree.num_leaves != count:
+        return [what] * count
+    paths = jax.tree_util.tree_flatten_with_path(jax.tree.unflatten(tree, [0] * count))[0]
+    return [what + jax.tree_util.keystr(path) for path, _ in paths]

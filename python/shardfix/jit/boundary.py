@@ -16,8 +16,8 @@ from .._sentinel import Sentinel
 from ..locations import SourceLoc, caller_loc
 from ..report import Fix
 from ..sharding import shard_count
-from . import tracing
-from .specs import mesh_model, repair_spec, spec_to_model
+from . import _jax, tracing
+from .specs import itemsize_of, mesh_model, repair_spec, spec_bytes, spec_to_model, valid_names
 
 UNSPECIFIED: Any = Sentinel("UNSPECIFIED")  # in/out shardings not given (None would mean "replicated")
 
@@ -106,17 +106,26 @@ def _correct_tree(spec_tree, values, mesh, what: str, names: tuple[str, ...], po
     if what == "in_shardings" and not _is_spec(spec_tree) and isinstance(spec_tree, (tuple, list)):
         spec_tree = tuple(spec_tree)  # jax.jit reads a list of per-argument shardings as a tuple
     try:
-        full = jax.tree.broadcast(spec_tree, values, is_leaf=_is_spec)
+        per_leaf = leaf_shardings(spec_tree, values)
     except ValueError:
         raise ValueError(f"{loc}: {_mismatch(spec_tree, values, what, names)}") from None
-    paths_specs = jax.tree_util.tree_flatten_with_path(full, is_leaf=_is_spec)[0]
-    shapes = [getattr(v, "shape", ()) for v in jax.tree.leaves(values)]
-    corrected = [_correct_leaf(spec, tuple(shape), mesh, f"{what}{jax.tree_util.keystr(path)}", policy, loc, fixes)
-                 for (path, spec), shape in zip(paths_specs, shapes)]
-    return jax.tree.unflatten(jax.tree.structure(full, is_leaf=_is_spec), corrected)
+    paths_values = jax.tree_util.tree_flatten_with_path(values)[0]
+    corrected = [_correct_leaf(spec, tuple(getattr(value, "shape", ())), itemsize_of(value), mesh,
+                               f"{what}{jax.tree_util.keystr(path)}", policy, loc, fixes)
+                 for (path, value), spec in zip(paths_values, per_leaf)]
+    return jax.tree.unflatten(jax.tree.structure(values), corrected)
 
 
-def _correct_leaf(spec, shape: tuple, mesh, site: str, policy: str, loc: SourceLoc, fixes: list[Fix]):
+def leaf_shardings(spec_tree, values) -> list:
+    """The sharding (or None) for each leaf of `values` from a prefix tree of them, as jax.jit reads in/out
+    shardings: a None in the prefix is a sharding (a leaf) where the values have a leaf, and matches a None the
+    values hold (no leaf: `((P('tp'), None),)` for the argument `(x, None)`). ValueError where it is no prefix."""
+    full = jax.tree.broadcast(spec_tree, values, is_leaf=_is_spec)
+    return jax.tree.structure(values).flatten_up_to(full)
+
+
+def _correct_leaf(spec, shape: tuple, itemsize: int | None, mesh, site: str, policy: str, loc: SourceLoc,
+                  fixes: list[Fix]):
     if not isinstance(spec, (PartitionSpec, NamedSharding)):
         return spec
     target_mesh = spec.mesh if isinstance(spec, NamedSharding) else mesh
@@ -125,12 +134,20 @@ def _correct_leaf(spec, shape: tuple, mesh, site: str, policy: str, loc: SourceL
                          "pass mesh=..., use jax.set_mesh, or give NamedShardings")
     memory_kind = spec.memory_kind if isinstance(spec, NamedSharding) else None
     spec = spec.spec if isinstance(spec, NamedSharding) else spec
-    after, reasons = repair_spec(spec, target_mesh, shape, policy)
+    # On Explicit axes an argument's sharding is the type the function body computes with (a contraction over two
+    # differently sharded dims is an error there), so no axis moves; nor on results, whose shardings a training
+    # loop feeds back as the next step's arguments (a spec given for both must be corrected alike, or each step
+    # would move the state back).
+    move = not _jax.has_explicit_axes(target_mesh)
+    after, reasons = repair_spec(spec, target_mesh, shape, policy, move_axes=move)
     if reasons:
         model_mesh = mesh_model(target_mesh)
         fixes.append(Fix("autofix_shardings", f"{site} (shape {shape})", loc,
                          tuple((r.code, r.detail) for r in reasons), str(spec), str(after),
-                         shard_count(spec_to_model(spec), model_mesh), shard_count(spec_to_model(after), model_mesh)))
+                         shard_count(spec_to_model(spec), model_mesh), shard_count(spec_to_model(after), model_mesh),
+                         shape=shape, bytes_before=spec_bytes(valid_names(spec, target_mesh), target_mesh, shape,
+                                                              itemsize),
+                         bytes_after=spec_bytes(after, target_mesh, shape, itemsize)))
     return NamedSharding(target_mesh, after, memory_kind=memory_kind)
 
 
@@ -143,9 +160,8 @@ def _lowering_arguments(args: tuple, positions: list[int], in_shardings, names: 
         arg = args[index]
         if shardings is None:
             continue
-        full = jax.tree.broadcast(shardings, arg, is_leaf=_is_spec)
         paths = jax.tree_util.tree_flatten_with_path(arg)[0]
-        targets = jax.tree.leaves(full, is_leaf=_is_spec)
+        targets = leaf_shardings(shardings, arg)
         moved = [_abstract_if_elsewhere(leaf, target, f"{name}{jax.tree_util.keystr(path)}", fixes)
                  for (path, leaf), target in zip(paths, targets)]
         args[index] = jax.tree.unflatten(jax.tree.structure(arg), moved)
@@ -165,14 +181,21 @@ def _abstract_if_elsewhere(leaf, target, where: str, fixes: list[Fix]):
     if leaf.sharding.is_equivalent_to(target, leaf.ndim):
         return leaf
     before, after = _spec_text(leaf.sharding), _spec_text(target)
-    fixes.append(Fix("autofix_shardings", f"argument {where} (shape {tuple(leaf.shape)})", caller_loc(),
+    shape, itemsize = tuple(leaf.shape), itemsize_of(leaf)
+    fixes.append(Fix("autofix_shardings", f"argument {where} (shape {shape})", caller_loc(),
                      (("moved-argument", f"committed to {before}; moved to {after}, its in_sharding, on each call"),),
-                     before, after, _shard_count(leaf.sharding, leaf.shape), _shard_count(target, leaf.shape)))
-    return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=target, weak_type=leaf.weak_type)
+                     before, after, _shard_count(leaf.sharding, leaf.shape), _shard_count(target, leaf.shape),
+                     shape=shape, bytes_before=_bytes(leaf.sharding, shape, itemsize),
+                     bytes_after=_bytes(target, shape, itemsize)))
+    return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=target, weak_type=getattr(leaf, "weak_type", False))
 
 
 def _spec_text(sharding) -> str:
     return str(sharding.spec) if isinstance(sharding, NamedSharding) else str(sharding)
+
+
+def _bytes(sharding, shape: tuple, itemsize: int | None) -> int | None:
+    return None if itemsize is None else math.prod(sharding.shard_shape(shape)) * itemsize
 
 
 def _shard_count(sharding, shape: tuple) -> int:

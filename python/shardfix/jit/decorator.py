@@ -37,6 +37,7 @@ tracing.install()
 NOT_GIVEN: Any = Sentinel("NOT_GIVEN")
 
 
+@_jax.api_boundary  # JAX's own errors about the options (raised by jax.jit as it is made) show no shardfix frame
 def autofix_shardings(fun: Callable | None = None, *, in_shardings=UNSPECIFIED, out_shardings=UNSPECIFIED,
                       static_argnums=NOT_GIVEN, static_argnames=NOT_GIVEN, donate_argnums=NOT_GIVEN,
                       donate_argnames=NOT_GIVEN, keep_unused=NOT_GIVEN, device=NOT_GIVEN, backend=NOT_GIVEN,
@@ -66,6 +67,7 @@ def autofix_shardings(fun: Callable | None = None, *, in_shardings=UNSPECIFIED, 
     return _decorate(fun, given)
 
 
+@_jax.api_boundary
 def _decorate(fun: Callable, given: dict):
     fun, options = resolve(fun, given)
     return AutofixFunction(fun, options).function
@@ -206,22 +208,29 @@ class AutofixFunction:
     @_jax.api_boundary
     def trace(self, *args, **kwargs) -> "stages.AutofixTraced":
         """JAX's Traced for these arguments (the trace-time repairs done; `.fixes` lists every one of them, and
-        the boundary corrections)."""
-        with self._session() as session, repairs(session, complete=True):
-            boundary = self._jit_for(args, kwargs, session.report)
-            traced = boundary.jitted.trace(*boundary.args, **boundary.kwargs)
-        return stages.traced(traced, self, session.report)
+        the boundary corrections, which are told as on_fix says)."""
+        return self._trace(args, kwargs, tell=True)
 
     @_jax.api_boundary
     def lower(self, *args, **kwargs) -> "stages.AutofixLowered":
         """Trace and lower with JAX, then run the pipeline on a copy of the module: `.as_text()` is the patched
-        module, `.fixes` and `.rings` what changed, `.compile()` compiles it."""
-        return self.trace(*args, **kwargs).lower()
+        module, `.fixes` and `.rings` what changed (told, with the trace's, as on_fix says), `.compile()` compiles
+        it."""
+        return self._trace(args, kwargs, tell=False).lower()
 
     @_jax.api_boundary
     def eval_shape(self, *args, **kwargs):
-        """The shapes, dtypes and shardings of the outputs, as jax.jit's `eval_shape` gives them."""
-        return self.trace(*args, **kwargs).out_info
+        """The shapes, dtypes and shardings of the outputs, as jax.jit's `eval_shape` gives them (`jax.eval_shape`
+        of the function comes here too)."""
+        return self._trace(args, kwargs, tell=True).out_info
+
+    def _trace(self, args: tuple, kwargs: dict, tell: bool) -> "stages.AutofixTraced":
+        with self._session() as session, repairs(session, complete=True):
+            boundary = self._jit_for(args, kwargs, session.report)
+            traced = boundary.jitted.trace(*boundary.args, **boundary.kwargs)
+        if tell:  # while the user's call is on the stack: on_fix="error" raises there
+            notify.tell(session.report.fixes, self._settings.on_fix, self._name)
+        return stages.traced(traced, self, session.report)
 
     def clear_cache(self) -> None:
         """Forget every trace, lowering and executable of this function."""

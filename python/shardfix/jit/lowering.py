@@ -17,10 +17,11 @@ import jax
 from jax.sharding import NamedSharding
 from jaxlib.mlir import ir
 
-from ..ir import make_context, parse_module, sharding_from_attr
+from ..ir import make_context, module_meshes, parse_module, sharding_from_attr
 from ..pipeline import PassContext, parse_pipeline, run_pipeline
 from ..report import Report
 from . import _jax
+from .results import repair_returned_constraints
 from .specs import to_named_sharding
 
 
@@ -45,6 +46,7 @@ class _Outcome:
     module: ir.Module | None
     entry_changes: dict
     report: Report
+    meshes: dict = dataclasses.field(default_factory=dict)  # the module's meshes by name (the model's)
 
 
 _lock = threading.Lock()  # one MLIR context, used by one thread at a time
@@ -75,7 +77,7 @@ def is_patched(module: ir.Module) -> bool:
 
 
 def patch_module(module: ir.Module, in_shardings: tuple, out_shardings: tuple, pipeline: str,
-                 ring_passes: str = "", target_mesh=None) -> Patch:
+                 ring_passes: str = "", target_mesh=None, devices=None) -> Patch:
     """Run `pipeline` on a copy of JAX's `module`, whose entry computation JAX compiles with these shardings, then
     `ring_passes` where the module has collective permutes (without them there is no ring to reorder)."""
     key = (pipeline, ring_passes, target_mesh)
@@ -90,7 +92,7 @@ def patch_module(module: ir.Module, in_shardings: tuple, out_shardings: tuple, p
                 _outputs.add(outcome.module)
     if outcome.module is None:
         return Patch(module, in_shardings, out_shardings, outcome.report, False)
-    new_in, new_out = _updated_shardings(in_shardings, out_shardings, outcome.entry_changes)
+    new_in, new_out = _updated_shardings(in_shardings, out_shardings, outcome, devices)
     return Patch(outcome.module, new_in, new_out, outcome.report, True)
 
 
@@ -112,16 +114,23 @@ def _run(original: ir.Module, pipeline: str, ring_passes: str, target_mesh) -> _
             module = parse_module(original.operation.get_asm(enable_debug_info=True), ctx, "<lowered>",
                                   lenient=True)
     before = _entry_sharding_attrs(_main_function(module))
-    run_pipeline(module, parse_pipeline(pipeline), ctx, pass_ctx, verify_each=False)
+    parsed = parse_pipeline(pipeline)
+    run_pipeline(module, parsed, ctx, pass_ctx, verify_each=False)
     report = pass_ctx.report
+    policy = next((e.ours.policy for e in parsed.elements if e.ours is not None and e.ours.name == "fix-shardings"),
+                  None)
+    main = _main_function(module)
+    if policy is not None and main is not None:  # the results JAX reads back: see results.py
+        with ctx:
+            report.fixes.extend(repair_returned_constraints(main, module, policy))
     if not report.fixes and not any(r.applied for r in report.rings):
         return _Outcome(None, {}, report)
     if patched is None:
         with ctx:
             patched = ir.Module.parse(module.get_asm(enable_debug_info=True, assume_verified=True))
     after = _entry_sharding_attrs(_main_function(patched.operation))
-    changes = {place: sharding_from_attr(attr) for place, attr in after.items() if before.get(place) != attr}
-    return _Outcome(patched, changes, report)
+    changes = {place: sharding_from_attr(attr) for place, attr in after.items() if place not in before or before[place] != attr}
+    return _Outcome(patched, changes, report, module_meshes(module))
 
 
 def _bytecode(module: ir.Module) -> bytes:
@@ -159,14 +168,21 @@ def _entry_sharding_attrs(main: ir.Operation | None) -> dict:
     return out
 
 
-def _updated_shardings(in_shardings: tuple, out_shardings: tuple, changes: dict) -> tuple[tuple, tuple]:
-    """JAX's entry shardings with each one the pipeline changed replaced (JAX checks them against the module)."""
+def _updated_shardings(in_shardings: tuple, out_shardings: tuple, outcome: _Outcome, devices
+                       ) -> tuple[tuple, tuple]:
+    """JAX's entry shardings with each one the pipeline changed replaced (JAX checks them against the module). The
+    mesh is the one JAX gave, else that of another entry sharding, else the module's on the compile's devices (a
+    function whose entry shardings are all unspecified)."""
     shardings = {"arg": list(in_shardings), "result": list(out_shardings)}
     mesh = _any_mesh(in_shardings + out_shardings)
-    for (kind, index), sharding in changes.items():
+    for (kind, index), sharding in outcome.entry_changes.items():
         current = shardings[kind]
         if index < len(current):
-            current[index] = to_named_sharding(sharding, getattr(current[index], "mesh", None) or mesh)
+            on = getattr(current[index], "mesh", None) or mesh
+            if on is None and devices is not None and sharding.mesh in outcome.meshes:
+                model = outcome.meshes[sharding.mesh]
+                on = mesh = _jax.mesh_on(devices, model.axes, model.device_ids)
+            current[index] = to_named_sharding(sharding, on)
     return tuple(shardings["arg"]), tuple(shardings["result"])
 
 
@@ -185,7 +201,8 @@ def patch_lowered(lowered: jax.stages.Lowered, pipeline: str = "fix-shardings",
     given). When nothing changed, the original Lowered is returned."""
     in_shardings, out_shardings = _jax.compile_shardings(lowered)
     patch = patch_module(_jax.lowered_module(lowered), in_shardings, out_shardings, pipeline, ring_passes,
-                         target_mesh=pass_ctx.target_mesh if pass_ctx is not None else None)
+                         target_mesh=pass_ctx.target_mesh if pass_ctx is not None else None,
+                         devices=_jax.lowering_devices(lowered))
     if pass_ctx is not None:
         pass_ctx.report.extend(patch.report)
     if not patch.changed:

@@ -12,7 +12,6 @@ caches keep shardfix's traces and executables apart from plain JAX's (and from o
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import contextvars
 import dataclasses
@@ -98,10 +97,14 @@ class Session:
             self.tell(report.fixes, name)
 
     def tell(self, fixes: list, name: str) -> None:
-        """Tell the fixes not told before (a function compiled again for other arguments repeats them)."""
-        new = [f for f in fixes if (f.location, f.site, f.before, f.after, f.reason) not in self.told]
+        """Tell the fixes not told before for the function `name` (a function compiled again for other arguments
+        repeats them; another function that needs the same fix is told it too)."""
+        if self.settings.on_fix == "error":  # every call that needs a fix raises, not only the first
+            notify.tell(fixes, "error", name)
+        key = lambda f: (name, f.location, f.site, f.before, f.after, f.reason)  # noqa: E731  (per function)
+        new = [f for f in fixes if key(f) not in self.told]
         notify.tell(new, self.settings.on_fix, name)
-        self.told.update((f.location, f.site, f.before, f.after, f.reason) for f in new)
+        self.told.update(map(key, new))
 
     def repairs_modules(self) -> bool:
         """Whether the IR pipeline applies to the modules JAX makes now (Shardy's); if not, say so once."""
@@ -122,11 +125,6 @@ _active: contextvars.ContextVar[Session | None] = contextvars.ContextVar("shardf
 _tracing: contextvars.ContextVar[tuple[Session, Report] | None] = contextvars.ContextVar("shardfix_tracing",
                                                                                        default=None)
 _plugin: Session | None = None
-# The plugin tells a compile's fixes in one report: those its trace made wait here (this context) for it. A trace
-# that no compile follows (eval_shape, `.trace()`) has its fixes told when the next top-level trace begins, or when
-# the plugin is switched, or at exit.
-_pending: contextvars.ContextVar[tuple[Session, str, list] | None] = contextvars.ContextVar("shardfix_pending",
-                                                                                          default=None)
 
 
 def current() -> Session | None:
@@ -154,20 +152,16 @@ def set_plugin(session: Session | None) -> None:
     """Make `session` the process-wide one (None: none)."""
     global _plugin
     install()
-    tell_pending()
+    if _plugin is not None:
+        _jax.forget_lenient_specs()  # what its eager session let through must not be served after it
     _plugin = session
+    from .eager import EagerRepairs
+    tracing.set_eager(None if session is None else EagerRepairs(session))
     _jax.set_global_session_state(0 if session is None else session.settings.cache_key)
 
 
 def install() -> None:
-    global _installed
     _jax.install_hooks(_on_trace, _on_compile)
-    if not _installed:
-        _installed = True
-        atexit.register(tell_pending)
-
-
-_installed = False
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -184,51 +178,29 @@ def _on_trace(trace: Callable, args: tuple, kwargs: dict):
     tracing_now = _tracing.get()
     if tracing_now is not None and tracing_now[0] is session:
         return trace(*args, **kwargs)  # nested in a trace this session already repairs
-    if tracing_now is None:
-        tell_pending()  # a top-level trace begins: what the last one fixed had no compile to be told with
-    with repairs(session) as report:
+    # Complete: a library function (jnp.matmul, its JVP) that JAX traced for another function while repairing it
+    # is traced again, so that each function's report says what was repaired in it (a fix in `init` and the same
+    # one in `train_step` are both told). Only a trace that repaired something costs the next ones JAX's caches.
+    with repairs(session, complete=True) as report:
         result = trace(*args, **kwargs)
     if not session.collect and report.fixes:
-        earlier = _pending.get()
-        fixes = (earlier[2] if earlier is not None and earlier[0] is session else []) + report.fixes
-        _pending.set((session, _jax.trace_function_name(args), fixes))
+        # Told now, while the user's call (a jit call, `.trace()`, `jax.eval_shape`) is on the stack: a trace need
+        # not be followed by a compile, and on_fix="error" must stop the call that made the fix.
+        session.tell(report.fixes, _jax.trace_function_name(args))
     return result
 
 
 def _on_compile(from_hlo: Callable, name: str, module, kwargs: dict):
     session = current()
-    pending = _take_pending(session)
     if session is None or is_patched(module) or not session.repairs_modules():
-        if pending:
-            session.tell(pending, _function_name(name))
         return from_hlo(name, module, **kwargs)
     every_module, ring_passes = session.settings.passes
     patch = patch_module(module, tuple(kwargs["in_shardings"]), tuple(kwargs["out_shardings"]), every_module,
-                         ring_passes)
+                         ring_passes, devices=kwargs.get("device_list"))
     session.compiles += 1
-    if pending:
-        patch.report.fixes[:0] = pending  # the trace's fixes and the module's, one report
     session.add(patch.report, _function_name(name))
     return from_hlo(name, patch.module, **{**kwargs, "in_shardings": patch.in_shardings,
                                             "out_shardings": patch.out_shardings})
-
-
-def _take_pending(session: Session | None) -> list:
-    """The fixes waiting in this context for `session`'s next compile (taken away)."""
-    pending = _pending.get()
-    if pending is None or pending[0] is not session:
-        return []
-    _pending.set(None)
-    return pending[2]
-
-
-def tell_pending() -> None:
-    """Tell the fixes of a trace that no compile followed (this context)."""
-    pending = _pending.get()
-    if pending is not None:
-        _pending.set(None)
-        session, name, fixes = pending
-        session.tell(fixes, name)
 
 
 def _function_name(compile_name: str) -> str:

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 from .. import mlir_text as mt
 from ..correct import Reason, Site, correct_sharding
 from ..sdy_syntax import Cursor, parse_tensor_sharding, read_dim, read_mesh
-from ..report import Fix
+from ..report import Fix, bytes_per_device
 from ..sharding import (UNCONSTRAINED, Mesh, ShardingSyntaxError, TensorSharding, describe_sub_axis,
                         from_spec_entries, to_spec_entries)
 
@@ -58,6 +58,47 @@ def spec_to_model(spec, rank: int | None = None, mesh_name: str = "mesh") -> Ten
     return from_spec_entries(partitions(spec), mesh_name, rank)
 
 
+def spec_bytes(spec, mesh, shape: Sequence[int], itemsize: int | None) -> int | None:
+    """The bytes each device holds of an array of `shape` (of `itemsize`-byte elements) with `spec` on `mesh`."""
+    if itemsize is None:
+        return None
+    sizes = dict(mesh.shape)
+    entries = _padded(tuple(spec.partitions), len(shape))
+    shards = [math.prod(sizes.get(a, 1) for a in (e if isinstance(e, tuple) else (e,) if isinstance(e, str) else ()))
+              for e in entries]
+    return bytes_per_device(shape, shards, itemsize)
+
+
+def valid_names(spec, mesh):
+    """`spec` with the axes `mesh` lacks and repeated uses of an axis taken out (what a device holds of a spec
+    that names them is what it holds without them)."""
+    names, seen, entries = set(mesh.axis_names), set(), []
+    for entry in spec.partitions:
+        axes = entry if isinstance(entry, tuple) else (entry,) if isinstance(entry, str) else None
+        if axes is None:
+            entries.append(entry)
+            continue
+        kept = tuple(a for a in axes if a in names and not (a in seen or seen.add(a)))
+        entries.append(kept if len(kept) > 1 else kept[0] if kept else None)
+    return with_partitions(spec, entries)
+
+
+def itemsize_of(value) -> int | None:
+    dtype = getattr(value, "dtype", None)
+    return getattr(dtype, "itemsize", None) if dtype is not None else None
+
+
+def names_rejected(spec, mesh) -> bool:
+    """Whether a NamedSharding's construction rejects `spec` on `mesh`: an axis the mesh lacks, or one used twice."""
+    names, seen = mesh.axis_names, set()
+    for entry in spec.partitions:
+        for axis in entry if isinstance(entry, tuple) else (entry,) if isinstance(entry, str) else ():
+            if axis in seen or axis not in names:
+                return True
+            seen.add(axis)
+    return False
+
+
 # Where a PartitionSpec is repaired: the boundary of the decorated function (its in/out shardings), or a spec JAX
 # checks while tracing (reshard, out_sharding=, with_sharding_constraint, device_put, a nested jit's in/out).
 BOUNDARY_NO_PADDING = "padding is not an option at an entry function's boundary"
@@ -65,13 +106,16 @@ TRACE_NO_PADDING = "JAX rejects an indivisible spec here rather than padding it"
 
 
 def repair_spec(spec, mesh, shape: Sequence[int] | None, policy: str, *, divisibility: bool = True,
-                no_padding: str = BOUNDARY_NO_PADDING) -> tuple["PartitionSpec", list[Reason]]:
+                no_padding: str = BOUNDARY_NO_PADDING, move_axes: bool = False
+                ) -> tuple["PartitionSpec", list[Reason]]:
     """`spec` made valid for an array of `shape` on `mesh` (a Mesh or AbstractMesh), and the reasons.
 
     Unknown and duplicate axes are dropped, the spec gets one entry per dimension, and with `divisibility` each
     indivisible dim is corrected by `policy`. A PartitionSpec holds no sub-axes: where the policy would keep one,
     the longest dividing prefix is kept and a reason says so. `shape=None` (not known) corrects axis names only
-    and keeps the spec's length. Reasons are in PartitionSpec words; a valid spec comes back as the same object.
+    and keeps the spec's length. With `move_axes` (an entry argument or result) the auto policy moves an axis an
+    indivisible dim can't hold to a dim that holds it and no axis shards. Reasons are in PartitionSpec words; a
+    valid spec comes back as the same object.
     """
     model_mesh = mesh_model(mesh)
     entries = list(partitions(spec))  # PartitionSpec itself keeps unreduced/reduced axes out of its partitions
@@ -82,10 +126,10 @@ def repair_spec(spec, mesh, shape: Sequence[int] | None, policy: str, *, divisib
         site_shape = tuple(shape) if divisibility else (None,) * len(shape)
     sharding = from_spec_entries(entries, "mesh")
     meshes = {"mesh": model_mesh}
-    fixed, reasons = correct_sharding(sharding, Site(site_shape, allow_subaxes=False, no_padding=no_padding), meshes,
-                                      policy)
+    fixed, reasons = correct_sharding(sharding, Site(site_shape, allow_subaxes=False, no_padding=no_padding,
+                                                     move_axes=move_axes), meshes, policy)
     reasons = [Reason(r.code, spec_words(r.detail)) for r in reasons]
-    if any(r.code == "indivisible" for r in reasons):
+    if any(r.code == "indivisible" for r in reasons) and not any(r.code == "moved-axis" for r in reasons):
         reasons += _sub_axis_fallback(sharding, site_shape, meshes, policy, fixed, model_mesh)
     fixed_entries = list(to_spec_entries(fixed))
     fixed_entries += [None] * (len(site_shape) - len(fixed_entries))

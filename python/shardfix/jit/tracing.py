@@ -29,12 +29,13 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from ..correct import POLICIES
+from ..correct import POLICIES, Reason
 from ..locations import SourceLoc, caller_frame, is_library_file
 from ..report import Fix
 from ..sharding import shard_count
 from . import _jax
-from .specs import TRACE_NO_PADDING, mesh_model, repair_spec, spec_to_model
+from .specs import (TRACE_NO_PADDING, mesh_model, names_rejected, repair_spec, spec_bytes, spec_to_model,
+                    valid_names)
 
 _active: contextvars.ContextVar["Repairs | None"] = contextvars.ContextVar("shardfix_repairs", default=None)
 
@@ -66,7 +67,7 @@ class Repairs:
         self._calls: dict = {}  # (fix, user frame id, instruction) -> that frame
 
     def repair(self, sharding: Any, shape: tuple | None, api: str, divisibility: bool = True,
-               accepted: bool = False) -> Any:
+               accepted: bool = False, itemsize: int | None = None) -> Any:
         """`sharding` (a PartitionSpec or NamedSharding) made valid for `shape` (None: axis names only), the fix
         recorded; anything else is returned as is. `accepted`: JAX took it as it is for `shape`: nothing more to
         repair, only what its canonicalization repaired earlier to record."""
@@ -79,6 +80,11 @@ class Repairs:
                 return sharding  # JAX says there is no mesh for it
         else:
             return sharding
+        # JAX's own sharding rules build their results' NamedShardings with the construction checks this session
+        # makes lenient: a rule that puts one axis on two dims (a dot of x[b@fsdp, ...] with w[..., e@fsdp]) would
+        # hand JAX a type with a duplicate axis where JAX itself raises. What JAX takes for a shape is checked here
+        # for what only those construction checks reject, and repaired like any other spec.
+        accepted = accepted and not names_rejected(spec, mesh)
         key = (mesh, spec, shape, divisibility)
         outcome = (spec, []) if accepted else self._memo.get(key)
         if outcome is None:
@@ -93,12 +99,22 @@ class Repairs:
                 self._awaiting_shape[(id(fixed), loc)] = _Canonicalized(api, spec, fixed, reasons, mesh, call, loc)
                 self._awaiting_ids[id(fixed)] += 1
         else:
-            self._record_with_shape(self._api_of.get(spec, api), shape, spec, fixed, reasons, mesh)
+            self._record_with_shape(self._api_of.get(spec, api), shape, spec, fixed, reasons, mesh, itemsize)
         if not reasons:
             return sharding
         if isinstance(sharding, PartitionSpec):
             return fixed
         return NamedSharding(mesh, fixed, memory_kind=sharding.memory_kind)
+
+    def explicit_reshard(self, before, after, shape: tuple, mesh, itemsize: int | None = None) -> None:
+        """Record that a with_sharding_constraint, an assert of the value's sharding on Explicit axes, was made the
+        reshard the code meant."""
+        call = caller_frame(3)
+        reason = Reason("explicit-constraint", f"with_sharding_constraint asserts the value's sharding where every "
+                                               f"mesh axis is Explicit, and the value is {before}; resharded to the "
+                                               f"constraint, as jax.sharding.reshard does")
+        self._record(self._fix("with_sharding_constraint", shape, before, after, [reason], mesh, call,
+                               itemsize=itemsize), call)
 
     def lenient(self) -> None:
         self.used_leniency = True
@@ -127,7 +143,7 @@ class Repairs:
         self._awaiting_shape.clear()
         self._awaiting_ids.clear()
 
-    def _record_with_shape(self, api: str, shape: tuple, spec, fixed, reasons, mesh) -> None:
+    def _record_with_shape(self, api: str, shape: tuple, spec, fixed, reasons, mesh, itemsize=None) -> None:
         awaited = self._awaiting_ids[id(spec)] > 0 or id(spec) in self._typed
         if not (awaited or reasons):
             return  # the common case, valid and not canonicalized here: no stack walk
@@ -141,21 +157,25 @@ class Repairs:
                 reasons = canonicalized.reasons + reasons
                 if reasons:
                     fix = self._typed_fix[(id(spec), loc)] = self._fix(api, shape, canonicalized.before, fixed,
-                                                                        reasons, mesh, call, loc)
+                                                                        reasons, mesh, call, loc, itemsize)
                     _remember_typed((self.policy, canonicalized.before, mesh, loc), fix)
                     self._record(fix, call)
                 return
             if id(spec) in self._typed:
                 return
         if reasons:
-            self._record(self._fix(api, shape, spec, fixed, reasons, mesh, call), call)
+            self._record(self._fix(api, shape, spec, fixed, reasons, mesh, call, itemsize=itemsize), call)
 
     @staticmethod
-    def _fix(api: str, shape, before, after, reasons, mesh, call, loc: SourceLoc | None = None) -> Fix:
+    def _fix(api: str, shape, before, after, reasons, mesh, call, loc: SourceLoc | None = None,
+             itemsize: int | None = None) -> Fix:
         model = mesh_model(mesh)
         where = api if shape is None else f"{api} (shape {shape})"
+        sized = shape is not None and itemsize is not None
         return Fix("trace", where, loc or user_loc(call), tuple((r.code, r.detail) for r in reasons), str(before),
-                   str(after), shard_count(spec_to_model(before), model), shard_count(spec_to_model(after), model))
+                   str(after), shard_count(spec_to_model(before), model), shard_count(spec_to_model(after), model),
+                   shape=shape, bytes_before=spec_bytes(valid_names(before, mesh), mesh, shape, itemsize)
+                   if sized else None, bytes_after=spec_bytes(after, mesh, shape, itemsize) if sized else None)
 
     def _record(self, fix: Fix, call) -> None:
         """Record a fix once per call of the user's code: JAX may apply one spec several times while tracing one
@@ -208,7 +228,23 @@ def user_loc(call=None) -> SourceLoc:
 def install() -> None:
     """Install the hooks around JAX's trace-time spec checks (once per process; thread-safe). `repairing` calls it;
     call it early to have the hooks in place before other threads trace."""
-    _jax.install_spec_hooks(_active.get)
+    _jax.install_spec_hooks(_current)
+
+
+# The repairs of the checks JAX makes outside any trace (device_put, make_array_from_callback, an eager reshard or
+# constraint, a jax.jit's shardings as it is made) while the plugin is on: see eager.py.
+_eager: "Repairs | None" = None
+
+
+def set_eager(repairs: "Repairs | None") -> None:
+    global _eager
+    install()
+    _eager = repairs
+
+
+def _current() -> "Repairs | None":
+    """The repairs JAX's spec checks consult here: this context's trace session, else the plugin's eager one."""
+    return _active.get() or _eager
 
 
 # Each distinct session key separates JAX's caches. A stable key per policy lets repeated traces share JAX's caches
