@@ -182,6 +182,11 @@ def shard_count(sharding: TensorSharding, mesh: Mesh) -> int:
     return count
 
 
+def dim_shard_count(dim: DimSharding, mesh: Mesh) -> int:
+    """How many ways one dim is split: the product of its axes' sizes (every axis must be in the mesh)."""
+    return math.prod(ref.size_in(mesh) for ref in dim.axes)
+
+
 def describe_sub_axis(ref: AxisRef, mesh: Mesh) -> str:
     """A sub-axis in plain words: `"tp":(1)2` on tp=4 is "2 of tp's 4 devices"."""
     return f"{ref.size} of {ref.name}'s {mesh.axis_size(ref.name)} devices"
