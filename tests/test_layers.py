@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = {"shardfix": ROOT / "python" / "shardfix", "shardfix.passes": ROOT / "passes"}
-TOP = {"shardfix", "shardfix.opt", "shardfix.run", "shardfix._startup", "shardfix.watchdog", "shardfix.output",
+TOP = {"shardfix", "shardfix.opt", "shardfix.opt_args", "shardfix.run", "shardfix._startup", "shardfix.watchdog", "shardfix.output",
        "shardfix.expectations"}  # the package's entry and the command line's own modules
 
 
