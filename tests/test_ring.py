@@ -132,3 +132,29 @@ def test_replica_groups_in_both_spellings(groups, expected):
         assert replica_groups(op.attributes["replica_groups"], module_meshes(module.operation)).tolist() == expected
         if groups.startswith("#"):
             assert replica_groups(op.attributes["replica_groups"], {}) is None
+
+
+def test_ring_in_a_nested_shard_map_is_reordered():
+    """A ring inside a shard_map inside another (dp outer, cp inner): the permutations bind only the axes the
+    parent leaves, and the outer region, whose collectives are all the inner one's, is no ring of its own. Forward
+    (reordered) and gradient (whatever is decided for its backward ring) equal to jax.jit's."""
+    from support.ring_kernels import scan_ring_attention
+    from jax.sharding import PartitionSpec as P
+    mesh = jax.make_mesh((2, 4), ("dp", "cp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    kernel = scan_ring_attention("cp", 4, 4)
+
+    def inner(q, k, v):
+        return jax.shard_map(kernel, in_specs=(P(None, "cp"),) * 3, out_specs=P(None, "cp"), axis_names={"cp"},
+                             check_vma=False)(q, k, v)
+
+    f = jax.shard_map(inner, mesh=mesh, in_specs=(P("dp"),) * 3, out_specs=P("dp"), axis_names={"dp"},
+                      check_vma=False)
+    q, k, v, _ = inputs(4, 32)
+    loss = lambda q, k, v: (f(q, k, v) ** 2).sum()  # noqa: E731
+    for program, args in ((f, (q, k, v)), (jax.grad(loss, argnums=(0, 1, 2)), (q, k, v))):
+        low = autofix_shardings(program).lower(*args)
+        if program is f:
+            assert [r.applied for r in low.rings] == [True], [r.why for r in low.rings]
+        got, want = low.compile()(*args), jax.jit(program)(*args)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)

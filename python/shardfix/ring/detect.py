@@ -111,6 +111,8 @@ def _collect_permutes(block, funcs, out: list, calling: set, cache: dict) -> Non
                         _collect_permutes(inner, funcs, found, calling | {callee}, cache)
                     cache[callee] = found
                 out.extend(cache[callee])
+        if op.name == "sdy.manual_computation":
+            continue  # a nested shard_map: its collectives are its own ring (found as a region of its own)
         for region in op.regions:
             for inner in region.blocks:
                 _collect_permutes(inner, funcs, out, calling, cache)
