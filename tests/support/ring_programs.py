@@ -2,7 +2,9 @@
 results under a reorder of the sequence (and ring-reorder may rewrite it) or does not (and it must be refused).
 
 Every builder takes a mesh with axes ("dp", "cp") and returns (function, example arguments, expectation), the
-arguments sharded batch-on-dp, sequence-on-cp; expectation is "reorder" or "refuse".
+arguments sharded batch-on-dp, sequence-on-cp. The expectation is one outcome for every strategy, or a dict from
+strategy to outcome: "reorder" (proved and rewritten), "refuse" (must not be rewritten: the reorder would change
+its results), "unfit" (safe, but the strategy's layout doesn't fit the sequence length, so it is left alone).
 """
 
 from __future__ import annotations
@@ -14,6 +16,14 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 NEG = -1e30
 SEQ = P("dp", "cp")
+
+
+STRATEGIES = ("zigzag", "striped")
+
+
+def expected(expectation: str | dict, strategy: str) -> str:
+    """The outcome a builder's expectation states for one strategy."""
+    return expectation if isinstance(expectation, str) else expectation[strategy]
 
 
 def _ring(cp, direction=1):
@@ -93,7 +103,8 @@ def axis_index_attention(mesh):
 
 def scan_chunk_attention(mesh, chunk: int = 4):
     """A blockwise kernel: lax.scan over ring steps, an inner scan over key chunks, a (query chunk, key chunk)
-    pair skipped with lax.cond when every key of it lies after every query (positions from axis_index)."""
+    pair skipped with lax.cond when every key of it lies after every query (positions from axis_index). Striped
+    needs stripes of whole 4-token chunks, which 32 tokens over 4 devices can't deal round-robin."""
     cp = mesh.shape["cp"]
 
     def body(q, k, v):
@@ -131,7 +142,8 @@ def scan_chunk_attention(mesh, chunk: int = 4):
         m, l, o = acc
         return o / l[..., None]
 
-    return _map(mesh, body, 3, check_vma=False), _arrays(mesh, 8 * cp, (8,), (8,), (8,)), "reorder"
+    return _map(mesh, body, 3, check_vma=False), _arrays(mesh, 8 * cp, (8,), (8,), (8,)), \
+        {"zigzag": "reorder", "striped": "unfit"}
 
 
 def attention_loss(mesh):

@@ -170,8 +170,6 @@ def combine(engine: Engine, op, values: list[Data]) -> Data:
     if op.name == "stablehlo.convert" and values[0].agg is None and engine.fns.constant(values[0].fn) is not None \
             and not isinstance(ir.ShapedType(op.results[0].type).element_type, ir.IntegerType):
         return values[0].with_(shape=tuple(out))  # a constant converted between float types is the same constant
-    if any(v.agg is not None for v in values):
-        return _aggregate_rule(engine, op, values, out)
     if op.name == "stablehlo.select":
         cond, a, b = values
         # select(is_finite(x), x, -inf) is x with NaN and +inf scores masked: the same scores for the softmax

@@ -10,7 +10,6 @@ positions are recorded: positions.py rewrites them for the new order.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 
 from jaxlib.mlir import ir
@@ -21,11 +20,7 @@ from ..locations import SourceLoc, is_library_file
 from . import coverage as cov_ops
 from .symbolic import Aff, Coord, Node, Other, Pid, PidDiv, Scope, Var, bounds, gpos, map_sources, sourced_nodes
 from .symbolic import Dim as SymDim
-from .values import CONST, FREE, Axis, Coverage, Data, Index, Stack, Tok, canonical
-
-
-import os
-_DEBUG = bool(os.environ.get("SHARDFIX_RING_DEBUG"))
+from .values import CONST, FREE, Axis, Coverage, CoverageVar, Data, Index, Stack, Tok, canonical
 
 
 class Refusal(Exception):
@@ -211,9 +206,6 @@ class Engine:
         self.env[value] = abstract
 
     def refuse(self, message: str, op: ir.Operation | None) -> None:
-        if _DEBUG and op is not None:
-            for i, v in enumerate(op.operands):
-                print(f"  operand {i}: {self.env.get(v)}")
         raise Refusal(message, op, tuple(self.state.call_ops))
 
     def scope_for(self, shape) -> Scope:
@@ -229,18 +221,9 @@ class Engine:
             var = alias[var]
         return var
 
-    def canonical_cov(self, cov):
-        from .values import Cells, Coverage, CoverageVar
-        parts = []
-        for p in cov.parts:
-            if isinstance(p, CoverageVar):
-                parts.append(self.cov_root(p))
-            else:
-                parts.append(Cells(self.canonical_aff(p.hop), self.canonical_aff(p.start), p.size, p.vars))
-        return Coverage(tuple(parts))
-
-    def canonical_aff(self, value: Aff) -> Aff:
-        return value
+    def canonical_cov(self, cov: Coverage) -> Coverage:
+        """`cov` with each coverage unknown replaced by its representative."""
+        return Coverage(tuple(self.cov_root(p) if isinstance(p, CoverageVar) else p for p in cov.parts))
 
     # -- blocks --------------------------------------------------------------------------------------------------
 
@@ -471,5 +454,4 @@ def index_to_data(engine: Engine, value: Index, op) -> Data:
 
 
 
-__all__ = ["CONST", "FREE", "Axis", "Coverage", "Data", "Engine", "FnTable", "Index", "Obligation", "Refusal",
-           "Rewrite", "RingInfo", "Shared", "Stack", "State", "Tok", "Var", "cov_ops", "functools"]
+__all__ = ["Engine", "FnTable", "Obligation", "Refusal", "Rewrite", "RingInfo", "Shared", "State", "index_to_data"]

@@ -16,7 +16,7 @@ from jaxlib.mlir import ir
 
 from . import coverage as cov_ops
 from .algebra import agg_fn, cov_prefix, try_complete
-from .analysis import _DEBUG, Engine, Obligation, Refusal
+from .analysis import Engine, Obligation, Refusal
 from .dims import shape
 from .symbolic import Aff, Node, Scope, Var
 from .values import CONST, EMPTY, Agg, Axis, Cells, Coverage, CoverageVar, Data, Index, Stack, Tok, canonical
@@ -248,8 +248,7 @@ def _template(engine: Engine, op, ret: Data, steps: dict, k: Var, mine: set):
     for key, axis in ret.axes:
         hop = axis.hop.substitute(steps)
         if any(x in mine for x in hop.free_atoms() | axis.offset.free_atoms()) or k in axis.offset.free_atoms():
-            engine.refuse("accumulates into tokens the analysis can't pin down from one iteration to the next"
-                          + (f" ({axis} -> {hop}; {steps})" if _DEBUG else ""), op)
+            engine.refuse("accumulates into tokens the analysis can't pin down from one iteration to the next", op)
         axes.append((key, Axis(hop.substitute({k: Aff.of(k) - 1}), axis.offset)))
     template = ret.with_(axes=(), agg=Agg(agg.op, agg.home, agg.term, EMPTY, agg.score, EMPTY))
     return template, tuple(axes)
@@ -391,8 +390,7 @@ def _added(engine: Engine, op, before: Coverage, after: Coverage, k: Var, i: int
     """The coverage an accumulator holds at iteration k, from what one iteration adds to it."""
     added = cov_prefix(engine, op, before, after, "merges a block into a loop-carried aggregate")
     if added is None:
-        engine.refuse(f"replaces loop-carried aggregate {i} instead of merging into it"
-                      + (f" ({before} -> {after})" if _DEBUG else ""), op)
+        engine.refuse(f"replaces loop-carried aggregate {i} instead of merging into it", op)
     if any(isinstance(p, CoverageVar) for p in added.parts):
         engine.refuse("merges aggregates of different loops", op)
     if not added.parts:
@@ -410,7 +408,7 @@ def _discharge(engine: Engine, solution: dict, first: int) -> None:
             kept.append(Obligation(ob.kind, a, b, ob.op, ob.message, ob.calls))
             continue
         if not _holds(engine, ob.kind, a, b):
-            raise Refusal(ob.message + (f" ({a} vs {b})" if _DEBUG else ""), ob.op, ob.calls)
+            raise Refusal(ob.message, ob.op, ob.calls)
     state.obligations[:] = kept
 
 

@@ -9,7 +9,6 @@ tokens (or token-independent), and every per-device value flows only into the gr
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from jaxlib.mlir import ir
@@ -278,4 +277,4 @@ def unit_problem(verdict: Verdict, strategy: str, stripe: int) -> tuple[str, Sou
     return None
 
 
-__all__ = ["Verdict", "prove_rings", "unit_problem", "math", "Index", "Aff"]
+__all__ = ["Verdict", "prove_rings", "unit_problem"]

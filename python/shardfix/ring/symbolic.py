@@ -340,8 +340,6 @@ def divide(a: Aff, d: int, scope: Scope | None) -> Aff:
         return a
     if all(c % d == 0 for _, c in a.terms) and a.const % d == 0:
         return Aff(tuple((x, c // d) for x, c in a.terms), a.const // d)
-    if a == Aff.of(Pid()):
-        return Aff.of(PidDiv(d))
     lo, hi = bounds(a, scope)
     if lo >= 0 and hi < d:
         return Aff()
