@@ -1,0 +1,565 @@
+"""The tiles a ring kernel computes, counted from its own skip conditionals at compile time, under each layout.
+
+A *tile* is one execution of a branch of a skip conditional that computes (a `stablehlo.case` or `stablehlo.if`
+inside the ring region, one of whose branches holds a dot_general or convolution and one of which holds none: the
+`lax.cond` that skips a (query chunk, key chunk) pair). The count is exact: for each device c of the ring the
+region is run on its integers and booleans alone, with `partition_id` = c's id, every loop run for the trip count
+its own counters give, each conditional's predicate evaluated concretely, and floating-point values (the data)
+left unknown. Only integer and boolean values of at most `LIMIT` elements are computed: the predicate slices
+(coordinates, hop counters, chunk indices, positions, small masks); an op on data is never evaluated. A layout's
+position rewrite (prove.py's rewrites: the reads of a contiguous unit index `c*n + j`) is applied to the operand it
+rewrites as the run reaches it, through the same calls, so the count is that of the rewritten kernel.
+
+A predicate that depends on data (segment ids, positions passed as data, a mask reduced from data) can't be
+evaluated: that tile is counted as computed, and the count says how many such decisions there were (three-valued
+`and` / `or` keep a decision known where its known part settles it: a causal skip and-ed with a segment test).
+
+Steps: the tiles between one round of collective_permutes and the next (a round ends at the first permute after a
+skip conditional ran), so a step holds what a device computes on one visiting block.
+
+*Critical path.* Every ring step ends in collective_permutes each device both sends and receives: device d can't
+start step s+1 before its neighbour finished step s, and XLA runs the collectives of one step as one synchronising
+exchange, so a step lasts as long as its busiest device. The critical path is the sum over steps of the per-step
+maximum over devices (not the maximum over devices of their sums, which would assume devices run ahead freely).
+The ideal is the total spread evenly: total / devices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import stablehlo
+
+LIMIT = 1 << 16  # elements of the largest integer or boolean value evaluated (bigger ones are treated as data)
+BUDGET = 2_000_000  # ops run per count at most (beyond it the kernel is too big to count, and said so)
+_WORK = frozenset({"stablehlo.dot_general", "stablehlo.dot", "stablehlo.convolution"})
+_DTYPES = {"i1": np.bool_, "i8": np.int8, "i16": np.int16, "i32": np.int32, "i64": np.int64, "ui8": np.uint8,
+           "ui16": np.uint16, "ui32": np.uint32, "ui64": np.uint64, "index": np.int64}
+
+
+class Uncountable(Exception):
+    """The kernel's tiles can't be counted at compile time (the message says why)."""
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Tiles each device computes at each ring step under one layout."""
+
+    layout: str
+    counts: tuple[tuple[int, ...], ...]  # [device][step]
+    data_dependent: int = 0  # skip decisions (per device, summed) that depend on data: counted as computed
+    decisions: int = 0  # skip decisions in all
+    sends: int = 0  # collective_permutes a device runs in all (the ring's own transfers)
+
+    @property
+    def steps(self) -> int:
+        return max((len(c) for c in self.counts), default=0)
+
+    def _padded(self) -> np.ndarray:
+        out = np.zeros((len(self.counts), self.steps), np.int64)
+        for d, row in enumerate(self.counts):
+            out[d, :len(row)] = row
+        return out
+
+    @property
+    def critical(self) -> int:
+        """Sum over steps of the busiest device's tiles (ring steps synchronise at their collective_permutes)."""
+        return int(self._padded().max(axis=0).sum()) if self.counts else 0
+
+    @property
+    def total(self) -> int:
+        return int(sum(map(sum, self.counts)))
+
+    @property
+    def ideal(self) -> float:
+        return self.total / len(self.counts) if self.counts else 0.0
+
+
+@dataclass
+class _Run:
+    pid: int
+    rewrites: dict  # (calls, op) -> [(operand, unit)]
+    layout: tuple | None  # (strategy, stripe, cp, block)
+    stack: list = field(default_factory=list)
+    steps: list = field(default_factory=lambda: [0])
+    seen: bool = False  # a skip conditional ran since the last permute
+    unknown: int = 0
+    decisions: int = 0
+    sends: int = 0
+    ops: int = 0
+
+
+@dataclass
+class _Block:
+    steps: list  # closures (env, run) -> None
+    args: list[int]  # slots of the block's arguments
+    results: list[int]  # slots of its terminator's operands
+
+
+class Counter:
+    """Counts the tiles of ring regions of one module. Functions are compiled once (slots for values, a closure an
+    op) and shared by every count; `rewritten` is every op some layout's rewrite touches (each is checked against
+    the call path it is reached through when it runs)."""
+
+    def __init__(self, funcs: dict[str, ir.Operation], rewritten: set):
+        self.funcs = funcs
+        self.rewritten = rewritten
+        self._compiled: dict[str, tuple[_Block, int]] = {}
+        self._work: dict[str, bool] = {}
+
+    def count(self, region: ir.Operation, pids: list[int], rewrites: list, layout: tuple | None,
+              name: str) -> Tiles:
+        """The tiles of `region` run as each device of `pids` (in ring order), with `rewrites` (prove.py's) read
+        through `layout` = (strategy, stripe, cp, block), or as written (layout None)."""
+        table: dict = {}
+        for r in rewrites if layout is not None else ():
+            table.setdefault((tuple(r.calls), r.op), []).append((r.operand, r.unit))
+        body, size = self._compile_region(region)
+        counts, unknown, decisions, sends = [], 0, 0, 0
+        for pid in pids:
+            run = _Run(pid, table, layout)
+            env: list = [None] * size
+            _exec(body, env, run)
+            if not run.seen and len(run.steps) > 1:
+                run.steps.pop()  # the permutes after the last step
+            counts.append(tuple(run.steps))
+            unknown, decisions, sends = unknown + run.unknown, decisions + run.decisions, sends + run.sends
+        if not decisions:
+            raise Uncountable("no skip conditional")
+        return Tiles(name, tuple(counts), unknown, decisions, sends)
+
+    # -- compiling ------------------------------------------------------------------------------------------------
+
+    def _compile_region(self, region: ir.Operation) -> tuple[_Block, int]:
+        key = f"\0region{id(region)}"
+        if key not in self._compiled:
+            slots: dict[int, int] = {}
+            self._compiled[key] = (self._block(region.regions[0].blocks[0], slots), len(slots))
+        return self._compiled[key]
+
+    def _function(self, name: str) -> tuple[_Block, int]:
+        found = self._compiled.get(name)
+        if found is None:
+            slots: dict[int, int] = {}
+            self._compiled[name] = None  # a recursive call is not followed
+            found = self._compiled[name] = (self._block(self.funcs[name].regions[0].blocks[0], slots), len(slots))
+        return found
+
+    def works(self, op: ir.Operation) -> bool:
+        """Whether `op` holds (in its regions or callees) an op that computes on data in bulk."""
+        found = False
+
+        def visit(inner):
+            nonlocal found
+            if inner.name in _WORK:
+                found = True
+                return ir.WalkResult.INTERRUPT
+            if inner.name == "func.call" and self._calls_work(ir.FlatSymbolRefAttr(inner.attributes["callee"]).value):
+                found = True
+                return ir.WalkResult.INTERRUPT
+            return ir.WalkResult.ADVANCE
+
+        op.walk(visit)
+        return found
+
+    def _calls_work(self, name: str) -> bool:
+        if name not in self._work:
+            self._work[name] = False  # recursion
+            self._work[name] = name in self.funcs and self.works(self.funcs[name])
+        return self._work[name]
+
+    def _block(self, block: ir.Block, slots: dict[int, int]) -> _Block:
+        def slot(value) -> int:
+            key = hash(value)
+            found = slots.get(key)
+            if found is None:
+                found = slots[key] = len(slots)
+            return found
+
+        args = [slot(a) for a in block.arguments]
+        steps, results = [], []
+        for opview in block.operations:
+            op = opview.operation
+            name = op.name
+            if name in ("stablehlo.return", "sdy.return", "func.return"):
+                results = [slot(v) for v in op.operands]
+                continue
+            ins = [slot(v) for v in op.operands]
+            outs = [slot(v) for v in op.results]
+            step = self._step(op, name, ins, outs, slots, slot)
+            if step is None:
+                continue
+            if op in self.rewritten:
+                step = _rewriting(step, op, ins)
+            steps.append(step)
+        return _Block(steps, args, results)
+
+    def _step(self, op, name, ins, outs, slots, slot):
+        if name == "func.call":
+            callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
+            return _call(self, op, callee, ins, outs) if callee in self.funcs else None
+        if name == "stablehlo.while":
+            cond = self._block(op.regions[0].blocks[0], slots)
+            body = self._block(op.regions[1].blocks[0], slots)
+            return _while(cond, body, ins, outs)
+        if name in ("stablehlo.case", "stablehlo.if"):
+            branches = [self._block(r.blocks[0], slots) for r in op.regions]
+            work = [self.works_region(r) for r in op.regions]
+            skip = any(work) and not all(work)
+            return _case(branches, work, skip, ins[0], outs)
+        if name == "sdy.manual_computation":
+            return _inline(self._block(op.regions[0].blocks[0], slots), ins, outs)
+        if name == "stablehlo.collective_permute":
+            return _permute(outs)
+        if name in ("sdy.sharding_constraint", "sdy.reshard", "stablehlo.optimization_barrier"):
+            return _identity(ins, outs)
+        if not outs or not all(_small_int(v.type) for v in op.results):
+            return None  # data (or nothing): left unknown
+        return _evaluator(op, name, ins, outs)
+
+    def works_region(self, region: ir.Region) -> bool:
+        return any(op.operation.name in _WORK or self.works(op.operation) for block in region.blocks
+                   for op in block.operations)
+
+
+def _small_int(t: ir.Type) -> bool:
+    try:
+        shaped = ir.RankedTensorType(t)
+    except ValueError:
+        return False
+    return str(shaped.element_type) in _DTYPES and shaped.has_static_shape and \
+        int(np.prod(shaped.shape, dtype=np.int64)) <= LIMIT
+
+
+# -- running --------------------------------------------------------------------------------------------------
+
+
+def _exec(block: _Block, env: list, run: _Run) -> None:
+    run.ops += len(block.steps)
+    if run.ops > BUDGET:
+        raise Uncountable(f"more than {BUDGET} ops to run")
+    for step in block.steps:
+        step(env, run)
+
+
+def _call(counter: Counter, op, callee: str, ins, outs):
+    def step(env, run):
+        compiled = counter._function(callee)
+        if compiled is None:
+            raise Uncountable(f"'{callee}' calls itself")
+        body, size = compiled
+        frame: list = [None] * size
+        for a, i in zip(body.args, ins):
+            frame[a] = env[i]
+        run.stack.append(op)
+        _exec(body, frame, run)
+        run.stack.pop()
+        for o, r in zip(outs, body.results):
+            env[o] = frame[r]
+    return step
+
+
+def _while(cond: _Block, body: _Block, ins, outs):
+    def step(env, run):
+        for a, i in zip(body.args, ins):
+            env[a] = env[i]
+        while True:
+            for a, b in zip(cond.args, body.args):
+                env[a] = env[b]
+            _exec(cond, env, run)
+            go = env[cond.results[0]]
+            if go is None:
+                raise Uncountable("a loop's trip count depends on data")
+            if not bool(go):
+                break
+            _exec(body, env, run)
+            values = [env[r] for r in body.results]
+            for a, v in zip(body.args, values):
+                env[a] = v
+        for o, a in zip(outs, body.args):
+            env[o] = env[a]
+    return step
+
+
+def _case(branches: list[_Block], work: list[bool], skip: bool, index: int, outs):
+    first_work = work.index(True) if any(work) else 0
+
+    def step(env, run):
+        value = env[index]
+        if value is None:
+            chosen = first_work
+            if skip:
+                run.unknown += 1
+        else:
+            # stablehlo.if: region 0 when the predicate holds; stablehlo.case: the index's branch
+            chosen = int(value) if value.dtype != np.bool_ else (0 if bool(value) else 1)
+            if chosen < 0 or chosen >= len(branches):
+                chosen = len(branches) - 1  # stablehlo.case: an index out of range runs the last branch
+        if skip:
+            run.decisions += 1
+            run.seen = True
+            if work[chosen]:
+                run.steps[-1] += 1
+        branch = branches[chosen]
+        _exec(branch, env, run)
+        for o, r in zip(outs, branch.results):
+            env[o] = env[r]
+    return step
+
+
+def _inline(body: _Block, ins, outs):
+    def step(env, run):
+        for a, i in zip(body.args, ins):
+            env[a] = env[i]
+        _exec(body, env, run)
+        for o, r in zip(outs, body.results):
+            env[o] = env[r]
+    return step
+
+
+def _permute(outs):
+    def step(env, run):
+        run.sends += 1
+        if run.seen:
+            run.steps.append(0)
+            run.seen = False
+        for o in outs:
+            env[o] = None
+    return step
+
+
+def _identity(ins, outs):
+    def step(env, run):
+        for o, i in zip(outs, ins):
+            env[o] = env[i]
+    return step
+
+
+def _rewriting(step, op, ins):
+    """The op's step, with the operands a layout's rewrite reads through the new order mapped first."""
+    def rewritten(env, run):
+        hits = run.rewrites.get((tuple(run.stack), op)) if run.layout is not None else None
+        if not hits:
+            return step(env, run)
+        saved = [(ins[i], env[ins[i]]) for i, _ in hits]
+        for i, unit in hits:
+            if env[ins[i]] is not None:
+                env[ins[i]] = mapped(env[ins[i]], unit, *run.layout)
+        step(env, run)
+        for s, v in saved:
+            env[s] = v
+    return rewritten
+
+
+def mapped(g: np.ndarray, unit: int, strategy: str, stripe: int, cp: int, block: int) -> np.ndarray:
+    """positions.mapped_index on concrete values: a contiguous unit index to the index of the unit there now."""
+    n = block // unit
+    c, j = g // n, g % n
+    if strategy == "zigzag":
+        half = n // 2
+        out = np.where(j < half, c * half + j, (2 * cp - 1) * half - c * half + (j - half))
+    else:
+        m = stripe // unit
+        out = ((j // m) * cp + c) * m + j % m
+    return np.asarray(out).astype(g.dtype)
+
+
+# -- integer ops ----------------------------------------------------------------------------------------------
+
+
+def _dtype(t: ir.Type):
+    return _DTYPES[str(ir.RankedTensorType(t).element_type)]
+
+
+def _ints(attr) -> list[int]:
+    return list(ir.DenseI64ArrayAttr(attr)) if isinstance(attr, ir.Attribute) else []
+
+
+def _trunc_div(a, b):
+    if np.any(b == 0):
+        return None
+    return (a - np.fmod(a, b)) // b
+
+
+def _and3(a, b):
+    if a is None or b is None:
+        known = a if a is not None else b
+        if known is not None and known.dtype == np.bool_ and not known.any():
+            return known  # false and anything
+        return None
+    return np.logical_and(a, b) if a.dtype == np.bool_ else np.bitwise_and(a, b)
+
+
+def _or3(a, b):
+    if a is None or b is None:
+        known = a if a is not None else b
+        if known is not None and known.dtype == np.bool_ and known.all():
+            return known  # true or anything
+        return None
+    return np.logical_or(a, b) if a.dtype == np.bool_ else np.bitwise_or(a, b)
+
+
+_BINARY = {
+    "stablehlo.add": np.add, "stablehlo.subtract": np.subtract, "stablehlo.multiply": np.multiply,
+    "stablehlo.maximum": np.maximum, "stablehlo.minimum": np.minimum, "stablehlo.divide": _trunc_div,
+    "stablehlo.remainder": lambda a, b: None if np.any(b == 0) else np.fmod(a, b),
+    "stablehlo.xor": lambda a, b: np.logical_xor(a, b) if a.dtype == np.bool_ else np.bitwise_xor(a, b),
+    "stablehlo.shift_left": np.left_shift, "stablehlo.shift_right_arithmetic": np.right_shift,
+}
+_UNARY = {
+    "stablehlo.negate": np.negative, "stablehlo.abs": np.abs, "stablehlo.sign": np.sign,
+    "stablehlo.not": lambda a: np.logical_not(a) if a.dtype == np.bool_ else np.invert(a),
+}
+_COMPARE = {"EQ": np.equal, "NE": np.not_equal, "LT": np.less, "LE": np.less_equal, "GT": np.greater,
+            "GE": np.greater_equal}
+_REDUCERS = {"stablehlo.add": np.sum, "stablehlo.maximum": np.max, "stablehlo.minimum": np.min,
+             "stablehlo.and": np.all, "stablehlo.or": np.any, "stablehlo.multiply": np.prod}
+
+
+def _evaluator(op: ir.Operation, name: str, ins: list[int], outs: list[int]):
+    """A step computing an integer op from known operands (None when any operand it needs is unknown)."""
+    out = outs[0]
+    rtype = op.results[0].type
+    dtype = _dtype(rtype)
+    shape = tuple(ir.RankedTensorType(rtype).shape)
+    attrs = op.attributes
+    fn = None
+    if name == "stablehlo.constant":
+        value = np.array(ir.DenseIntElementsAttr(attrs["value"])).astype(dtype).reshape(shape)
+
+        def fn(env):
+            return value
+    elif name == "stablehlo.iota":
+        dim = ir.IntegerAttr(attrs["iota_dimension"]).value
+        view = [1] * len(shape)
+        view[dim] = shape[dim]
+        value = np.broadcast_to(np.arange(shape[dim], dtype=dtype).reshape(view), shape)
+
+        def fn(env):
+            return value
+    elif name in _BINARY:
+        f = _BINARY[name]
+
+        def fn(env):
+            a, b = env[ins[0]], env[ins[1]]
+            return None if a is None or b is None else f(a, b)
+    elif name == "stablehlo.and":
+        def fn(env):
+            return _and3(env[ins[0]], env[ins[1]])
+    elif name == "stablehlo.or":
+        def fn(env):
+            return _or3(env[ins[0]], env[ins[1]])
+    elif name in _UNARY:
+        f = _UNARY[name]
+
+        def fn(env):
+            a = env[ins[0]]
+            return None if a is None else f(a)
+    elif name == "stablehlo.compare":
+        f = _COMPARE[str(stablehlo.ComparisonDirectionAttr(attrs["comparison_direction"]).value)]
+
+        def fn(env):
+            a, b = env[ins[0]], env[ins[1]]
+            return None if a is None or b is None else f(a, b)
+    elif name == "stablehlo.convert":
+        def fn(env):
+            a = env[ins[0]]
+            return None if a is None else a.astype(dtype)
+    elif name == "stablehlo.select":
+        def fn(env):
+            p, a, b = env[ins[0]], env[ins[1]], env[ins[2]]
+            if p is None:
+                return a if a is not None and b is not None and np.array_equal(a, b) else None
+            return None if a is None or b is None else np.where(p, a, b)
+    elif name == "stablehlo.clamp":
+        def fn(env):
+            lo, x, hi = env[ins[0]], env[ins[1]], env[ins[2]]
+            return None if lo is None or x is None or hi is None else np.minimum(np.maximum(x, lo), hi)
+    elif name == "stablehlo.broadcast_in_dim":
+        dims = _ints(attrs["broadcast_dimensions"])
+
+        def fn(env):
+            a = env[ins[0]]
+            if a is None:
+                return None
+            view = [1] * len(shape)
+            for k, d in enumerate(dims):
+                view[d] = a.shape[k]
+            return np.broadcast_to(a.reshape(view), shape)
+    elif name == "stablehlo.reshape":
+        def fn(env):
+            a = env[ins[0]]
+            return None if a is None else a.reshape(shape)
+    elif name == "stablehlo.transpose":
+        perm = _ints(attrs["permutation"])
+
+        def fn(env):
+            a = env[ins[0]]
+            return None if a is None else np.transpose(a, perm)
+    elif name == "stablehlo.slice":
+        starts, limits, strides = (_ints(attrs[k]) for k in ("start_indices", "limit_indices", "strides"))
+        index = tuple(slice(s, e, t) for s, e, t in zip(starts, limits, strides))
+
+        def fn(env):
+            a = env[ins[0]]
+            return None if a is None else a[index]
+    elif name == "stablehlo.dynamic_slice":
+        sizes = _ints(attrs["slice_sizes"])
+
+        def fn(env):
+            a, starts = env[ins[0]], [env[i] for i in ins[1:]]
+            if a is None or any(s is None for s in starts):
+                return None
+            at = [min(max(int(s), 0), n - k) for s, n, k in zip(starts, a.shape, sizes)]
+            return a[tuple(slice(s, s + k) for s, k in zip(at, sizes))]
+    elif name == "stablehlo.dynamic_update_slice":
+        def fn(env):
+            a, u, starts = env[ins[0]], env[ins[1]], [env[i] for i in ins[2:]]
+            if a is None or u is None or any(s is None for s in starts):
+                return None
+            at = [min(max(int(s), 0), n - k) for s, n, k in zip(starts, a.shape, u.shape)]
+            b = np.array(a)
+            b[tuple(slice(s, s + k) for s, k in zip(at, u.shape))] = u
+            return b
+    elif name == "stablehlo.concatenate":
+        dim = ir.IntegerAttr(attrs["dimension"]).value
+
+        def fn(env):
+            parts = [env[i] for i in ins]
+            return None if any(p is None for p in parts) else np.concatenate(parts, axis=dim)
+    elif name == "stablehlo.reduce" and len(ins) == 2:
+        body = [o.operation.name for o in op.regions[0].blocks[0].operations]
+        reducer = _REDUCERS.get(body[0]) if len(body) == 2 else None
+        dims = tuple(_ints(attrs["dimensions"]))
+        if reducer is not None:
+            combine = _BINARY.get(body[0]) or {"stablehlo.and": np.logical_and, "stablehlo.or": np.logical_or}[body[0]]
+
+            def fn(env):
+                a, init = env[ins[0]], env[ins[1]]
+                return None if a is None or init is None else combine(reducer(a, axis=dims), init)
+    if name == "stablehlo.partition_id":
+        def step(env, run):
+            env[out] = np.array(run.pid, dtype)
+        return step
+    if name == "stablehlo.replica_id":
+        def step(env, run):
+            env[out] = np.array(0, dtype)
+        return step
+    if fn is None:
+        def step(env, run):
+            for o in outs:
+                env[o] = None
+        return step
+
+    def step(env, run):
+        try:
+            value = fn(env)
+        except (ValueError, TypeError, IndexError, OverflowError, FloatingPointError):
+            value = None
+        env[out] = None if value is None else np.asarray(value).astype(dtype, copy=False).reshape(shape)
+    return step
+
+
+__all__ = ["Counter", "Tiles", "Uncountable", "mapped", "LIMIT"]
