@@ -101,6 +101,34 @@ def axis_index_attention(mesh):
     return _map(mesh, body, 3), _arrays(mesh, 8 * cp, (8,), (8,), (8,)), "reorder"
 
 
+def position_difference_attention(mesh):
+    """Masks and biases computed from positions by arithmetic: a sliding window (`q - k < w`), ALiBi
+    (`slope * (q - k)`), Llama-4 chunks (`q // c == k // c`) and a prefix (`k < p`), positions from axis_index.
+    Each is a function of the two tokens' positions, right once the positions are."""
+    cp = mesh.shape["cp"]
+
+    def body(q, k, v):
+        n = q.shape[1]
+        me = jax.lax.axis_index("cp")
+        q_pos = me * n + jnp.arange(n)
+
+        def step(s, carry):
+            acc, k, v = carry
+            k_pos = ((me - s) % cp) * n + jnp.arange(n)
+            qp, kp = q_pos[:, None], k_pos[None, :]
+            keep = ((qp >= kp) & (qp - kp < 12) & (qp // 8 == kp // 8)) | (kp < 3)
+            sc = jnp.einsum("bqd,bkd->bqk", q, k) - 0.25 * (qp - kp).astype(jnp.float32)
+            sc = jnp.where(keep, sc, NEG)
+            m = jnp.max(sc, axis=-1)
+            p = jnp.exp(sc - m[..., None])
+            acc = _merge(acc, (m, jnp.sum(p, axis=-1), jnp.einsum("bqk,bkd->bqd", p, v)))
+            return (acc,) + tuple(jax.lax.ppermute(t, "cp", _ring(cp)) for t in (k, v))
+        (m, l, o), *_ = jax.lax.fori_loop(0, cp, step, (_init(q), k, v))
+        return o / l[..., None]
+
+    return _map(mesh, body, 3), _arrays(mesh, 8 * cp, (8,), (8,), (8,)), "reorder"
+
+
 def scan_chunk_attention(mesh, chunk: int = 4):
     """A blockwise kernel: lax.scan over ring steps, an inner scan over key chunks, a (query chunk, key chunk)
     pair skipped with lax.cond when every key of it lies after every query (positions from axis_index). Striped
@@ -314,6 +342,42 @@ def docs_matmul_psum_scatter(mesh):
     return fn, _docs_operands(mesh, P(None, "cp"), P("cp", None)), "refuse"
 
 
+def _ring_total(k, cp):
+    part = jnp.sum(k, axis=1, keepdims=True)
+    total, cur = part, part
+    for _ in range(cp - 1):
+        cur = jax.lax.ppermute(cur, "cp", _ring(cp))
+        total = total + cur
+    return total
+
+
+def block_start_offset(mesh):
+    """Every token offset by its block's first position (`axis_index * n`): a position of one fixed token, which
+    the reorder changes for the other tokens of the block."""
+    cp = mesh.shape["cp"]
+
+    def body(x, k):
+        me = jax.lax.axis_index("cp")
+        return x + _ring_total(k, cp) + (me * x.shape[1]).astype(jnp.float32)
+
+    return _map(mesh, body, 2), _arrays(mesh, 16, (4,), (4,)), "refuse"
+
+
+def coordinate_difference(mesh):
+    """Each hop weighted by how far its source device is from this one (`me - src`): ring coordinates, not token
+    positions."""
+    cp = mesh.shape["cp"]
+
+    def body(x, k):
+        me = jax.lax.axis_index("cp")
+        acc = x
+        for s in range(1, cp):
+            acc = acc + x * (me - (me - s) % cp).astype(jnp.float32)
+        return acc + _ring_total(k, cp)
+
+    return _map(mesh, body, 2), _arrays(mesh, 16, (4,), (4,)), "refuse"
+
+
 def where_on_a_scalar(mesh):
     """A select on a scalar predicate from the device index (true on every device) and a visiting block's total
     that doesn't count: the result is the device's own tokens."""
@@ -520,4 +584,4 @@ PROGRAMS = {f.__name__: f for f in (
     collective_matmul_reduce_scatter, contracted_ring_dim, cumsum_in_ring, reverse_in_ring, coordinate_skip,
     gathered_attention, attention_then_cumsum, short_ring, positions_left_behind, local_index_mask,
     shifted_neighbour, docs_matmul_allgather, docs_matmul_allgather_bidirectional, docs_matmul_psum_scatter,
-    where_on_a_scalar)}
+    where_on_a_scalar, position_difference_attention, block_start_offset, coordinate_difference)}

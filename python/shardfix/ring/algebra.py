@@ -80,12 +80,22 @@ def unify(engine: Engine, op, values: list[Data], out_shape) -> tuple[tuple, dic
                 engine.refuse("combines data of different tokens (blocks or positions) elementwise", op)
             renames[i].setdefault(r.axis, key)
         roles.append(Tok(key, first.stride))
-    # axes without dims (the value depends on one token, or one unit, of a block) are carried along
+    # axes without dims (the value depends on the token, or the unit, at one place of a block) are carried along,
+    # apart from the axes with dims even where they start at the same place: tokens along a dim are not the one
+    # token at its start
+    placed: dict = {}
     for i, v in enumerate(values):
         for k, a in v.axes:
-            if k not in renames[i] and not v.tok_dims(k) and a not in axes.values():
-                renames[i][k] = f"u{len(axes)}"
-                axes[renames[i][k]] = a
+            if k not in renames[i] and not v.tok_dims(k):
+                if any(isinstance(r, Tok) for r in roles):
+                    engine.refuse("combines tokens with the token at one fixed place of a block (a position read "
+                                  "as one number, like a block's first position, or one token sliced out), which "
+                                  "the reorder moves: use each token's own position", op)
+                key = placed.get(a)
+                if key is None:
+                    key = placed[a] = f"u{len(axes)}"
+                    axes[key] = a
+                renames[i][k] = key
     return tuple(roles), axes
 
 

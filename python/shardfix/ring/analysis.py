@@ -324,8 +324,6 @@ class Engine:
                                            operands[i], calls))
             else:
                 args.append(self._resolve_expr(arg, shape, fallback_op, 0, top=False))
-        if node.op in ("trem", "fmod", "div"):
-            self.refuse("divides a ring coordinate in a way that is not a position", fallback_op)
         return Aff.of(Node(node.op, tuple(args)))
 
     def _position(self, expr: Aff, coords, shape, op, operand, calls: tuple | None = None) -> Aff:
@@ -371,8 +369,11 @@ def _has_coord(node: Node) -> bool:
 
 
 def _aff_has_coord(expr: Aff) -> bool:
-    for atom in expr.free_atoms():
+    """Whether the form reads the device index other than through a position already read as one (gpos)."""
+    for atom, _ in expr.terms:
         if isinstance(atom, (Coord, Pid, PidDiv)):
+            return True
+        if isinstance(atom, Node) and atom.op != "gpos" and _has_coord(atom):
             return True
     return False
 
@@ -424,7 +425,16 @@ def index_to_data(engine: Engine, value: Index, op) -> Data:
             return ("other", atom.axis)
         return str(atom)
 
+    seen: dict = {}  # the same position read twice (q_pos in a mask and in a chunk test) is one axis
+
     def position_axis(inner: Aff, unit: int):
+        found = seen.get((inner, unit))
+        if found is not None:
+            return found
+        seen[(inner, unit)] = found = _position_axis(inner, unit)
+        return found
+
+    def _position_axis(inner: Aff, unit: int):
         coord = next(a for a in inner.atoms() if isinstance(a, Coord))
         rest = inner.without(coord)
         key = f"a{len(axes)}"

@@ -251,6 +251,10 @@ def _check_sequence_result(r: RingRegion, engine: Engine, value, dim: int, block
     if len(toks) != 1 or toks[0][0] != dim or toks[0][1].stride != 1:
         _refuse_result(r, f"{where} does not hold its own tokens along its sequence dim", value)
     axis = value.axis_map[toks[0][1].axis]
+    if len(value.axes) > 1:
+        _refuse_result(r, f"{where} depends on the token at a fixed place of a block (a position read as one "
+                       "number, like the block's first position), which the reorder changes: compute it from "
+                       "each token's own position instead", value)
     hop = axis.hop
     if not hop.is_const or hop.const % engine.ring.cp or axis.offset != Aff() or value.shape[dim] != block:
         _refuse_result(r, f"{where} holds the tokens of another block (or only some of its own)", value)
@@ -264,7 +268,11 @@ def unit_problem(verdict: Verdict, strategy: str, stripe: int) -> tuple[str, Sou
     block = verdict.block
     for (unit, alignment), (op, calls) in sorted(verdict.units.items(), key=lambda t: t[0]):
         why = None
-        if strategy == "zigzag" and (block % 2 or (block // 2) % unit):
+        if unit == block and (strategy == "zigzag" or stripe % unit):
+            why = ("reads ring coordinates (a device's place in the ring) other than through token positions, and "
+                   "devices stop holding the sequence in ring order once it is reordered: decide by the tokens' "
+                   "positions (coordinate * block + index) instead")
+        elif strategy == "zigzag" and (block % 2 or (block // 2) % unit):
             why = (f"reads positions of units of {unit} tokens, which would straddle the two zigzag halves of the "
                    f"{block}-token block (the half is {block / 2:g} tokens)")
         elif strategy == "striped" and stripe % unit:

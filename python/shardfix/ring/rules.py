@@ -155,7 +155,8 @@ def partition_id(engine: Engine, op):
 _DIRECTIONS = {"LT": "lt", "LE": "le", "GT": "gt", "GE": "ge", "EQ": "eq", "NE": "ne"}
 _INDEX_OPS = {"stablehlo.add", "stablehlo.subtract", "stablehlo.multiply", "stablehlo.negate", "stablehlo.divide",
               "stablehlo.remainder", "stablehlo.compare", "stablehlo.select", "stablehlo.and", "stablehlo.or",
-              "stablehlo.not", "stablehlo.xor", "stablehlo.maximum", "stablehlo.minimum", "stablehlo.convert"}
+              "stablehlo.not", "stablehlo.xor", "stablehlo.maximum", "stablehlo.minimum", "stablehlo.convert",
+              "stablehlo.sign"}
 
 
 @rule(*ELEMENTWISE)
@@ -181,6 +182,10 @@ def _index_elementwise(engine: Engine, op, ins: list[Index]) -> Index | None:
     e = [x.expr for x in ins]
     name = op.name
     src = (op, tuple(range(len(ins))), tuple(engine.state.call_ops))
+    if name in ("stablehlo.add", "stablehlo.subtract") and _two_blocks(e):
+        # a sum or difference of positions of two blocks (q_pos - k_pos): each operand is a position, read as one
+        # here, so that what is computed from them is computed from the rewritten positions
+        e = [engine.resolve(x, op, i).expr for i, x in enumerate(ins)]
     if name == "stablehlo.add":
         return Index(out, e[0] + e[1])
     if name == "stablehlo.subtract":
@@ -199,8 +204,10 @@ def _index_elementwise(engine: Engine, op, ins: list[Index]) -> Index | None:
         if not e[1].is_const or e[1].const <= 0:
             return None
         if name == "stablehlo.divide":
-            return Index(out, sym.divide(e[0], e[1].const, scope))
-        return Index(out, sym.remainder(e[0], e[1].const, scope, _coordinate_namer(engine)))
+            return Index(out, sym.divide(e[0], e[1].const, scope, src))
+        return Index(out, sym.remainder(e[0], e[1].const, scope, _coordinate_namer(engine), src))
+    if name == "stablehlo.sign":
+        return Index(out, sym.sign(e[0], scope, src))
     if name == "stablehlo.compare":
         direction = stablehlo.ComparisonDirectionAttr(op.attributes["comparison_direction"]).value
         return Index(out, sym.compare(_DIRECTIONS[direction], e[0], e[1], scope, src))
@@ -219,6 +226,12 @@ def _index_elementwise(engine: Engine, op, ins: list[Index]) -> Index | None:
     if name == "stablehlo.minimum":
         return Index(out, sym.minimum(e[0], e[1], scope, src))
     return None
+
+
+def _two_blocks(exprs: list[Aff]) -> bool:
+    """Whether the forms hold the ring coordinates of two different blocks between them."""
+    coords = {atom for e in exprs for atom in e.atoms() if isinstance(atom, Coord)}
+    return len(coords) > 1
 
 
 def _is_bool_type(value: ir.Value) -> bool:

@@ -209,8 +209,8 @@ func.func @short_ring(%arg0: tensor<16x8xf32>) -> tensor<16x8xf32> {
 // -----
 
 // A block skipped by comparing two device coordinates ("skip the visiting block unless it comes from an
-// earlier device"): the analysis reads the coordinates compared as positions of whole blocks (units of 4 tokens),
-// which zigzag would cut in two, and says so at the skip.
+// earlier device"): the analysis reads the coordinates compared as positions of whole blocks, which the reorder
+// doesn't keep in ring order, and says so at the skip.
 sdy.mesh @mesh = <["cp"=4]>
 
 func.func @coordinate_skip(%arg0: tensor<16x8xf32>, %arg1: tensor<16x8xf32>) -> tensor<16x8xf32> {
@@ -226,8 +226,8 @@ func.func @coordinate_skip(%arg0: tensor<16x8xf32>, %arg1: tensor<16x8xf32>) -> 
     %k1 = "stablehlo.collective_permute"(%k) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, source_target_pairs = dense<[[0, 1], [1, 2], [2, 3], [3, 0]]> : tensor<4x2xi64>}> : (tensor<4x8xf32>) -> tensor<4x8xf32>
     %src = "stablehlo.collective_permute"(%me) <{channel_handle = #stablehlo.channel_handle<handle = 2, type = 1>, source_target_pairs = dense<[[0, 1], [1, 2], [2, 3], [3, 0]]> : tensor<4x2xi64>}> : (tensor<ui32>) -> tensor<ui32>
     %earlier = stablehlo.compare LT, %src, %me, UNSIGNED : (tensor<ui32>, tensor<ui32>) -> tensor<i1>
-    // REPORT: ring: {{.*}}refusals.mlir:[[# @LINE + 2]]:11: axis "cp", zigzag: not applied (not provably safe with zigzag: 'stablehlo.if' at {{.*}}refusals.mlir:[[# @LINE + 2]]:11 reads positions of units of 4 tokens, which would straddle the two zigzag halves of the 4-token block (the half is 2 tokens)){{$}}
-    // expected-remark @+1 {{reads positions of units of 4 tokens, which would straddle the two zigzag halves of the 4-token block (the half is 2 tokens))}}
+    // REPORT: ring: {{.*}}refusals.mlir:[[# @LINE + 2]]:11: axis "cp", zigzag: not applied (not provably safe with zigzag: 'stablehlo.if' at {{.*}}refusals.mlir:[[# @LINE + 2]]:11 reads ring coordinates (a device's place in the ring) other than through token positions, and devices stop holding the sequence in ring order once it is reordered: decide by the tokens' positions (coordinate * block + index) instead){{$}}
+    // expected-remark @+1 {{reads ring coordinates (a device's place in the ring) other than through token positions, and devices stop holding the sequence in ring order once it is reordered: decide by the tokens' positions (coordinate * block + index) instead)}}
     %a1 = "stablehlo.if"(%earlier) ({
       %s1 = stablehlo.dot_general %x, %k1, contracting_dims = [1] x [1] : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x4xf32>
       %r1 = stablehlo.reduce(%s1 init: %zero) applies stablehlo.add across dimensions = [1] : (tensor<4x4xf32>, tensor<f32>) -> tensor<4xf32>
