@@ -129,6 +129,54 @@ def position_difference_attention(mesh):
     return _map(mesh, body, 3), _arrays(mesh, 8 * cp, (8,), (8,), (8,)), "reorder"
 
 
+def _guarded_step(q, k, v, q_pos, k_pos, acc):
+    """One block folded in with -inf masks and the flash kernels' guard: a row that has seen no key yet has
+    max -inf and is shifted by 0 instead."""
+    m0, l0, o0 = acc
+    s = jnp.einsum("bqd,bkd->bqk", q, k)
+    s = jnp.where(q_pos[:, :, None] >= k_pos[:, None, :], s, -jnp.inf)
+    m_blk = jnp.max(s, axis=-1)
+    m = jnp.maximum(m0, m_blk)
+    m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
+    p = jnp.exp(s - m_safe[..., None])
+    corr = jnp.exp(m0 - m_safe)
+    return (m, l0 * corr + jnp.sum(p, axis=-1), o0 * corr[..., None] + jnp.einsum("bqk,bkd->bqd", p, v)), m_blk
+
+
+def guarded_attention(mesh):
+    """Causal attention whose merge is guarded against rows with every key masked so far (`m_safe`)."""
+    cp = mesh.shape["cp"]
+
+    def body(q, k, v, q_pos, k_pos):
+        def step(_, carry):
+            acc, k, v, k_pos = carry
+            acc, _ = _guarded_step(q, k, v, q_pos, k_pos, acc)
+            return (acc,) + tuple(jax.lax.ppermute(t, "cp", _ring(cp)) for t in (k, v, k_pos))
+        m0 = jnp.full(q.shape[:2], -jnp.inf) + q[..., 0] * 0
+        (m, l, o), *_ = jax.lax.fori_loop(0, cp, step, ((m0, m0 * 0, q * 0), k, v, k_pos))
+        return o / l[..., None]
+
+    return _map(mesh, body, 5), _arrays(mesh, 8 * cp, (8,), (8,), (8,), ints=2), "reorder"
+
+
+def first_block_max(mesh):
+    """The same, also keeping the maximum of the first block that had a visible key (a guard that picks a block,
+    not a function of the merge state): which block comes first depends on the order."""
+    cp = mesh.shape["cp"]
+
+    def body(q, k, v, q_pos, k_pos):
+        def step(_, carry):
+            acc, first, k, v, k_pos = carry
+            acc, m_blk = _guarded_step(q, k, v, q_pos, k_pos, acc)
+            first = jnp.where(jnp.isfinite(first), first, m_blk)
+            return (acc, first) + tuple(jax.lax.ppermute(t, "cp", _ring(cp)) for t in (k, v, k_pos))
+        m0 = jnp.full(q.shape[:2], -jnp.inf) + q[..., 0] * 0
+        (m, l, o), first, *_ = jax.lax.fori_loop(0, cp, step, ((m0, m0 * 0, q * 0), m0, k, v, k_pos))
+        return o / l[..., None] + first[..., None]
+
+    return _map(mesh, body, 5), _arrays(mesh, 8 * cp, (8,), (8,), (8,), ints=2), "refuse"
+
+
 def scan_chunk_attention(mesh, chunk: int = 4):
     """A blockwise kernel: lax.scan over ring steps, an inner scan over key chunks, a (query chunk, key chunk)
     pair skipped with lax.cond when every key of it lies after every query (positions from axis_index). Striped
@@ -584,4 +632,5 @@ PROGRAMS = {f.__name__: f for f in (
     collective_matmul_reduce_scatter, contracted_ring_dim, cumsum_in_ring, reverse_in_ring, coordinate_skip,
     gathered_attention, attention_then_cumsum, short_ring, positions_left_behind, local_index_mask,
     shifted_neighbour, docs_matmul_allgather, docs_matmul_allgather_bidirectional, docs_matmul_psum_scatter,
-    where_on_a_scalar, position_difference_attention, block_start_offset, coordinate_difference)}
+    where_on_a_scalar, position_difference_attention, block_start_offset, coordinate_difference, guarded_attention,
+    first_block_max)}

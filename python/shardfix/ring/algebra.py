@@ -434,6 +434,12 @@ def _select(engine: Engine, op, values: list[Data]) -> Data:
     cond, a, b = values
     guard = cond.agg.term if cond.agg is not None and cond.agg.op == "finite" else None
     plain_guard = cond.fn if cond.agg is None else None
+    # select(is_finite(m), m, c) for a running max m (`m_safe`, the shift flash kernels use): m itself wherever m
+    # is finite; where it is not, no unmasked score has been folded in yet, every sum rescaled by it is the empty
+    # sum in every order, and a complete max is the same in every order anyway. A function of the merge state.
+    if a.agg is not None and a.agg.op in ("max", "min") and guard == a.fn and b.agg is None \
+            and engine.fns.constant(b.fn) is not None:
+        return a
     # select(is_finite(x), exp(x - max), 0) is exp(x - max): masked scores contribute nothing either way
     if a.agg is not None and a.agg.op == "exp" and b.agg is None and _is_const(engine, b, 0.0):
         if plain_guard == _finite_fn(engine, a.agg.score):
