@@ -65,6 +65,31 @@ def prove_rings(module: ir.Operation, analyse: bool = True, callers: dict[str, i
     return [verdicts[id(r.region)] for r in regions]
 
 
+# Ops that only re-assert a value's layout (JAX puts a sharding constraint on the residuals a forward passes to its
+# backward on Explicit axes): a per-device value read through them reaches its reader unchanged.
+_RESTATING = frozenset({"sdy.sharding_constraint", "sdy.reshard"})
+
+
+def _origin(value: ir.Value) -> ir.Value:
+    """The value a chain of layout re-assertions passes on."""
+    while not isinstance(value.owner, ir.Block) and value.owner.name in _RESTATING:
+        value = value.owner.operands[0]
+    return value
+
+
+def _readers(value: ir.Value) -> list:
+    """The ops that read `value`, through layout re-assertions."""
+    found, pending = [], [value]
+    while pending:
+        for use in pending.pop().uses:
+            owner = use.owner
+            if hasattr(owner, "name") and owner.name in _RESTATING:
+                pending.extend(owner.results)
+            else:
+                found.append(owner)
+    return found
+
+
 def _groups(regions: list[RingRegion]) -> list[list[RingRegion]]:
     """Regions linked by values one passes to another directly, in program order (producers first)."""
     by_op = {r.region: r for r in regions}
@@ -78,7 +103,7 @@ def _groups(regions: list[RingRegion]) -> list[list[RingRegion]]:
 
     for r in regions:
         for operand in r.region.operands:
-            owner = operand.owner
+            owner = _origin(operand).owner
             if not isinstance(owner, ir.Block) and owner in by_op:
                 parent[find(id(r.region))] = find(id(by_op[owner].region))
     grouped: dict[int, list] = {}
@@ -119,7 +144,7 @@ def _prove_region(r: RingRegion, place: int, funcs, verdict: Verdict, produced: 
     ins, outs = r.in_shardings(), r.out_shardings()
     seq_in, block, length = {}, None, None
     for i, sharding in enumerate(ins):
-        if r.region.operands[i] in produced:
+        if _origin(r.region.operands[i]) in produced:
             continue  # a per-device value from a region of the group, in the layout this region will see
         kind = _classify(sharding, r.axis, local_shapes[i])
         if kind is not None and kind[0] == "sequence":
@@ -140,7 +165,7 @@ def _prove_region(r: RingRegion, place: int, funcs, verdict: Verdict, produced: 
     for i, sharding in enumerate(ins):
         local = local_shapes[i]
         fn = state.fns.intern(("operand", place, i))
-        source = r.region.operands[i]
+        source = _origin(r.region.operands[i])
         if source in produced:
             args.append(produced[source])
         elif i in seq_in:
@@ -204,13 +229,12 @@ def _check_results(r: RingRegion, engine: Engine, results: list, outs, verdict: 
             except _GroupRefusal:
                 # not the tokens of the dim the ring axis shards: a per-device value (the residuals JAX passes
                 # from a forward to its backward), if only the group's regions read it
-                if not result.uses or any(use.owner not in members for use in result.uses):
+                if not result.uses or any(reader not in members for reader in _readers(result)):
                     raise
         produced[result] = value
         if _layout_free(engine, value):
             continue  # the same on every layout: any reader sees what it saw before
-        users = [use.owner for use in result.uses]
-        for user in users:
+        for user in _readers(result):
             if user not in members:
                 name = user.name if hasattr(user, "name") else "an op"
                 raise _GroupRefusal(Refusal(f"{where} is a per-device value that '{name}' outside the ring regions "
