@@ -177,6 +177,57 @@ def first_block_max(mesh):
     return _map(mesh, body, 5), _arrays(mesh, 8 * cp, (8,), (8,), (8,), ints=2), "refuse"
 
 
+def _rope_table(length: int, dim: int):
+    angles = np.arange(length)[:, None] * (1.0 / 100.0 ** (np.arange(dim // 2) / (dim // 2)))[None, :]
+    return jnp.asarray(np.cos(angles), jnp.float32), jnp.asarray(np.sin(angles), jnp.float32)
+
+
+def _rotate(x, cos, sin):
+    half = x.shape[-1] // 2
+    return jnp.concatenate([x[..., :half] * cos - x[..., half:] * sin, x[..., :half] * sin + x[..., half:] * cos],
+                           axis=-1)
+
+
+def rope_table_attention(mesh):
+    """RoPE from a precomputed cos/sin table gathered by each token's position (from axis_index), on q and on
+    each visiting block's keys."""
+    cp = mesh.shape["cp"]
+
+    def body(q, k, v):
+        n = q.shape[1]
+        cos, sin = _rope_table(n * cp, q.shape[-1])
+        me = jax.lax.axis_index("cp")
+        q_pos = me * n + jnp.arange(n)
+        qr = _rotate(q, cos[q_pos], sin[q_pos])
+
+        def step(s, carry):
+            acc, k, v = carry
+            k_pos = ((me - s) % cp) * n + jnp.arange(n)
+            kr = _rotate(k, cos[k_pos], sin[k_pos])
+            b = q.shape[0]
+            acc = _merge(acc, _block_attention(qr, kr, v, jnp.broadcast_to(q_pos, (b, n)),
+                                               jnp.broadcast_to(k_pos, (b, n))))
+            return (acc,) + tuple(jax.lax.ppermute(t, "cp", _ring(cp)) for t in (k, v))
+        (m, l, o), *_ = jax.lax.fori_loop(0, cp, step, (_init(q), k, v))
+        return o / l[..., None]
+
+    return _map(mesh, body, 3), _arrays(mesh, 8 * cp, (8,), (8,), (8,)), "reorder"
+
+
+def gather_tokens_by_position(mesh):
+    """Keys of the own block picked by a position-derived index (`k[:, pos % n]`): an index into token data, so
+    which token is picked depends on where tokens sit."""
+    cp = mesh.shape["cp"]
+
+    def body(x, k):
+        n = x.shape[1]
+        me = jax.lax.axis_index("cp")
+        picked = x[:, (me * n + jnp.arange(n) + 1) % n]
+        return picked + _ring_total(k, cp)
+
+    return _map(mesh, body, 2), _arrays(mesh, 16, (4,), (4,)), "refuse"
+
+
 def scan_chunk_attention(mesh, chunk: int = 4):
     """A blockwise kernel: lax.scan over ring steps, an inner scan over key chunks, a (query chunk, key chunk)
     pair skipped with lax.cond when every key of it lies after every query (positions from axis_index). Striped
@@ -633,4 +684,4 @@ PROGRAMS = {f.__name__: f for f in (
     gathered_attention, attention_then_cumsum, short_ring, positions_left_behind, local_index_mask,
     shifted_neighbour, docs_matmul_allgather, docs_matmul_allgather_bidirectional, docs_matmul_psum_scatter,
     where_on_a_scalar, position_difference_attention, block_start_offset, coordinate_difference, guarded_attention,
-    first_block_max)}
+    first_block_max, rope_table_attention, gather_tokens_by_position)}

@@ -556,6 +556,33 @@ def nested_manual(engine: Engine, op):
     return results
 
 
+@rule("stablehlo.gather")
+def gather(engine: Engine, op):
+    """Rows of a table that doesn't depend on tokens (a RoPE cos/sin table, a bias table), picked by indices: each
+    result row is a function of its index alone, so it follows the indices' tokens as an elementwise op would
+    (positions among them are rewritten where read)."""
+    table, indices = (engine.as_data(x, op, i) for i, x in enumerate(_ins(engine, op)))
+    numbers = stablehlo.GatherDimensionNumbers(op.attributes["dimension_numbers"])
+    if not table.is_invariant:
+        engine.refuse("gathers from token data by index, which depends on where tokens sit", op)
+    if list(numbers.operand_batching_dims) or indices.agg is not None or \
+            any(isinstance(r, Stack) for r in indices.dims):
+        engine.refuse("gathers by indices the analysis can't follow (batched, partial aggregates or stacked)", op)
+    out = shape(op.results[0])
+    vector_dim = numbers.index_vector_dim
+    if vector_dim < len(indices.dims) and isinstance(indices.dims[vector_dim], Tok):
+        engine.refuse("gathers by an index vector made of different tokens", op)
+    batch = [r for d, r in enumerate(indices.dims) if d != vector_dim]
+    offset = set(numbers.offset_dims)
+    roles, rest = [], iter(batch)
+    for d, n in enumerate(out):
+        roles.append((FREE if n > 1 else CONST) if d in offset else next(rest))
+    fn = engine.fns.intern(("gather", table.fn, indices.fn, str(op.attributes["dimension_numbers"]),
+                            tuple(ints(op.attributes["slice_sizes"]))),
+                           engine.fns.depends(table.fn) | engine.fns.depends(indices.fn))
+    return [canonical(Data(out, tuple(roles), indices.axes, fn))]
+
+
 @rule("func.call")
 def call(engine: Engine, op):
     callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
@@ -565,7 +592,7 @@ def call(engine: Engine, op):
 # Ops that only make sense on values that don't follow tokens: accepted there, refused on token data.
 _POSITIONAL = {"stablehlo.reverse": "reverses", "stablehlo.pad": "pads", "stablehlo.sort": "sorts",
                "stablehlo.reduce_window": "slides a window", "stablehlo.convolution": "convolves",
-               "stablehlo.fft": "transforms (FFT)", "stablehlo.gather": "gathers by index",
+               "stablehlo.fft": "transforms (FFT)",
                "stablehlo.scatter": "scatters by index", "stablehlo.select_and_scatter": "scatters by window",
                "stablehlo.rng": "draws random numbers", "stablehlo.rng_bit_generator": "draws random numbers",
                "stablehlo.cumsum": "accumulates along a dim", "stablehlo.replica_id": "reads the replica index",
