@@ -247,6 +247,9 @@ class _Chooser:
                                            "contiguous" if layout is None else _name(*layout))
             except Uncountable as e:
                 found = e
+            except (ArithmeticError, LookupError, TypeError, ValueError, AttributeError) as e:
+                # a construct the count doesn't model: the region is left as written, never the pass broken
+                found = Uncountable(f"{type(e).__name__}: {e}")
             self.memo[key] = found
         if isinstance(found, Uncountable):
             raise found

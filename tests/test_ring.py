@@ -298,3 +298,49 @@ def test_skips_decided_by_data_leave_the_choice_to_the_user():
     assert [r.applied for r in forced.lower(q, k, v, pos, pos).rings] == [True]
     np.testing.assert_allclose(np.asarray(forced(q, k, v, pos, pos)), np.asarray(jax.jit(f)(q, k, v, pos, pos)),
                                atol=1e-5, rtol=1e-5)
+
+
+def test_a_group_equal_to_a_proved_one_takes_its_verdict():
+    """Layers each under their own shard_map (no function shared): a group (a layer's forward and backward rings)
+    with the key of a proved one takes its verdict, ops moved to the same places, which is the one proving it
+    directly gives."""
+    from jax.sharding import PartitionSpec as P
+    from shardfix.ir import make_context, parse_module
+    from shardfix.ring.detect import module_funcs
+    from shardfix.ring.memo import GroupMemo
+    from shardfix.ring.prove import prove_rings
+    from support.ring_kernels import scan_ring_attention
+
+    def loss(ws, x):
+        for w in ws:
+            f = jax.shard_map(scan_ring_attention("cp", 4, 4), mesh=CP4, in_specs=(P("dp", "cp"),) * 3,
+                              out_specs=P("dp", "cp"), check_vma=False)
+            x = x + f(x @ w, x, x)
+        return (x ** 2).sum()
+
+    q, _, _, _ = inputs(2, 32)
+    text = jax.jit(jax.grad(loss)).lower([np.eye(8, dtype=np.float32)] * 3, q).as_text()
+    ctx = make_context()
+    module = parse_module(text, ctx, "<lowered>")
+    with ctx:
+        verdicts = prove_rings(module.operation)
+        by_group: dict = {}
+        for v in verdicts:
+            by_group.setdefault(v.group, []).append(v)
+        groups = list(by_group.values())
+        assert len(groups) == 3 and all(v.proved and v.rewrites for v in verdicts)
+        memo = GroupMemo(module_funcs(module.operation))
+        facts = lambda v: ({(r.calls, r.op, r.operand, r.unit) for r in v.rewrites}, v.units,  # noqa: E731
+                           v.sequence_operands, v.sequence_results, v.proved, v.block, v.length, v.ring.region)
+        carried_over = 0
+        for group in groups:
+            regions = [v.ring for v in group]
+            key = memo.key(regions)
+            carried = memo.get(key, regions)
+            if carried is None:
+                memo.put(key, regions, group)
+                continue
+            carried_over += 1
+            assert [facts(c) for c in carried] == [facts(v) for v in group]
+        # the first layer's backward gives no gradient for the input: its group differs; the others are equal
+        assert carried_over == 1
