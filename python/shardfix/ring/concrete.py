@@ -224,12 +224,19 @@ def evaluator(op: ir.Operation, name: str, ins: list[int], outs: list[int]):
                 env[o] = None
         return step
 
+    ndarray = np.ndarray
+
     def step(env, run):
         try:
             value = fn(env)
         except (ValueError, TypeError, IndexError, OverflowError, FloatingPointError):
             value = None
-        env[out] = None if value is None else np.asarray(value).astype(dtype, copy=False).reshape(shape)
+        if value is not None:
+            if type(value) is not ndarray or value.dtype != dtype:  # numpy scalars from 0-d ops, promotions
+                value = np.asarray(value, dtype)
+            if value.shape != shape:
+                value = value.reshape(shape)
+        env[out] = value
     return step
 
 
