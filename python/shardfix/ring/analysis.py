@@ -341,6 +341,11 @@ class Engine:
                for x in rest.free_atoms()):
             self.refuse("mixes a ring coordinate into other device-dependent arithmetic", op)
         lo, hi = bounds(rest, self.scope_for(shape))
+        unknown = self.state.unknown_vars
+        if unknown and any(isinstance(x, Var) and x in unknown for x in rest.free_atoms()):
+            # a loop's discovery pass, where carried integers are still unknown: the pass that follows, with their
+            # closed forms, decides (what this pass records is dropped)
+            return gpos(expr, block // a)
         if lo < 0 or hi > a - 1:
             self.refuse(f"computes a position whose local part ({rest}) is not within one block", op)
         unit = block // a

@@ -146,6 +146,21 @@ def _counter(engine: Engine, op, inits: list, passthrough: list[bool]) -> _Count
     return _Counter(index, start, step, max(0, -(-(bound - start) // step)))
 
 
+def _constant_step(engine: Engine, op, inits: list, i: int) -> int | None:
+    """The step of carried integer i when the body returns `arg_i + constant` (and it starts as a constant)."""
+    if not inits[i].expr.is_const:
+        return None
+    body = op.regions[1].blocks[0]
+    returned = _through_identity(list(body.operations)[-1].operation.operands[i])
+    add = returned.owner
+    if isinstance(add, ir.Block) or add.name != "stablehlo.add":
+        return None
+    a, b = (_through_identity(v) for v in add.operands)
+    arg = body.arguments[i]
+    step = _const_of(engine, b, inits, body) if a == arg else _const_of(engine, a, inits, body) if b == arg else None
+    return step or None
+
+
 def while_loop(engine: Engine, op):
     inits = [engine.get(v) for v in op.operands]
     body = op.regions[1].blocks[0]
@@ -187,12 +202,17 @@ def _discover(engine: Engine, op, inits, passthrough, counter) -> _Plan:
     """A first pass with everything that changes unknown: how each carried value changes per iteration."""
     body = op.regions[1].blocks[0]
     k = cov_ops.fresh_var("it")
-    placeholders, owned = [], {}
+    placeholders, owned, index_steps = [], {}, {}
     for i, init in enumerate(inits):
+        step = _constant_step(engine, op, inits, i) if isinstance(init, Index) else None
         if passthrough[i]:
             placeholders.append(init)
         elif counter is not None and i == counter.index:
             placeholders.append(Index((), Aff.of(counter.start) + Aff.of(k).scale(counter.step)))
+        elif step is not None:
+            # a second counter (fori_loop's `i` beside the trip counter): known at every iteration from the start
+            index_steps[i] = step
+            placeholders.append(_register(engine, op, i, Index(init.shape, init.expr + Aff.of(k).scale(step))))
         elif isinstance(init, Index):
             p = cov_ops.fresh_var("p")
             engine.state.unknown_vars.add(p)
@@ -209,7 +229,7 @@ def _discover(engine: Engine, op, inits, passthrough, counter) -> _Plan:
     with _iterating(engine, k, counter):
         returned = engine.run_block(body, placeholders)
     steps: dict = {}
-    index_steps, hop_steps = {}, {}
+    hop_steps = {}
     for i, ph in enumerate(placeholders):
         if i not in owned:
             continue
