@@ -211,8 +211,9 @@ class Mover:
     def signature(op: ir.Operation, name: str, values: list) -> tuple:
         """What the rules read of an op: its name, operand and result types, attributes (MLIR uniques types and
         attributes, so equal ones are equal objects, cheap to hash)."""
+        attributes = op.attributes  # iterated, its names
         return (name, tuple(v.type for v in values), tuple(r.type for r in op.results),
-                tuple((named.name, named.attr) for named in map(op.attributes.__getitem__, range(len(op.attributes)))))
+                tuple((key, attributes[key]) for key in attributes))
 
     def moves(self, op: ir.Operation, operand: int, dim: int, name: str):
         if name == "func.call" and self._elementwise_call(op):
