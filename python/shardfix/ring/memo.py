@@ -17,6 +17,7 @@ import dataclasses
 from jaxlib.mlir import ir
 
 from .detect import RingRegion, StructuralKeys
+from .dims import origin, readers
 
 
 class GroupMemo:
@@ -34,9 +35,9 @@ class GroupMemo:
         for r in group:
             producers = []
             for operand in r.region.operands:
-                owner = operand.owner
+                owner = origin(operand).owner
                 producers.append(members.get(owner) if not isinstance(owner, ir.Block) else None)
-            inside = tuple(all(use.owner in members for use in result.uses) for result in r.region.results)
+            inside = tuple(all(reader in members for reader in readers(result)) for result in r.region.results)
             parts.append((self.keys.of(r.region), tuple(producers), inside))
         return tuple(parts)
 

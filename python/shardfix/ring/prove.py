@@ -16,7 +16,8 @@ from jaxlib.mlir import ir
 from ..locations import SourceLoc
 from .analysis import Engine, Refusal, RingInfo, Shared, State
 from .detect import RingRegion, axis_strides, find_ring_regions, module_funcs, module_meshes
-from .dims import shape
+from .dims import origin, readers, shape
+from .memo import GroupMemo
 from .symbolic import Aff, Scope
 from .values import CONST, FREE, Axis, Data, Index, Stack, Tok, canonical
 
@@ -57,37 +58,23 @@ def prove_rings(module: ir.Operation, analyse: bool = True, callers: dict[str, i
     # functions with the same abstract operands (the layers of a model) are analysed once. Operands are named by
     # their place in their group, so equal names never meet across groups, which share no values.
     shared = Shared(meshes=module_meshes(module))
+    memo = GroupMemo(funcs) if analyse else None
     for index, group in enumerate(groups):
         for r in group:
             verdicts[id(r.region)].group = index
-        if analyse:
-            _prove_group(group, funcs, verdicts, shared)
+        if memo is None:
+            continue
+        # a group that is the same program as one proved, in the same surroundings, takes its verdict
+        key = memo.key(group)
+        carried = memo.get(key, group)
+        if carried is not None:
+            for r, verdict in zip(group, carried):
+                verdict.group = index
+                verdicts[id(r.region)] = verdict
+            continue
+        _prove_group(group, funcs, verdicts, shared)
+        memo.put(key, group, [verdicts[id(r.region)] for r in group])
     return [verdicts[id(r.region)] for r in regions]
-
-
-# Ops that only re-assert a value's layout (JAX puts a sharding constraint on the residuals a forward passes to its
-# backward on Explicit axes): a per-device value read through them reaches its reader unchanged.
-_RESTATING = frozenset({"sdy.sharding_constraint", "sdy.reshard"})
-
-
-def _origin(value: ir.Value) -> ir.Value:
-    """The value a chain of layout re-assertions passes on."""
-    while not isinstance(value.owner, ir.Block) and value.owner.name in _RESTATING:
-        value = value.owner.operands[0]
-    return value
-
-
-def _readers(value: ir.Value) -> list:
-    """The ops that read `value`, through layout re-assertions."""
-    found, pending = [], [value]
-    while pending:
-        for use in pending.pop().uses:
-            owner = use.owner
-            if hasattr(owner, "name") and owner.name in _RESTATING:
-                pending.extend(owner.results)
-            else:
-                found.append(owner)
-    return found
 
 
 def _groups(regions: list[RingRegion]) -> list[list[RingRegion]]:
@@ -103,7 +90,7 @@ def _groups(regions: list[RingRegion]) -> list[list[RingRegion]]:
 
     for r in regions:
         for operand in r.region.operands:
-            owner = _origin(operand).owner
+            owner = origin(operand).owner
             if not isinstance(owner, ir.Block) and owner in by_op:
                 parent[find(id(r.region))] = find(id(by_op[owner].region))
     grouped: dict[int, list] = {}
@@ -144,7 +131,7 @@ def _prove_region(r: RingRegion, place: int, funcs, verdict: Verdict, produced: 
     ins, outs = r.in_shardings(), r.out_shardings()
     seq_in, block, length = {}, None, None
     for i, sharding in enumerate(ins):
-        if _origin(r.region.operands[i]) in produced:
+        if origin(r.region.operands[i]) in produced:
             continue  # a per-device value from a region of the group, in the layout this region will see
         kind = _classify(sharding, r.axis, local_shapes[i])
         if kind is not None and kind[0] == "sequence":
@@ -165,7 +152,7 @@ def _prove_region(r: RingRegion, place: int, funcs, verdict: Verdict, produced: 
     for i, sharding in enumerate(ins):
         local = local_shapes[i]
         fn = state.fns.intern(("operand", place, i))
-        source = _origin(r.region.operands[i])
+        source = origin(r.region.operands[i])
         if source in produced:
             args.append(produced[source])
         elif i in seq_in:
@@ -229,12 +216,12 @@ def _check_results(r: RingRegion, engine: Engine, results: list, outs, verdict: 
             except _GroupRefusal:
                 # not the tokens of the dim the ring axis shards: a per-device value (the residuals JAX passes
                 # from a forward to its backward), if only the group's regions read it
-                if not result.uses or any(reader not in members for reader in _readers(result)):
+                if not result.uses or any(reader not in members for reader in readers(result)):
                     raise
         produced[result] = value
         if _layout_free(engine, value):
             continue  # the same on every layout: any reader sees what it saw before
-        for user in _readers(result):
+        for user in readers(result):
             if user not in members:
                 name = user.name if hasattr(user, "name") else "an op"
                 raise _GroupRefusal(Refusal(f"{where} is a per-device value that '{name}' outside the ring regions "
