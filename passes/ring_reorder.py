@@ -179,7 +179,6 @@ class _Chooser:
         self.counter = Counter(funcs, {r.op for v in verdicts if v.proved for r in v.rewrites})
         self.keys = StructuralKeys(funcs)
         self.memo: dict = {}
-        self._keys: dict[int, str] = {}  # id(region) -> its structural key
         self._figures: dict[int, tuple[Tiles, Tiles]] = {}
 
     def figures(self, v: Verdict) -> tuple[Tiles, Tiles] | None:
@@ -232,10 +231,7 @@ class _Chooser:
 
     def _count(self, v: Verdict, layout: tuple[str, int] | None) -> Tiles:
         ring = v.ring
-        structure = self._keys.get(id(ring.region))
-        if structure is None:
-            structure = self._keys[id(ring.region)] = self.keys.of(ring.region)
-        key = (structure, layout, ring.cp, v.block, len(v.rewrites),
+        key = (self.keys.of_ring(ring), layout, ring.cp, v.block, len(v.rewrites),
                tuple(sorted(v.sequence_operands.items())))
         found = self.memo.get(key)
         if found is None:

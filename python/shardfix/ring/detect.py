@@ -251,6 +251,13 @@ class StructuralKeys:
         self.funcs = funcs
         self._keys: dict[str, str] = {}
 
+    def of_ring(self, ring: RingRegion) -> str:
+        """The key of a ring region's op, kept on the region (the proof's memo and the layout's both ask)."""
+        found = ring._read.get("structure")
+        if found is None:
+            found = ring._read["structure"] = self.of(ring.region)
+        return found
+
     def of(self, op: ir.Operation) -> str:
         text = self._normalised(op.get_asm(use_local_scope=True, assume_verified=True), set())
         return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()

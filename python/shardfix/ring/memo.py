@@ -38,7 +38,7 @@ class GroupMemo:
                 owner = origin(operand).owner
                 producers.append(members.get(owner) if not isinstance(owner, ir.Block) else None)
             inside = tuple(all(reader in members for reader in readers(result)) for result in r.region.results)
-            parts.append((self.keys.of(r.region), tuple(producers), inside))
+            parts.append((self.keys.of_ring(r), tuple(producers), inside))
         return tuple(parts)
 
     def put(self, key: tuple, group: list[RingRegion], verdicts: list) -> None:
