@@ -228,6 +228,56 @@ def gather_tokens_by_position(mesh):
     return _map(mesh, body, 2), _arrays(mesh, 16, (4,), (4,)), "refuse"
 
 
+def _segment_ids(mesh, length: int):
+    ids = np.broadcast_to(np.repeat(np.arange(3), [length // 2 - 3, 5, length // 2 - 2]), (2, length))
+    return jax.device_put(ids.astype(np.int32).copy(), NamedSharding(mesh, P("dp", None)))
+
+
+def _segment_attention(mesh, piece: int):
+    """Causal attention within documents, the segment ids passed whole (as LWM passes them) and sliced at each
+    block's global position, `piece` tokens a slice."""
+    cp = mesh.shape["cp"]
+
+    def body(q, k, v, ids):
+        n = q.shape[1]
+        me = jax.lax.axis_index("cp")
+
+        def ids_of(c):
+            return jnp.concatenate([jax.lax.dynamic_slice(ids, (0, c * n + j), (ids.shape[0], piece))
+                                    for j in range(0, n, piece)], axis=1)
+
+        q_pos, q_ids = jnp.broadcast_to(me * n + jnp.arange(n), q.shape[:2]), ids_of(me)
+
+        def step(s, carry):
+            acc, k, v = carry
+            src = (me - s) % cp
+            k_pos, k_ids = jnp.broadcast_to(src * n + jnp.arange(n), q.shape[:2]), ids_of(src)
+            same = q_ids[:, :, None] == k_ids[:, None, :]
+            sc = jnp.where(same, jnp.einsum("bqd,bkd->bqk", q, k), NEG)
+            sc = jnp.where(q_pos[:, :, None] >= k_pos[:, None, :], sc, NEG)
+            m = jnp.max(sc, axis=-1)
+            p = jnp.exp(sc - m[..., None])
+            acc = _merge(acc, (m, jnp.sum(p, axis=-1), jnp.einsum("bqk,bkd->bqd", p, v)))
+            return (acc,) + tuple(jax.lax.ppermute(t, "cp", _ring(cp)) for t in (k, v))
+        (m, l, o), *_ = jax.lax.fori_loop(0, cp, step, (_init(q), k, v))
+        return o / l[..., None]
+
+    fn = jax.shard_map(body, mesh=mesh, in_specs=(SEQ,) * 3 + (P("dp", None),), out_specs=SEQ, check_vma=False)
+    return fn, _arrays(mesh, 8 * cp, (8,), (8,), (8,)) + (_segment_ids(mesh, 8 * cp),)
+
+
+def segment_table_attention(mesh):
+    """Segment ids sliced in runs of 4 tokens (half a zigzag chunk): each run stays whole (striped would need
+    stripes of 4, which 32 tokens over 4 devices can't deal round-robin)."""
+    return _segment_attention(mesh, 4) + ({"zigzag": "reorder", "striped": "unfit"},)
+
+
+def segment_table_whole_block(mesh):
+    """The same ids sliced a whole block at a time: after a reorder a block's tokens are not one run of
+    positions, so the slice would pick other tokens' ids."""
+    return _segment_attention(mesh, 8) + ({"zigzag": "refuse", "striped": "unfit"},)
+
+
 def scan_chunk_attention(mesh, chunk: int = 4):
     """A blockwise kernel: lax.scan over ring steps, an inner scan over key chunks, a (query chunk, key chunk)
     pair skipped with lax.cond when every key of it lies after every query (positions from axis_index). Striped
@@ -684,4 +734,5 @@ PROGRAMS = {f.__name__: f for f in (
     gathered_attention, attention_then_cumsum, short_ring, positions_left_behind, local_index_mask,
     shifted_neighbour, docs_matmul_allgather, docs_matmul_allgather_bidirectional, docs_matmul_psum_scatter,
     where_on_a_scalar, position_difference_attention, block_start_offset, coordinate_difference, guarded_attention,
-    first_block_max, rope_table_attention, gather_tokens_by_position)}
+    first_block_max, rope_table_attention, gather_tokens_by_position, segment_table_attention,
+    segment_table_whole_block)}

@@ -280,9 +280,9 @@ def unit_problem(verdict: Verdict, strategy: str, stripe: int) -> tuple[str, Sou
     for (unit, alignment), (op, calls) in sorted(verdict.units.items(), key=lambda t: t[0]):
         why = None
         if unit == block and (strategy == "zigzag" or stripe % unit):
-            why = ("reads ring coordinates (a device's place in the ring) other than through token positions, and "
-                   "devices stop holding the sequence in ring order once it is reordered: decide by the tokens' "
-                   "positions (coordinate * block + index) instead")
+            why = (f"reads a whole {block}-token block as one run of positions (a ring coordinate compared, or a "
+                   "table sliced a block at a time), which a reordered block no longer is: use each token's own "
+                   "position (coordinate * block + index) instead")
         elif strategy == "zigzag" and (block % 2 or (block // 2) % unit):
             why = (f"reads positions of units of {unit} tokens, which would straddle the two zigzag halves of the "
                    f"{block}-token block (the half is {block / 2:g} tokens)")

@@ -420,6 +420,9 @@ def dynamic_slice(engine: Engine, op):
     sizes = ints(op.attributes["slice_sizes"])
     src = shape(op.operands[0])
     out = shape(op.results[0])
+    if isinstance(value, Data) and value.is_invariant and any(
+            isinstance(s, Index) and any(isinstance(a, Coord) for a in s.expr.atoms()) for s in starts):
+        return [_table_rows(engine, op, value, starts, src, out)]
     start_exprs = []
     for d, start in enumerate(starts):
         if not isinstance(start, Index):
@@ -439,6 +442,41 @@ def dynamic_slice(engine: Engine, op):
                                engine.fns.depends(value.fn) | varying)
         value = value.with_(fn=fn)
     return [canonical(_slice_data(engine, op, value, start_exprs, [1] * len(out), out))]
+
+
+def _table_rows(engine: Engine, op, table: Data, starts: list, src, out) -> Data:
+    """Rows of a table that doesn't depend on tokens (segment ids or a bias passed whole) sliced at a global
+    position: row i is the table at position start + i, so the slice follows the tokens of that run, like a gather
+    by those positions. The start is a position read (rewritten: the run's first token's new position), and the
+    run must stay whole and in order under the permutation (a unit of its length, checked with the skip units)."""
+    roles, axes = [], []
+    fns = []
+    for d, start in enumerate(starts):
+        if not isinstance(start, Index):
+            engine.refuse("slices at an index read from data", op)
+        coords = [a for a in start.expr.atoms() if isinstance(a, Coord)]
+        if not coords:
+            expr = _address(engine, op, d + 1, start)
+            lo, hi = sym.bounds(expr, engine.scope)
+            if lo < 0 or hi > src[d] - out[d] or (not expr.is_const and out[d] != src[d]):
+                engine.refuse("slices a table at an index that varies or may be clamped", op)
+            roles.append(FREE if out[d] > 1 else CONST)
+            continue
+        rows = engine.resolve(Index(out, start.expr + Aff.of(Dim(d))), op, d + 1)
+        lo, hi = sym.bounds(start.expr, engine.scope)
+        if hi > src[d] - out[d]:
+            engine.refuse("slices a table at a position that may run past its end (clamped)", op)
+        data = engine.as_data(rows, op, d + 1)
+        if engine.ring.block % out[d]:
+            engine.refuse("slices a table by position in runs that don't divide the block", op)
+        local = start.expr.without(coords[0])
+        engine.state.units.setdefault((out[d], branches._alignment(local)), (op, tuple(engine.state.call_ops)))
+        roles.append(data.dims[d])
+        axes.extend(data.axes)
+        fns.append(data.fn)
+    fn = engine.fns.intern(("table-rows", table.fn, tuple(fns), str(op.attributes["slice_sizes"])),
+                           frozenset().union(*(engine.fns.depends(f) for f in fns)))
+    return canonical(Data(out, tuple(roles), tuple(axes), fn))
 
 
 def _address(engine: Engine, op, operand: int, start: Index) -> Aff:
