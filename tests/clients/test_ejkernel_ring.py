@@ -142,10 +142,11 @@ def test_eight_layer_model_keeps_one_permutation_and_trains_the_same(model):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
 
 
-def test_a_refusal_inside_the_kernel_names_the_op_and_the_users_line():
-    """ejkernel's sliding window (a mask from the distance between the two blocks' ring coordinates) is refused:
-    the decision names the op, its place in ejkernel, and the user's line (the shard_map JAX's location of the op
-    inside the library no longer reaches); the program is left as it is."""
+def test_sliding_window_computed_from_the_blocks_positions_is_proved():
+    """ejkernel's sliding window (a mask from the distance between the two blocks' positions, and a skip of the
+    chunk pairs outside the window) is a function of positions: proved and rewritten, the program computing what
+    it computed. (A refusal inside ejkernel naming the op, its place there and the user's line:
+    tests/clients/test_ejkernel_masks.py, segment ids read at the devices' offsets.)"""
     from ejkernel.kernels._xla.ring_attention import ring_attention as public
     from ejkernel.ops import FwdParams
 
@@ -158,9 +159,8 @@ def test_a_refusal_inside_the_kernel_names_the_op_and_the_users_line():
                       fwd_params=FwdParams(q_blocksize=CHUNK, kv_blocksize=CHUNK))
 
     windowed = jax.shard_map(body, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec, check_vma=False)
-    fixed = autofix_shardings(windowed)
+    fixed = autofix_shardings(windowed, ring_reorder="zigzag")
     (decision,) = fixed.lower(q, k, v).rings
-    assert not decision.applied and decision.location.startswith(__file__ + ":"), decision.location
-    assert decision.why.startswith(f"not provably safe: 'stablehlo.") and f" at {__file__}:" in decision.why
-    assert "/ejkernel/" in decision.why.split(" (in ", 1)[1], decision.why
-    np.testing.assert_array_equal(np.asarray(fixed(q, k, v)), np.asarray(jax.jit(windowed)(q, k, v)))
+    assert decision.applied, decision.why
+    np.testing.assert_allclose(np.asarray(fixed(q, k, v)), np.asarray(jax.jit(windowed)(q, k, v)),
+                               atol=1e-5, rtol=1e-5)
