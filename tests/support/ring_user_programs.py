@@ -302,17 +302,14 @@ def _registry() -> list[Program]:
     for mask in ("causal", "window8", "window40", "alibi", "prefix20", "chunked24", "sinks"):
         add(f"fori-{mask}", one_block(mask), "proved", BOTH if mask == "causal" else ZIGZAG)
     add("scan-causal", one_block("causal", loop="scan"), "proved", ZIGZAG)
-    add("unrolled-causal", one_block("causal", loop="unrolled"), "proved", ZIGZAG)
-    add("fori-causal-lax-positions", one_block("causal", positions="lax"), "proved", ZIGZAG)
     add("fori-causal-heads", one_block("causal", heads=True), "proved", ZIGZAG)
     add("fori-causal-segments", one_block("causal", seg=True), "proved", ZIGZAG)
     add("fori-causal-rope-table", one_block("causal", rope=True), "proved", ZIGZAG)
     add("fori-causal-prefill-offset", one_block("causal", offset=True), "proved", ZIGZAG)
     add("fori-causal-guarded", one_block("causal", merge="guarded"), "proved", ZIGZAG)
-    add("fori-causal-step0-reset", one_block("causal", merge="reset"), "proved", ZIGZAG)
-    add("fori-causal-lse-merge", one_block("causal", merge="lse"), "proved", ZIGZAG)
     add("fori-sinks-softmax-aux", one_block("sinks", sink_logit=True), "proved", ZIGZAG)
     add("fori-causal-softmax-aux", one_block("causal", sink_logit=True), "proved", ZIGZAG)
+    add("fori-chunked16-block-diagonal", one_block("chunked16"), "proved", ZIGZAG)
     add("scan-window40", one_block("window40", loop="scan"), "proved", ZIGZAG)
     add("scan-alibi-heads", one_block("alibi", loop="scan", heads=True), "proved", ZIGZAG)
     add("fori-window8-data-positions", one_block("window8", positions="data"), "proved", ZIGZAG)
@@ -322,9 +319,6 @@ def _registry() -> list[Program]:
     add("fori-chunked24-segments", one_block("chunked24", seg=True), "proved", ZIGZAG)
     add("fori-alibi-rope-table", one_block("alibi", rope=True), "proved", ZIGZAG)
     add("fori-window40-prefill-offset", one_block("window40", offset=True), "proved", ZIGZAG)
-    add("scan-causal-lse-merge", one_block("causal", loop="scan", merge="lse"), "proved", ZIGZAG)
-    add("fori-sinks-step0-reset", one_block("sinks", merge="reset"), "proved", ZIGZAG)
-    add("unrolled-window40", one_block("window40", loop="unrolled"), "proved", ZIGZAG)
     add("fori-bidirectional", one_block("none"), "balanced", reason="balanced")
     add("fori-bidirectional-segments", one_block("none", seg=True), "balanced", reason="balanced")
     add("scan-bidirectional-heads", one_block("none", loop="scan", heads=True), "balanced", reason="balanced")
@@ -346,6 +340,16 @@ def _registry() -> list[Program]:
     add("blockwise-causal@cp8", blockwise("causal"), "rewritten", ZIGZAG, mesh="cp8")
     add("blockwise-window40@cp8", blockwise("window40"), "proved", ZIGZAG, mesh="cp8")
     add("blockwise-alibi@cp8", blockwise("alibi"), "rewritten", ZIGZAG, mesh="cp8")
+    add("blockwise-prefix20@auto", blockwise("prefix20"), "proved", ZIGZAG, mesh="auto")
+    add("fori-alibi@auto", one_block("alibi"), "proved", ZIGZAG, mesh="auto")
+    add("fori-sinks@auto", one_block("sinks"), "proved", ZIGZAG, mesh="auto")
+    add("fori-causal-segments@auto", one_block("causal", seg=True), "proved", ZIGZAG, mesh="auto")
+    add("fori-causal-rope-table@auto", one_block("causal", rope=True), "proved", ZIGZAG, mesh="auto")
+    add("fori-prefix20@cp8", one_block("prefix20"), "proved", ZIGZAG, mesh="cp8")
+    add("fori-chunked24@cp8", one_block("chunked24"), "proved", ZIGZAG, mesh="cp8")
+    add("fori-window8@cp8", one_block("window8"), "proved", ZIGZAG, mesh="cp8")
+    add("fori-causal-guarded@cp8", one_block("causal", merge="guarded"), "proved", ZIGZAG, mesh="cp8")
+    add("fori-bidirectional@cp8", one_block("none"), "balanced", reason="balanced", mesh="cp8")
 
     # Other structures: nested shard_map (dp outer, cp inner), partially manual, two layers, a loss in the region.
     add("nested-fori-causal", nested(one_block("causal")), "proved", ZIGZAG)
@@ -356,33 +360,8 @@ def _registry() -> list[Program]:
     add("two-layers-fori-window40", two_layers(one_block("window40")), "proved", ZIGZAG)
     add("psum-loss-blockwise-causal", psum_loss(blockwise("causal")), "rewritten", ZIGZAG)
 
-    # Training: plain autodiff (jax.grad through the ring's loops).
-    for name, build, expect in (
-            ("fori-causal", one_block("causal"), "proved"),
-            ("fori-window40", one_block("window40"), "proved"),
-            ("fori-alibi", one_block("alibi"), "proved"),
-            ("fori-prefix20", one_block("prefix20"), "proved"),
-            ("fori-chunked24", one_block("chunked24"), "proved"),
-            ("fori-sinks", one_block("sinks"), "proved"),
-            ("fori-causal-segments", one_block("causal", seg=True), "proved"),
-            ("fori-causal-rope-table", one_block("causal", rope=True), "proved"),
-            ("fori-causal-prefill-offset", one_block("causal", offset=True), "proved"),
-            ("fori-causal-step0-reset", one_block("causal", merge="reset"), "proved"),
-            ("fori-causal-lse-merge", one_block("causal", merge="lse"), "proved"),
-            ("scan-causal", one_block("causal", loop="scan"), "proved"),
-            ("fori-bidirectional", one_block("none"), "balanced"),
-            ("blockwise-causal", blockwise("causal"), "rewritten"),
-            ("blockwise-window40", blockwise("window40"), "proved"),
-            ("blockwise-causal-segments", blockwise("causal", seg=True), "rewritten")):
-        add(f"grad-{name}", build, expect, () if expect == "balanced" else ZIGZAG, grad=True,
-            reason="balanced" if expect == "balanced" else "")
-    add("grad-blockwise-causal@auto", blockwise("causal"), "rewritten", ZIGZAG, grad=True, mesh="auto")
-    add("grad-fori-causal@cp8", one_block("causal"), "proved", ZIGZAG, grad=True, mesh="cp8")
-    add("grad-nested-blockwise-causal", nested(blockwise("causal")), "rewritten", ZIGZAG, grad=True)
-    add("grad-partial-blockwise-causal", partial_manual(blockwise("causal")), "rewritten", ZIGZAG, grad=True)
-
     # Training: custom_vjp kernels (forward and backward rings).
-    for mask in ("causal", "window40", "alibi", "chunked24"):
+    for mask in ("causal", "window40", "alibi"):
         add(f"vjp-{mask}", vjp(mask), "proved", ZIGZAG, grad=True)
     add("vjp-causal-reverse-ring", vjp("causal", direction=-1), "proved", ZIGZAG, grad=True)
     add("vjp-causal-forward-only", vjp("causal"), "proved", ZIGZAG)
@@ -397,10 +376,6 @@ def _registry() -> list[Program]:
         add(f"refuse-{make.__name__.replace('_', '-')}", refusal(make), "refused", source=make)
     add("refuse-positions-left-behind", refusal(ur.positions_left_behind, positions=True), "refused",
         source=ur.positions_left_behind)
-    add("grad-refuse-attention-then-cumsum", refusal(ur.attention_then_cumsum), "refused", grad=True,
-        source=ur.attention_then_cumsum)
-    add("grad-refuse-coordinate-skip", refusal(ur.coordinate_skip), "refused", grad=True,
-        source=ur.coordinate_skip)
     return out
 
 

@@ -282,6 +282,40 @@ def hop_versus_coordinate_skip(cp: int):
     return body
 
 
-REFUSALS = (all_gather_into_buffer, all_reduce_by_hops, attention_then_cumsum, sorted_keys, device_keyed_dropout,
-            hop_keyed_dropout, coordinate_skip, block_end_skip, ring_one_step_short, last_block_wins, decaying_merge,
+def all_gather_concatenate(cp: int):
+    """An all-gather with ppermute as the shard_map docs write one: the blocks concatenated in arrival order."""
+    def body(q, k, v):
+        blocks, cur = [k], k
+        for _ in range(cp - 1):
+            cur = lax.ppermute(cur, "cp", ring(cp, -1))
+            blocks.append(cur)
+        everything = jnp.concatenate(blocks, axis=1)  # refused here
+        return q + jnp.einsum("bqd,bkd->bqd", q, everything) / everything.shape[1]  # refused here
+    return body
+
+
+def block_first_key_sink(cp: int):
+    """Windowed attention where the first key of every block is always visible ("landmark" tokens at the block
+    starts): a block start is a place in the layout, not a position a token keeps."""
+    def body(q, k, v):
+        n = q.shape[1]
+        me = lax.axis_index("cp")
+        q_pos = _positions(me, n)
+
+        def step(i, carry):
+            acc, k, v = carry
+            k_start = ((me - i) % cp) * n
+            k_pos = k_start + jnp.arange(n)
+            window = (q_pos[:, None] >= k_pos[None, :]) & (q_pos[:, None] - k_pos[None, :] < 8)
+            keep = window | (k_pos[None, :] == k_start)  # refused here
+            s = jnp.where(keep, scores(q, k), NEG)  # refused here
+            return merge_online(acc, s, v, i), lax.ppermute(k, "cp", ring(cp)), lax.ppermute(v, "cp", ring(cp))
+
+        acc, _, _ = lax.fori_loop(0, cp, step, (init_state(q, "online"), k, v))
+        return finish(acc, "online")
+    return body
+
+
+REFUSALS = (all_gather_concatenate, block_first_key_sink, all_gather_into_buffer, all_reduce_by_hops, attention_then_cumsum, sorted_keys, device_keyed_dropout,
+            coordinate_skip, block_end_skip, last_block_wins, decaying_merge,
             rope_by_local_index, reversed_tokens, causal_conv_before, hop_versus_coordinate_skip)
