@@ -18,7 +18,7 @@ CHUNK = 8
 
 
 @pytest.mark.parametrize("grad", [False, True], ids=["forward", "grad"])
-@pytest.mark.parametrize("segments", [False], ids=["no-segment-ids"])
+@pytest.mark.parametrize("segments", [False, True], ids=["no-segment-ids", "segment-ids"])
 def test_rewritten_balanced_and_equal(segments, grad):
     mesh = jax.make_mesh((2, 4), ("dp", "cp"))
     args = liu_ring.inputs(mesh, segments)
