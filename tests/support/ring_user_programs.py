@@ -208,14 +208,11 @@ def nested(inner_build):
 
     def build(mesh):
         fn, args = inner_build(mesh)
-        body = fn
-        n = len(args)
         # inside the outer map the context mesh has dp manual: the inner map takes it from there
-        inner = jax.shard_map(_unwrap(body), in_specs=_specs(args, ("cp",)), out_specs=P(None, "cp", None),
+        inner = jax.shard_map(_unwrap(fn), in_specs=_specs(args, ("cp",)), out_specs=P(None, "cp", None),
                               axis_names={"cp"}, check_vma=False)
         outer = jax.shard_map(inner, mesh=mesh, in_specs=_specs(args, ("dp",)), out_specs=P("dp", None, None),
                               axis_names={"dp"}, check_vma=False)
-        assert n == len(args)
         return outer, args
 
     return build
@@ -238,12 +235,11 @@ def _unwrap(shard_mapped):
 
 
 def _specs(args, axes):
-    """in_specs for args, each sequence array split on the given axes only ("dp": batch, "cp": sequence)."""
+    """in_specs for args, each sequence array split on the given axes only ("dp": batch, "cp": sequence); scalars
+    and the RoPE tables [S, D / 2] replicated."""
     out = []
     for a in args:
-        if a.ndim == 0:
-            out.append(P())
-        elif a.ndim == 2 and a.shape == (S, D // 2):
+        if a.ndim == 0 or a.shape == (S, D // 2):
             out.append(P())
         else:
             dims = ["dp" if "dp" in axes else None, "cp" if "cp" in axes else None] + [None] * (a.ndim - 2)
