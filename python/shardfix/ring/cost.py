@@ -35,6 +35,7 @@ from .concrete import LIMIT, evaluator, mapped, small_int
 
 BUDGET = 2_000_000  # ops run per count at most (beyond it the kernel is too big to count, and said so)
 _WORK = frozenset({"stablehlo.dot_general", "stablehlo.dot", "stablehlo.convolution"})
+_ACTING = frozenset({"stablehlo.case", "stablehlo.if", "stablehlo.while", "stablehlo.collective_permute"})
 
 
 class Uncountable(Exception):
@@ -107,6 +108,7 @@ class Counter:
         self._compiled: dict[str, tuple[_Block, int]] = {}
         self._work: dict[str, bool] = {}
         self._arguments: dict[str, list[bool]] = {}
+        self._acting: dict[str, bool] = {}
         self.needed: set[int] = set()  # values the unit being compiled needs (see `_needed`)
 
     def count(self, region: ir.Operation, pids: list[int], rewrites: list, layout: tuple | None,
@@ -181,6 +183,27 @@ class Counter:
         op.walk(visit)
         return found
 
+    def _acts(self, name: str) -> bool:
+        """Whether running function `name` can count a tile or end a step (it holds a conditional, a loop or a
+        collective_permute, itself or through its calls)."""
+        found = self._acting.get(name)
+        if found is None:
+            self._acting[name] = True  # recursion: assume so
+            found = False
+
+            def visit(inner):
+                nonlocal found
+                if inner.name in _ACTING or inner.name == "func.call" and self._acts(
+                        ir.FlatSymbolRefAttr(inner.attributes["callee"]).value):
+                    found = True
+                    return ir.WalkResult.INTERRUPT
+                return ir.WalkResult.ADVANCE
+
+            if name in self.funcs:
+                self.funcs[name].walk(visit)
+            self._acting[name] = found
+        return found
+
     def _calls_work(self, name: str) -> bool:
         if name not in self._work:
             self._work[name] = False  # recursion
@@ -216,7 +239,10 @@ class Counter:
     def _step(self, op, name, ins, outs, slots, slot):
         if name == "func.call":
             callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
-            return _call(self, op, callee, ins, outs) if callee in self.funcs else None
+            if callee not in self.funcs or not self._acts(callee) and not any(hash(r) in self.needed
+                                                                                for r in op.results):
+                return None  # a helper on data (nothing it gives is read, nothing in it decides a tile)
+            return _call(self, op, callee, ins, outs)
         if name == "stablehlo.while":
             cond = self._block(op.regions[0].blocks[0], slots)
             body = self._block(op.regions[1].blocks[0], slots)
@@ -304,11 +330,15 @@ def _exec(block: _Block, env: list, run: _Run) -> None:
 
 
 def _call(counter: Counter, op, callee: str, ins, outs):
+    resolved: list = []  # the callee's compiled body, looked up on the first call
+
     def step(env, run):
-        compiled = counter._function(callee)
-        if compiled is None:
-            raise Uncountable(f"'{callee}' calls itself")
-        body, size = compiled
+        if not resolved:
+            compiled = counter._function(callee)
+            if compiled is None:
+                raise Uncountable(f"'{callee}' calls itself")
+            resolved.append(compiled)
+        body, size = resolved[0]
         frame: list = [None] * size
         for a, i in zip(body.args, ins):
             frame[a] = env[i]
