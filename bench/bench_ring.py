@@ -90,7 +90,8 @@ def render_balance(rows: list[dict]) -> str:
              "|---:|---|---|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         table.append(f"| {r['cp']} | {r['layout']} | {r['first']} | {r['last']} | {r['busiest']} | {r['ratio']:.3f} "
-                     f"| {r['counted']} ({r['ideal']:g}) | {r['tiles']} | {r['moved']} | {r['shard']} | {r['error']:.1e} |")
+                     f"| {r['counted']} ({r['ideal']:g}) | {r['tiles']} | {r['moved']} | {r['shard']} "
+                     f"| {r['error']:.1e} |")
     return (f"{BALANCE}\n\n"
             "Command: `make bench-ring` (`python bench/bench_ring.py` in `.venv-oldest`: ejkernel 0.0.80.3 needs "
             "jax~=0.10). dp x cp = 8 simulated CPU devices, chunk 8, two chunks a device, batch 2, 2 heads of 16. "

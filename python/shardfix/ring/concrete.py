@@ -1,7 +1,8 @@
 """Concrete integer and boolean ops for the tile count (cost.py): each StableHLO op a kernel computes its
 coordinates, hops, chunk indices, positions and small masks with, as a step on numpy values, None standing for a
 value not known at compile time (data). Division and remainder truncate toward zero, as StableHLO's do; `and` /
-`or` on booleans are three-valued (a known false `and` anything is false)."""
+`or` on booleans are three-valued (a known false `and` anything is false). `needed_slice`: the values a block's
+decisions read, so that nothing else is computed."""
 
 from __future__ import annotations
 
@@ -35,6 +36,56 @@ def mapped(g: np.ndarray, unit: int, strategy: str, stripe: int, cp: int, block:
         out = ((j // m) * cp + c) * m + j % m
     return np.asarray(out).astype(g.dtype)
 
+
+
+def needed_slice(block: ir.Block, results: bool, arguments) -> set[int]:
+    """The values (by hash) that the skip decisions and loop conditions in `block` read, through loops,
+    branches, nested manual computations and calls (`arguments(callee)`: which arguments a callee reads), and,
+    with `results`, what the block's integer results read. A fixed point: a loop's condition may read what its
+    body computed in the previous trip."""
+    needed: set[int] = set()
+    if results:
+        terminator = list(block.operations)[-1].operation
+        needed.update(hash(v) for v in terminator.operands if small_int(v.type))
+    size = -1
+    while size != len(needed):
+        size = len(needed)
+        _needed_in(block, needed, arguments)
+    return needed
+
+
+def _needed_in(block: ir.Block, needed: set[int], arguments) -> None:
+    for opview in reversed(list(block.operations)):
+        op = opview.operation
+        name = op.name
+        outs = [hash(r) for r in op.results]
+        ins = [hash(v) for v in op.operands]
+        if name == "stablehlo.while":
+            cond, body = op.regions[0].blocks[0], op.regions[1].blocks[0]
+            needed.add(hash(list(cond.operations)[-1].operation.operands[0]))
+            yields = list(body.operations)[-1].operation.operands
+            for i, (c, b) in enumerate(zip(cond.arguments, body.arguments)):
+                if outs[i] in needed or hash(c) in needed or hash(b) in needed:
+                    needed.update((outs[i], hash(c), hash(b), ins[i], hash(yields[i])))
+            _needed_in(cond, needed, arguments)
+            _needed_in(body, needed, arguments)
+        elif name in ("stablehlo.case", "stablehlo.if"):
+            needed.add(ins[0])
+            for region in op.regions:
+                returned = list(region.blocks[0].operations)[-1].operation.operands
+                needed.update(hash(v) for k, v in enumerate(returned) if outs[k] in needed)
+                _needed_in(region.blocks[0], needed, arguments)
+        elif name == "sdy.manual_computation":
+            body = op.regions[0].blocks[0]
+            returned = list(body.operations)[-1].operation.operands
+            needed.update(hash(v) for k, v in enumerate(returned) if outs[k] in needed)
+            _needed_in(body, needed, arguments)
+            needed.update(i for i, a in zip(ins, body.arguments) if hash(a) in needed)
+        elif name == "func.call":
+            reads = arguments(ir.FlatSymbolRefAttr(op.attributes["callee"]).value)
+            needed.update(i for i, read in zip(ins, reads) if read)
+        elif any(o in needed for o in outs):
+            needed.update(ins)
 
 
 # -- integer ops ----------------------------------------------------------------------------------------------
@@ -240,4 +291,4 @@ def evaluator(op: ir.Operation, name: str, ins: list[int], outs: list[int]):
     return step
 
 
-__all__ = ["LIMIT", "evaluator", "mapped", "small_int"]
+__all__ = ["LIMIT", "evaluator", "mapped", "needed_slice", "small_int"]

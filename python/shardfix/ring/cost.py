@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from jaxlib.mlir import ir
 
-from .concrete import LIMIT, evaluator, mapped, small_int
+from .concrete import LIMIT, evaluator, mapped, needed_slice, small_int
 
 BUDGET = 2_000_000  # ops run per count at most (beyond it the kernel is too big to count, and said so)
 _WORK = frozenset({"stablehlo.dot_general", "stablehlo.dot", "stablehlo.convolution"})
@@ -109,7 +109,7 @@ class Counter:
         self._work: dict[str, bool] = {}
         self._arguments: dict[str, list[bool]] = {}
         self._acting: dict[str, bool] = {}
-        self.needed: set[int] = set()  # values the unit being compiled needs (see `_needed`)
+        self.needed: set[int] = set()  # values the unit being compiled needs (see concrete.needed_slice)
 
     def count(self, region: ir.Operation, pids: list[int], rewrites: list, layout: tuple | None,
               name: str) -> Tiles:
@@ -139,7 +139,7 @@ class Counter:
         if key not in self._compiled:
             slots: dict[int, int] = {}
             block = region.regions[0].blocks[0]
-            self.needed = _needed(block, False, self._arguments_needed)
+            self.needed = needed_slice(block, False, self._arguments_needed)
             self._compiled[key] = (self._block(block, slots), len(slots))
         return self._compiled[key]
 
@@ -149,7 +149,7 @@ class Counter:
             slots: dict[int, int] = {}
             self._compiled[name] = None  # a recursive call is not followed
             block = self.funcs[name].regions[0].blocks[0]
-            outer, self.needed = self.needed, _needed(block, True, self._arguments_needed)
+            outer, self.needed = self.needed, needed_slice(block, True, self._arguments_needed)
             found = self._compiled[name] = (self._block(block, slots), len(slots))
             self.needed = outer
         return found
@@ -162,7 +162,7 @@ class Counter:
                 return []
             self._arguments[callee] = []  # recursion: nothing
             block = self.funcs[callee].regions[0].blocks[0]
-            needed = _needed(block, True, self._arguments_needed)
+            needed = needed_slice(block, True, self._arguments_needed)
             found = self._arguments[callee] = [hash(a) in needed for a in block.arguments]
         return found
 
@@ -266,56 +266,6 @@ class Counter:
     def works_region(self, region: ir.Region) -> bool:
         return any(op.operation.name in _WORK or self.works(op.operation) for block in region.blocks
                    for op in block.operations)
-
-
-def _needed(block: ir.Block, results: bool, arguments) -> set[int]:
-    """The values (by hash) that the skip decisions and loop conditions in `block` read, through loops,
-    branches, nested manual computations and calls (`arguments(callee)`: which arguments a callee reads), and,
-    with `results`, what the block's integer results read. A fixed point: a loop's condition may read what its
-    body computed in the previous trip."""
-    needed: set[int] = set()
-    if results:
-        terminator = list(block.operations)[-1].operation
-        needed.update(hash(v) for v in terminator.operands if small_int(v.type))
-    size = -1
-    while size != len(needed):
-        size = len(needed)
-        _needed_in(block, needed, arguments)
-    return needed
-
-
-def _needed_in(block: ir.Block, needed: set[int], arguments) -> None:
-    for opview in reversed(list(block.operations)):
-        op = opview.operation
-        name = op.name
-        outs = [hash(r) for r in op.results]
-        ins = [hash(v) for v in op.operands]
-        if name == "stablehlo.while":
-            cond, body = op.regions[0].blocks[0], op.regions[1].blocks[0]
-            needed.add(hash(list(cond.operations)[-1].operation.operands[0]))
-            yields = list(body.operations)[-1].operation.operands
-            for i, (c, b) in enumerate(zip(cond.arguments, body.arguments)):
-                if outs[i] in needed or hash(c) in needed or hash(b) in needed:
-                    needed.update((outs[i], hash(c), hash(b), ins[i], hash(yields[i])))
-            _needed_in(cond, needed, arguments)
-            _needed_in(body, needed, arguments)
-        elif name in ("stablehlo.case", "stablehlo.if"):
-            needed.add(ins[0])
-            for region in op.regions:
-                returned = list(region.blocks[0].operations)[-1].operation.operands
-                needed.update(hash(v) for k, v in enumerate(returned) if outs[k] in needed)
-                _needed_in(region.blocks[0], needed, arguments)
-        elif name == "sdy.manual_computation":
-            body = op.regions[0].blocks[0]
-            returned = list(body.operations)[-1].operation.operands
-            needed.update(hash(v) for k, v in enumerate(returned) if outs[k] in needed)
-            _needed_in(body, needed, arguments)
-            needed.update(i for i, a in zip(ins, body.arguments) if hash(a) in needed)
-        elif name == "func.call":
-            reads = arguments(ir.FlatSymbolRefAttr(op.attributes["callee"]).value)
-            needed.update(i for i, read in zip(ins, reads) if read)
-        elif any(o in needed for o in outs):
-            needed.update(ins)
 
 
 # -- running --------------------------------------------------------------------------------------------------
