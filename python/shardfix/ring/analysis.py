@@ -329,13 +329,14 @@ class Engine:
     def _position(self, expr: Aff, coords, shape, op, operand, calls: tuple | None = None) -> Aff:
         """A contiguous-layout index of a unit: c_h * (L / unit) + local unit index, with the local index in range."""
         if len(coords) != 1:
-            self.refuse("combines the ring coordinates of two blocks", op)
+            self.refuse("reads one number made from the ring coordinates of two blocks (not a sum or difference of "
+                        "their positions): compute each block's positions first, then combine those", op)
         coord = coords[0]
         a = expr.coefficient(coord)
         block = self.ring.block
         if a <= 0 or block % a:
             self.refuse(f"uses the ring coordinate times {a}, which is not a whole number of units of the "
-                        f"{block}-token block", op)
+                        f"{block}-token block: a position is coordinate * {block} + index (or units of it)", op)
         rest = expr.without(coord)
         if any(isinstance(x, (Coord, Pid, PidDiv)) or (isinstance(x, Node) and _has_coord(x))
                for x in rest.free_atoms()):
@@ -347,7 +348,8 @@ class Engine:
             # closed forms, decides (what this pass records is dropped)
             return gpos(expr, block // a)
         if lo < 0 or hi > a - 1:
-            self.refuse(f"computes a position whose local part ({rest}) is not within one block", op)
+            self.refuse(f"computes a position (coordinate * {a} + index) whose index may fall outside 0..{a - 1}, "
+                        "so it is not the place of a token of that block", op)
         unit = block // a
         calls = tuple(self.state.call_ops) if calls is None else calls
         rewrite = Rewrite(op, operand, unit, calls)
