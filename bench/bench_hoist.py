@@ -28,7 +28,8 @@ def main() -> str:
         lowered = jax.jit(ring_transformer(mesh, layers)).lower(*args)
         base = collective_bytes(lowered.compile().as_text()).get("collective-permute", [])
         variants = {}
-        for name, pipeline in (("per-layer", "ring-reorder"), ("hoisted", "ring-reorder,hoist-permutations")):
+        for name, pipeline in (("per-layer", "ring-reorder{strategy=zigzag}"),
+                               ("hoisted", "ring-reorder{strategy=zigzag},hoist-permutations")):
             patched, _ = patch_lowered(lowered, pipeline)
             compiled = patched.compile()
             moved = collective_bytes(compiled.as_text()).get("collective-permute", [])

@@ -43,8 +43,10 @@ def balance(cp: int) -> bool:
     logged = tiles.with_skip_log(lambda q, k, v: ejk.ring_attention(q, k, v, axis="cp", chunk=CHUNK), mesh,
                                  (spec,) * 3, spec, entries=cp * 4)
     fixed = autofix_shardings(logged).lower(q, k, v)
-    for ring in fixed.rings:
-        print(f"   {ring.loc}: ring on \"{ring.axis}\": {'reordered, ' + ring.strategy if ring.applied else ring.why}")
+    for ring in fixed.rings:  # the default strategy picks the layout from the tiles it counts at compile time
+        print(f"   {ring.loc}: ring on \"{ring.axis}\": {'reordered, ' + ring.strategy if ring.applied else ring.why}"
+              f" (tiles on the critical path, counted at compile time: {ring.critical_before} as written, "
+              f"{ring.critical_after} {ring.strategy}, ideal {ring.ideal})")
     ok = all(r.applied for r in fixed.rings)
     for name, program in (("jax.jit", jax.jit(logged).lower(q, k, v)), ("@autofix_shardings", fixed)):
         out, log = tiles.instrumented(program).compile()(q, k, v)

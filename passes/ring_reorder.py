@@ -2,8 +2,23 @@
 back after them, where the sequence-layout analysis proves the results stay the same (mode=auto), rewriting the
 kernels' position arithmetic for the new order; or wherever the user says so (mode=force).
 
-Options: strategy=zigzag|striped; stripe=N tokens a stripe for striped (0, the default: the smallest stripe that
-keeps whole every unit of tokens the kernel reads positions of, 1 when it reads none); mode=auto|force|off."""
+Options: strategy=auto|zigzag|striped; stripe=N tokens a stripe for striped (0, the default: the smallest stripe
+that keeps whole every unit of tokens the kernel reads positions of, 1 when it reads none); mode=auto|force|off.
+
+strategy=auto (what @autofix_shardings and the plugin run by default) lets the kernel's cost pick: the tiles
+each device computes at each ring step are counted from the kernel's own skip conditionals (ring/cost.py) as
+written and under every layout the proof allows (zigzag; striped with each stripe that keeps the kernel's units
+whole), and the layout with the shortest critical path (ties: zigzag) is applied only when it saves more tiles than
+the permutation costs. The permutation's cost model: it moves at most one local shard of each permuted tensor
+(operands and results on the sequence), once; a ring step sends `sends` local shards and, the ring being worth
+running, hides them behind a balanced step's tiles, so one shard moved costs at most (ideal tiles a step) /
+(shards a step sends) tiles. The layout is applied when
+    critical path as written - critical path with it  >  permuted tensors * ideal tiles a step / shards a step sends
+(an upper bound: hoist-permutations then cancels most permutations between layers). A kernel without skip
+conditionals computes every tile whatever the layout, and is left alone, as is one the count finds balanced; so
+is one whose every skip decision depends on data (the count can't tell layouts apart). Only proved regions are
+counted and rewritten.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +31,8 @@ from jaxlib.mlir import ir
 from shardfix.ir import manual_axes_of
 from shardfix.locations import SourceLoc
 from shardfix.report import Remark, RingDecision
-from shardfix.ring.detect import RingRegion
+from shardfix.ring.cost import Counter, Tiles, Uncountable
+from shardfix.ring.detect import RingRegion, StructuralKeys, axis_strides, module_funcs
 from shardfix.ring.permutation import REORDERED_ATTR, Permutations
 from shardfix.ring.positions import Layout, apply_rewrites
 from shardfix.ring.prove import Verdict, prove_rings, unit_problem
@@ -25,11 +41,21 @@ from . import Pass, PassContext
 
 
 @dataclass(frozen=True)
+class _Layout:
+    """A layout chosen for a group of regions, and the tile figures of each region (by id of its op)."""
+
+    strategy: str
+    stripe: int
+    figures: dict
+
+
+@dataclass(frozen=True)
 class RingReorder(Pass):
     name: ClassVar[str] = "ring-reorder"
     description: ClassVar[str] = "load-balance causal ring attention: reorder the sequence around ring regions"
 
-    strategy: Literal["zigzag", "striped"] = "zigzag"
+    # zigzag by default here (tools/opt pipelines keep their meaning); the decorator and the plugin ask for auto
+    strategy: Literal["auto", "zigzag", "striped"] = "zigzag"
     stripe: int = 0  # striped: tokens a stripe; 0: the smallest stripe the kernel's position units divide
     mode: Literal["auto", "force", "off"] = "auto"
 
@@ -46,41 +72,48 @@ class RingReorder(Pass):
                                                  + "; ".join(ring.structure), ring.loc))
                 continue
             groups.setdefault(verdict.group if not ring.structure else -1 - len(groups), []).append(verdict)
-        applied: list[tuple[Verdict, int]] = []
+        chooser = _Chooser(self, module, verdicts) if self.strategy == "auto" and self.mode == "auto" else None
+        applied: list[tuple[Verdict, _Layout]] = []
         for group in groups.values():
-            stripe = self._stripe(group)
-            problems = {id(v): self._problem(v, stripe) for v in group}
+            if chooser is not None:
+                layout = chooser.choose(group)
+                if isinstance(layout, str):  # left as written, for this reason
+                    for v in group:
+                        ctx.report.rings.append(_decision(v, "auto", False, layout, chooser.figures(v)))
+                    continue
+            else:
+                strategy = "zigzag" if self.strategy == "auto" else self.strategy
+                layout = _Layout(strategy, self._stripe(group, strategy), {})
+            problems = {id(v): self._problem(v, layout.strategy, layout.stripe) for v in group}
             blocking = next(((v, problems[id(v)]) for v in group if problems[id(v)][0]), None)
             if blocking is not None:
                 first, (why, _) = blocking
                 for v in group:
                     reason, loc = problems[id(v)]
                     if not reason:
-                        reason = f"reordered together with the ring region at {first.ring.loc or '?'}, which is not: {why}"
-                    ctx.report.rings.append(RingDecision(v.ring.axis, self._strategy_name(stripe), False, reason,
-                                                         loc or v.ring.loc))
+                        reason = (f"reordered together with the ring region at {first.ring.loc or '?'}, which is not: "
+                                  f"{why}")
+                    ctx.report.rings.append(RingDecision(v.ring.axis, _name(layout.strategy, layout.stripe), False,
+                                                         reason, loc or v.ring.loc))
                 continue
-            applied.extend((v, stripe) for v in group)
+            applied.extend((v, layout) for v in group)
         if self.mode == "auto":
-            apply_rewrites(module, [(v.rewrites, Layout(self.strategy, stripe, v.ring.cp, v.block))
-                                    for v, stripe in applied if v.rewrites], callers)
+            apply_rewrites(module, [(v.rewrites, Layout(layout.strategy, layout.stripe, v.ring.cp, v.block))
+                                    for v, layout in applied if v.rewrites], callers)
         with Permutations(module) as permutations:
-            for v, stripe in applied:
-                why = self._reorder(permutations, v, stripe)
-                ctx.report.rings.append(RingDecision(v.ring.axis, self._strategy_name(stripe), True, why,
-                                                     v.ring.loc))
+            for v, layout in applied:
+                why = self._reorder(permutations, v, layout.strategy, layout.stripe)
+                ctx.report.rings.append(_decision(v, _name(layout.strategy, layout.stripe), True, why,
+                                                  layout.figures.get(id(v))))
 
-    def _strategy_name(self, stripe: int) -> str:
-        return self.strategy if self.strategy == "zigzag" else f"striped{{stripe={stripe}}}"
-
-    def _stripe(self, group: list[Verdict]) -> int:
+    def _stripe(self, group: list[Verdict], strategy: str) -> int:
         """The stripe for a group: the one asked for, else the least common multiple of the units of tokens its
         kernels read positions of (so that no unit is split), 1 when they read none."""
-        if self.strategy != "striped" or self.stripe:
+        if strategy != "striped" or self.stripe:
             return self.stripe or 1
         return math.lcm(1, *(unit for v in group for unit, _ in v.units))
 
-    def _problem(self, v: Verdict, stripe: int) -> tuple[str, SourceLoc | None]:
+    def _problem(self, v: Verdict, strategy: str, stripe: int) -> tuple[str, SourceLoc | None]:
         """Why this region can't be reordered (empty when it can), and where to point the user."""
         region = v.ring.region
         if REORDERED_ATTR in region.attributes:
@@ -94,30 +127,145 @@ class RingReorder(Pass):
             if not v.sequence_operands:
                 return f"no operand is sharded on the ring axis \"{v.ring.axis}\" along a sequence dim", None
         cp = v.ring.cp
-        unit = 2 * cp if self.strategy == "zigzag" else cp * cp * stripe
+        unit = 2 * cp if strategy == "zigzag" else cp * cp * stripe
         for index, dim in list(v.sequence_operands.items()) + list(v.sequence_results.items()):
             value = region.operands[index] if (index, dim) in v.sequence_operands.items() else region.results[index]
             length = ir.ShapedType(value.type).get_dim_size(dim)
             if length % unit:
-                need = "2*cp" if self.strategy == "zigzag" else "cp*cp*stripe"
+                need = "2*cp" if strategy == "zigzag" else "cp*cp*stripe"
                 return f"sequence length {length} is not a multiple of {need} = {unit}", None
         if self.mode == "auto":
-            problem = unit_problem(v, self.strategy, stripe)
+            problem = unit_problem(v, strategy, stripe)
             if problem is not None:
-                return f"not provably safe with {self._strategy_name(stripe)}: {problem[0]}", problem[1]
+                return f"not provably safe with {_name(strategy, stripe)}: {problem[0]}", problem[1]
         return "", None
 
-    def _reorder(self, permutations: Permutations, v: Verdict, stripe: int) -> str:
+    def _reorder(self, permutations: Permutations, v: Verdict, strategy: str, stripe: int) -> str:
         ring, region = v.ring, v.ring.region
         for index, dim in v.sequence_operands.items():
-            _insert(permutations, ring, index, dim, False, self.strategy, stripe)
+            _insert(permutations, ring, index, dim, False, strategy, stripe)
         for index, dim in v.sequence_results.items():
-            _insert(permutations, ring, index, dim, True, self.strategy, stripe)
-        region.attributes[REORDERED_ATTR] = ir.StringAttr.get(self._strategy_name(stripe))
+            _insert(permutations, ring, index, dim, True, strategy, stripe)
+        region.attributes[REORDERED_ATTR] = ir.StringAttr.get(_name(strategy, stripe))
         why = (f"{len(v.sequence_operands)} operand(s) reordered, {len(v.sequence_results)} result(s) restored"
                + (f", {len(v.rewrites)} position read(s) rewritten" if v.rewrites and self.mode == "auto" else "")
                + (" (mode=force: safety analysis skipped)" if self.mode == "force" else ""))
         return why
+
+
+def _name(strategy: str, stripe: int) -> str:
+    return strategy if strategy != "striped" else f"striped{{stripe={stripe}}}"
+
+
+def _decision(v: Verdict, strategy: str, applied: bool, why: str,
+              figures: tuple[Tiles, Tiles] | None) -> RingDecision:
+    if figures is None:
+        return RingDecision(v.ring.axis, strategy, applied, why, v.ring.loc)
+    before, after = figures
+    basis = "positions, hops and chunk indices" if not after.data_dependent and not before.data_dependent else (
+        f"positions, hops and chunk indices; {before.data_dependent} of {before.decisions} skip decisions depend "
+        "on data and are counted as computed")
+    return RingDecision(v.ring.axis, strategy, applied, why, v.ring.loc, before.critical, after.critical,
+                        before.ideal, basis)
+
+
+class _Chooser:
+    """Picks each group's layout from its kernels' tile counts (cost.py), one count per distinct kernel and
+    layout: regions that are the same program (the layers of a model) share their counts."""
+
+    def __init__(self, owner: RingReorder, module: ir.Operation, verdicts: list[Verdict]):
+        self.owner = owner
+        funcs = module_funcs(module)
+        self.counter = Counter(funcs, {r.op for v in verdicts if v.proved for r in v.rewrites})
+        self.keys = StructuralKeys(funcs)
+        self.memo: dict = {}
+        self._figures: dict[int, tuple[Tiles, Tiles]] = {}
+
+    def figures(self, v: Verdict) -> tuple[Tiles, Tiles] | None:
+        return self._figures.get(id(v))
+
+    def choose(self, group: list[Verdict]) -> _Layout | str:
+        """The layout for the group, or why it is left as written."""
+        candidates = [("zigzag", 0)] + [("striped", s) for s in _stripes(group)]
+        viable = [c for c in candidates if not any(self.owner._problem(v, *c)[0] for v in group)]
+        if not viable:
+            return _Layout("zigzag", 0, {})  # refused: the caller says why, as for zigzag
+        before: dict[int, Tiles] = {}
+        for v in group:
+            try:
+                before[id(v)] = self._count(v, None)
+            except Uncountable as e:
+                if str(e) != "no skip conditional":
+                    return (f"the tiles could not be counted at compile time ({e}): left as written "
+                            "(strategy=zigzag reorders it anyway)")
+        if not before:
+            return ("balanced as written: the ring has no skip conditional, so the kernel computes every tile and "
+                    "every layout costs the same")
+        counted = [v for v in group if id(v) in before]
+        if all(before[id(v)].data_dependent == before[id(v)].decisions for v in counted):
+            return ("every skip decision depends on data (positions or segment ids passed in), so the count can't "
+                    "tell layouts apart: left as written (strategy=zigzag reorders it anyway)")
+        after: dict = {}
+        for c in viable:
+            try:
+                after[c] = {id(v): self._count(v, c) for v in counted}
+            except Uncountable:
+                continue
+        if not after:
+            return "no layout's tiles could be counted: left as written"
+        best = min(after, key=lambda c: sum(t.critical for t in after[c].values()))  # ties: zigzag, then stripes
+        for v in counted:
+            self._figures[id(v)] = (before[id(v)], after[best][id(v)])
+        was, now = (sum(t.critical for t in ts) for ts in (before.values(), after[best].values()))
+        ideal = sum(t.ideal for t in before.values())
+        cost = sum(_permutation_tiles(v, before[id(v)]) for v in counted)
+        if was - now <= cost:
+            for v in counted:
+                self._figures[id(v)] = (before[id(v)], before[id(v)])
+            if now >= was:
+                return (f"balanced as written: {was} tiles on the critical path (ideal {ideal:g}), and no layout "
+                        "shortens it")
+            return (f"{_name(*best)} would shorten the critical path only from {was} to {now} tiles (ideal "
+                    f"{ideal:g}), not by more than the permutation costs (about {cost:.1f} tiles)")
+        return _Layout(best[0], best[1], {id(v): self._figures[id(v)] for v in counted})
+
+    def _count(self, v: Verdict, layout: tuple[str, int] | None) -> Tiles:
+        ring = v.ring
+        key = (self.keys.of_ring(ring), layout, ring.cp, v.block, len(v.rewrites),
+               tuple(sorted(v.sequence_operands.items())))
+        found = self.memo.get(key)
+        if found is None:
+            stride = axis_strides(ring.mesh)[ring.axis]
+            pids = [c * stride for c in range(ring.cp)]
+            concrete = None if layout is None else (layout[0], layout[1], ring.cp, v.block)
+            try:
+                found = self.counter.count(ring.region, pids, v.rewrites, concrete,
+                                           "contiguous" if layout is None else _name(*layout))
+            except Uncountable as e:
+                found = e
+            except (ArithmeticError, LookupError, TypeError, ValueError, AttributeError) as e:
+                # a construct the count doesn't model: the region is left as written, never the pass broken
+                found = Uncountable(f"{type(e).__name__}: {e}")
+            self.memo[key] = found
+        if isinstance(found, Uncountable):
+            raise found
+        return found
+
+
+def _stripes(group: list[Verdict]) -> list[int]:
+    """Every stripe that keeps the group's units whole and divides each device's block into cp stripes or more."""
+    unit = math.lcm(1, *(u for v in group for u, _ in v.units))
+    cp = group[0].ring.cp
+    blocks = {v.block for v in group}
+    return [s for s in range(unit, min(blocks) // cp + 1, unit) if all(b % (cp * s) == 0 for b in blocks)]
+
+
+def _permutation_tiles(v: Verdict, tiles: Tiles) -> float:
+    """What the permutation costs, in tiles: one local shard of each permuted tensor, a shard costing what a
+    balanced step's tiles hide of the ring's own sends (ideal tiles a step / shards a device sends a step)."""
+    tensors = len(v.sequence_operands) + len(v.sequence_results)
+    devices = len(tiles.counts)
+    return tensors * tiles.ideal * devices / max(tiles.sends, 1)
 
 
 def _force_plan(ring: RingRegion) -> tuple[dict, dict]:

@@ -59,7 +59,7 @@ def test_permutations_do_not_grow_with_layers(loss, strategy):
 def test_blockers_keep_results(between, blocker):
     args = inputs(2)
     lowered = jax.jit(ring_transformer(MESH, 2, between=between)).lower(*args)
-    moved, report = patch_lowered(lowered, "ring-reorder,hoist-permutations")
+    moved, report = patch_lowered(lowered, "ring-reorder{strategy=zigzag},hoist-permutations")
     messages = [r.message for r in report.remarks]
     assert f"an inverse zigzag permutation stops at '{blocker}'" in " ".join(messages), messages
     assert moved.as_text().count("shardfix.sequence_permutation") == 5  # x, pos in; around the blocker; out

@@ -133,3 +133,215 @@ def test_replica_groups_in_both_spellings(groups, expected):
         assert replica_groups(op.attributes["replica_groups"], module_meshes(module.operation)).tolist() == expected
         if groups.startswith("#"):
             assert replica_groups(op.attributes["replica_groups"], {}) is None
+
+
+def test_ring_in_a_nested_shard_map_is_reordered():
+    """A ring inside a shard_map inside another (dp outer, cp inner): the permutations bind only the axes the
+    parent leaves, and the outer region, whose collectives are all the inner one's, is no ring of its own. Forward
+    (reordered) and gradient (whatever is decided for its backward ring) equal to jax.jit's."""
+    from support.ring_kernels import scan_ring_attention
+    from jax.sharding import PartitionSpec as P
+    mesh = jax.make_mesh((2, 4), ("dp", "cp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    kernel = scan_ring_attention("cp", 4, 4)
+
+    def inner(q, k, v):
+        return jax.shard_map(kernel, in_specs=(P(None, "cp"),) * 3, out_specs=P(None, "cp"), axis_names={"cp"},
+                             check_vma=False)(q, k, v)
+
+    f = jax.shard_map(inner, mesh=mesh, in_specs=(P("dp"),) * 3, out_specs=P("dp"), axis_names={"dp"},
+                      check_vma=False)
+    q, k, v, _ = inputs(4, 32)
+    loss = lambda q, k, v: (f(q, k, v) ** 2).sum()  # noqa: E731
+    for program, args in ((f, (q, k, v)), (jax.grad(loss, argnums=(0, 1, 2)), (q, k, v))):
+        low = autofix_shardings(program).lower(*args)
+        if program is f:
+            assert [r.applied for r in low.rings] == [True], [r.why for r in low.rings]
+        got, want = low.compile()(*args), jax.jit(program)(*args)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The layout the kernel's cost picks: tiles counted from its skip conditionals at compile time.
+
+CP4 = jax.make_mesh((2, 4), ("dp", "cp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+
+def _compile_time_tiles(lowered, layouts):
+    """{layout: [device][step] tiles} of the lowered program's one proved ring region, counted by ring/cost.py
+    (layout None: as written; else (strategy, stripe))."""
+    from shardfix.ir import make_context, parse_module
+    from shardfix.ring.cost import Counter
+    from shardfix.ring.detect import axis_strides, module_funcs
+    from shardfix.ring.prove import prove_rings
+    ctx = make_context()
+    module = parse_module(lowered.as_text(), ctx, "<lowered>")
+    with ctx:
+        (v,) = prove_rings(module.operation)
+        assert v.proved, v.why
+        counter = Counter(module_funcs(module.operation), {r.op for r in v.rewrites})
+        stride = axis_strides(v.ring.mesh)["cp"]
+        pids = [c * stride for c in range(v.ring.cp)]
+        return {layout: [list(row) for row in counter.count(
+            v.ring.region, pids, v.rewrites, None if layout is None else (*layout, v.ring.cp, v.block), "").counts]
+            for layout in layouts}
+
+
+def test_tiles_counted_at_compile_time_are_the_running_programs():
+    """The causal blockwise kernel (chunk pairs above the diagonal skipped with lax.cond) at cp=4, two chunks a
+    device: the tiles each device computes at each ring step, counted at compile time, as written and zigzag, are
+    the ones the running program computes (its skip conditionals logged as it runs)."""
+    from jax.sharding import PartitionSpec as P
+    from support import tiles
+    from support.ring_kernels import scan_ring_attention
+    spec = P("dp", "cp")
+    logged = tiles.with_skip_log(scan_ring_attention("cp", 4, 4), CP4, (spec,) * 3, spec, entries=16)
+    q, k, v, _ = inputs(2, 32)
+    plain = jax.jit(logged).lower(q, k, v)
+    counted = _compile_time_tiles(plain, [None, ("zigzag", 0)])
+    assert counted[None] == [[3, 0, 0, 0], [3, 4, 0, 0], [3, 4, 4, 0], [3, 4, 4, 4]]
+    assert counted[("zigzag", 0)] == [[3, 2, 2, 2]] * 4
+    fixed = autofix_shardings(logged).lower(q, k, v)
+    (decision,) = fixed.rings
+    assert (decision.strategy, decision.applied, decision.critical_before, decision.critical_after,
+            decision.ideal) == ("zigzag", True, 15, 9, 9.0)
+    for program, expected in ((plain, counted[None]), (fixed, counted[("zigzag", 0)])):
+        out, log = tiles.instrumented(program).compile()(q, k, v)
+        ran = tiles.tiles_per_step(np.asarray(log), 4)
+        assert ran[:4].tolist() == ran[4:].tolist() == expected  # rows in mesh order: a ring per dp
+        np.testing.assert_allclose(np.asarray(out), np.asarray(jax.jit(logged)(q, k, v)[0]), atol=1e-5, rtol=1e-5)
+
+
+def _window_ring_attention(axis, cp, chunk, window):
+    """Blockwise sliding-window causal ring attention (as in Mistral-style kernels): a query attends to the
+    `window` keys up to itself; a chunk pair none of whose (query, key) pairs is in the window is skipped with
+    lax.cond, decided from the chunks' global positions."""
+    import jax.numpy as jnp
+    from support.ring_kernels import NEG, _merge, _positions
+
+    def kernel(q, k, v):
+        b, n, _ = q.shape
+        me = jax.lax.axis_index(axis)
+
+        def ring_step(carry, s):
+            acc, k, v = carry
+            src = (me - s) % cp
+            kc, vc = (x.reshape((b, n // chunk, chunk) + x.shape[2:]).swapaxes(0, 1) for x in (k, v))
+            parts = []
+            for i in range(n // chunk):
+                q_first = me * n + i * chunk
+                qi = q[:, i * chunk:(i + 1) * chunk]
+
+                def kv_chunk(acc_i, xs, qi=qi, q_first=q_first):
+                    kj, vj, j = xs
+                    k_first = src * n + j * chunk
+                    q_pos, k_pos = _positions(q_first, chunk, b), _positions(k_first, chunk, b)
+                    gap = q_pos[:, :, None] - k_pos[:, None, :]
+                    s_ij = jnp.einsum("bqd,bkd->bqk", qi, kj)
+                    s_ij = jnp.where((gap >= 0) & (gap < window), s_ij, NEG)
+                    live = (q_first + chunk - 1 >= k_first) & (q_first - (k_first + chunk - 1) < window)
+                    return jax.lax.cond(live, lambda a: _merge(a, s_ij, vj), lambda a: a, acc_i), None
+
+                acc_i = tuple(a[:, i * chunk:(i + 1) * chunk] for a in acc)
+                parts.append(jax.lax.scan(kv_chunk, acc_i, (kc, vc, jnp.arange(n // chunk)))[0])
+            acc = tuple(jnp.concatenate([p[t] for p in parts], axis=1) for t in range(3))
+            ring = [(i, (i + 1) % cp) for i in range(cp)]
+            return (acc,) + tuple(jax.lax.ppermute(t, axis, ring) for t in (k, v)), None
+
+        zero = q[..., 0] * 0
+        ((m, l, o), _, _), _ = jax.lax.scan(ring_step, ((zero + NEG, zero, q * 0), k, v), jnp.arange(cp))
+        return o / l[..., None]
+    return kernel
+
+
+@pytest.mark.parametrize("window, applied, before, after, ideal", [(4, False, 4, 4, 3.75), (24, True, 14, 9, 8.75)])
+def test_a_sliding_window_is_reordered_only_when_long(window, applied, before, after, ideal):
+    """A short window leaves every device about the same work at every step (the count says so, and the ring is
+    left alone); a long one is nearly causal, and zigzag pays. Results equal to jax.jit's either way."""
+    from jax.sharding import PartitionSpec as P
+    f = jax.shard_map(_window_ring_attention("cp", 4, 4, window), mesh=CP4, in_specs=(P("dp", "cp"),) * 3,
+                      out_specs=P("dp", "cp"), check_vma=False)
+    q, k, v, _ = inputs(2, 32)
+    low = autofix_shardings(f).lower(q, k, v)
+    (d,) = low.rings
+    assert (d.applied, d.critical_before, d.critical_after, d.ideal) == (applied, before, after, ideal), d
+    assert d.strategy == ("zigzag" if applied else "auto")
+    if not applied:
+        assert d.why.startswith("balanced as written: 4 tiles on the critical path (ideal 3.75)"), d.why
+    np.testing.assert_allclose(np.asarray(low.compile()(q, k, v)), np.asarray(jax.jit(f)(q, k, v)), atol=1e-5,
+                               rtol=1e-5)
+
+
+def test_a_ring_without_skips_is_left_alone():
+    """Non-causal work (every tile computed: no skip conditional) costs the same in every layout: left alone,
+    saying so, forward and backward."""
+    from support.ring_kernels import fori_ring_attention, sharded
+    f = sharded(fori_ring_attention("cp", 4), CP4)
+    q, k, v, _ = inputs(2, 32)
+    loss = lambda q, k, v: (f(q, k, v) ** 2).sum()  # noqa: E731
+    low = autofix_shardings(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, v)
+    assert [(d.applied, d.strategy, d.critical_before) for d in low.rings] == [(False, "auto", None)] * 2
+    assert all(d.why == "balanced as written: the ring has no skip conditional, so the kernel computes every tile "
+               "and every layout costs the same" for d in low.rings)
+    assert "shardfix.sequence_permutation" not in low.as_text()
+
+
+def test_skips_decided_by_data_leave_the_choice_to_the_user():
+    """Skips decided by positions passed in as data can't be counted at compile time: the decision says what it
+    rests on and leaves the ring as written; strategy=zigzag still reorders it (and stays right)."""
+    q, k, v, pos = inputs(4, 32)
+    f = tile_skipping_ring_attention(CP4)
+    (d,) = autofix_shardings(f).lower(q, k, v, pos, pos).rings
+    assert (d.applied, d.strategy) == (False, "auto")
+    assert d.why == ("every skip decision depends on data (positions or segment ids passed in), so the count can't "
+                     "tell layouts apart: left as written (strategy=zigzag reorders it anyway)")
+    forced = autofix_shardings(f, ring_reorder="zigzag")
+    assert [r.applied for r in forced.lower(q, k, v, pos, pos).rings] == [True]
+    np.testing.assert_allclose(np.asarray(forced(q, k, v, pos, pos)), np.asarray(jax.jit(f)(q, k, v, pos, pos)),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_a_group_equal_to_a_proved_one_takes_its_verdict():
+    """Layers each under their own shard_map (no function shared): a group (a layer's forward and backward rings)
+    with the key of a proved one takes its verdict, ops moved to the same places, which is the one proving it
+    directly gives."""
+    from jax.sharding import PartitionSpec as P
+    from shardfix.ir import make_context, parse_module
+    from shardfix.ring.detect import module_funcs
+    from shardfix.ring.memo import GroupMemo
+    from shardfix.ring.prove import prove_rings
+    from support.ring_kernels import scan_ring_attention
+
+    def loss(ws, x):
+        for w in ws:
+            f = jax.shard_map(scan_ring_attention("cp", 4, 4), mesh=CP4, in_specs=(P("dp", "cp"),) * 3,
+                              out_specs=P("dp", "cp"), check_vma=False)
+            x = x + f(x @ w, x, x)
+        return (x ** 2).sum()
+
+    q, _, _, _ = inputs(2, 32)
+    text = jax.jit(jax.grad(loss)).lower([np.eye(8, dtype=np.float32)] * 3, q).as_text()
+    ctx = make_context()
+    module = parse_module(text, ctx, "<lowered>")
+    with ctx:
+        verdicts = prove_rings(module.operation)
+        by_group: dict = {}
+        for v in verdicts:
+            by_group.setdefault(v.group, []).append(v)
+        groups = list(by_group.values())
+        assert len(groups) == 3 and all(v.proved and v.rewrites for v in verdicts)
+        memo = GroupMemo(module_funcs(module.operation))
+        facts = lambda v: ({(r.calls, r.op, r.operand, r.unit) for r in v.rewrites}, v.units,  # noqa: E731
+                           v.sequence_operands, v.sequence_results, v.proved, v.block, v.length, v.ring.region)
+        carried_over = 0
+        for group in groups:
+            regions = [v.ring for v in group]
+            key = memo.key(regions)
+            carried = memo.get(key, regions)
+            if carried is None:
+                memo.put(key, regions, group)
+                continue
+            carried_over += 1
+            assert [facts(c) for c in carried] == [facts(v) for v in group]
+        # the first layer's backward gives no gradient for the input: its group differs; the others are equal
+        assert carried_over == 1

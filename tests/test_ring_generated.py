@@ -1,5 +1,6 @@
 """Generated ring bodies: random compositions of the pieces ring kernels are made of (blocks travelling one way or
-the other, with or without their positions, positions from data or from axis_index, masks, order-free merges, and
+the other, with or without their positions, positions from data or from axis_index, masks computed from positions
+by any arithmetic (causal, sliding window, ALiBi, floor-divided chunks), order-free merges, and
 the order-sensitive or position-reading steps that break them). Each program is either rewritten by ring-reorder
 and then computes what jax.jit of it computes (to 1e-5), or refused with the op and the line that broke a rule;
 never rewritten into something else."""
@@ -29,7 +30,8 @@ CHOICES = {
     "travel_positions": ([True], [True, False]),
     "merge": (["softmax", "sum", "max", "visiting_total"],
               ["softmax", "sum", "max", "visiting_total", "own_plus_visiting", "concat_visiting", "visiting_rows"]),
-    "mask": (["causal", "none"], ["causal", "none", "local_index"]),
+    "mask": (["causal", "none", "window", "alibi", "chunked"],
+             ["causal", "none", "window", "alibi", "chunked", "local_index", "coordinate_bias"]),
     "pre": (["none", "tanh", "weights"], ["none", "tanh", "weights", "cumsum", "reverse"]),
     "post": (["none", "scale", "psum_loss"], ["none", "scale", "cumsum", "psum_loss"]),
     "skip": (["none", "by_positions"], ["none", "by_positions", "by_coordinates"]),
@@ -77,8 +79,19 @@ def build(spec):
             else:
                 kp = k_pos
             scores = jnp.einsum("bqd,bkd->bqk", q, k)
-            if spec["mask"] == "causal" and spec["positions"] != "none":
-                scores = jnp.where(q_pos[:, :, None] >= kp[:, None, :], scores, NEG)
+            qp, kp2 = q_pos[:, :, None], kp[:, None, :]
+            if spec["positions"] == "none" or spec["mask"] in ("none", "local_index", "coordinate_bias"):
+                pass
+            elif spec["mask"] == "causal":
+                scores = jnp.where(qp >= kp2, scores, NEG)
+            elif spec["mask"] == "window":  # a sliding window: a difference of two blocks' positions
+                scores = jnp.where((qp >= kp2) & (qp - kp2 < 6), scores, NEG)
+            elif spec["mask"] == "alibi":  # a bias linear in the distance
+                scores = jnp.where(qp >= kp2, scores - 0.25 * (qp - kp2).astype(scores.dtype), NEG)
+            elif spec["mask"] == "chunked":  # Llama-4's local chunks: floor division of positions
+                scores = jnp.where((qp // 8 == kp2 // 8) & (qp >= kp2), scores, NEG)
+            if spec["mask"] == "coordinate_bias":  # how far the block's device is: ring coordinates, not positions
+                scores = scores + (me - (me - direction * s) % cp).astype(scores.dtype)
             elif spec["mask"] == "local_index":
                 scores = jnp.where(jnp.arange(L)[:, None] >= jnp.arange(L)[None, :], scores, NEG)
             m0, l0, o0 = acc

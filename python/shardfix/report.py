@@ -148,6 +148,13 @@ class RingDecision:
     applied: bool
     why: str
     loc: SourceLoc = SourceLoc()
+    # The tiles (skipped-or-computed blocks of the kernel's skip conditionals) counted at compile time, where they
+    # were: the sum over ring steps of the busiest device's tiles as written (contiguous) and in the layout applied
+    # (as written when left alone), the total spread evenly over the devices, and what the count rests on.
+    critical_before: int | None = None
+    critical_after: int | None = None
+    ideal: float | None = None
+    basis: str = ""
 
     @property
     def location(self) -> str:
@@ -206,4 +213,6 @@ class Report:
 
 def _ring_text(r: RingDecision) -> str:
     state = "applied" if r.applied else "not applied"
-    return f"axis \"{r.axis}\", {r.strategy}: {state}" + (f" ({r.why})" if r.why else "")
+    tiles = "" if r.critical_before is None else (
+        f"; tiles on the critical path {r.critical_before} -> {r.critical_after}, ideal {r.ideal:g} ({r.basis})")
+    return f"axis \"{r.axis}\", {r.strategy}: {state}" + (f" ({r.why}{tiles})" if r.why or tiles else "")

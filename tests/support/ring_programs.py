@@ -2,7 +2,9 @@
 results under a reorder of the sequence (and ring-reorder may rewrite it) or does not (and it must be refused).
 
 Every builder takes a mesh with axes ("dp", "cp") and returns (function, example arguments, expectation), the
-arguments sharded batch-on-dp, sequence-on-cp; expectation is "reorder" or "refuse".
+arguments sharded batch-on-dp, sequence-on-cp. The expectation is one outcome for every strategy, or a dict from
+strategy to outcome: "reorder" (proved and rewritten), "refuse" (must not be rewritten: the reorder would change
+its results), "unfit" (safe, but the strategy's layout doesn't fit the sequence length, so it is left alone).
 """
 
 from __future__ import annotations
@@ -14,6 +16,14 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 NEG = -1e30
 SEQ = P("dp", "cp")
+
+
+STRATEGIES = ("zigzag", "striped")
+
+
+def expected(expectation: str | dict, strategy: str) -> str:
+    """The outcome a builder's expectation states for one strategy."""
+    return expectation if isinstance(expectation, str) else expectation[strategy]
 
 
 def _ring(cp, direction=1):
@@ -91,9 +101,187 @@ def axis_index_attention(mesh):
     return _map(mesh, body, 3), _arrays(mesh, 8 * cp, (8,), (8,), (8,)), "reorder"
 
 
+def position_difference_attention(mesh):
+    """Masks and biases computed from positions by arithmetic: a sliding window (`q - k < w`), ALiBi
+    (`slope * (q - k)`), Llama-4 chunks (`q // c == k // c`) and a prefix (`k < p`), positions from axis_index.
+    Each is a function of the two tokens' positions, right once the positions are."""
+    cp = mesh.shape["cp"]
+
+    def body(q, k, v):
+        n = q.shape[1]
+        me = jax.lax.axis_index("cp")
+        q_pos = me * n + jnp.arange(n)
+
+        def step(s, carry):
+            acc, k, v = carry
+            k_pos = ((me - s) % cp) * n + jnp.arange(n)
+            qp, kp = q_pos[:, None], k_pos[None, :]
+            keep = ((qp >= kp) & (qp - kp < 12) & (qp // 8 == kp // 8)) | (kp < 3)
+            sc = jnp.einsum("bqd,bkd->bqk", q, k) - 0.25 * (qp - kp).astype(jnp.float32)
+            sc = jnp.where(keep, sc, NEG)
+            m = jnp.max(sc, axis=-1)
+            p = jnp.exp(sc - m[..., None])
+            acc = _merge(acc, (m, jnp.sum(p, axis=-1), jnp.einsum("bqk,bkd->bqd", p, v)))
+            return (acc,) + tuple(jax.lax.ppermute(t, "cp", _ring(cp)) for t in (k, v))
+        (m, l, o), *_ = jax.lax.fori_loop(0, cp, step, (_init(q), k, v))
+        return o / l[..., None]
+
+    return _map(mesh, body, 3), _arrays(mesh, 8 * cp, (8,), (8,), (8,)), "reorder"
+
+
+def _guarded_step(q, k, v, q_pos, k_pos, acc):
+    """One block folded in with -inf masks and the flash kernels' guard: a row that has seen no key yet has
+    max -inf and is shifted by 0 instead."""
+    m0, l0, o0 = acc
+    s = jnp.einsum("bqd,bkd->bqk", q, k)
+    s = jnp.where(q_pos[:, :, None] >= k_pos[:, None, :], s, -jnp.inf)
+    m_blk = jnp.max(s, axis=-1)
+    m = jnp.maximum(m0, m_blk)
+    m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
+    p = jnp.exp(s - m_safe[..., None])
+    corr = jnp.exp(m0 - m_safe)
+    return (m, l0 * corr + jnp.sum(p, axis=-1), o0 * corr[..., None] + jnp.einsum("bqk,bkd->bqd", p, v)), m_blk
+
+
+def guarded_attention(mesh):
+    """Causal attention whose merge is guarded against rows with every key masked so far (`m_safe`)."""
+    cp = mesh.shape["cp"]
+
+    def body(q, k, v, q_pos, k_pos):
+        def step(_, carry):
+            acc, k, v, k_pos = carry
+            acc, _ = _guarded_step(q, k, v, q_pos, k_pos, acc)
+            return (acc,) + tuple(jax.lax.ppermute(t, "cp", _ring(cp)) for t in (k, v, k_pos))
+        m0 = jnp.full(q.shape[:2], -jnp.inf) + q[..., 0] * 0
+        (m, l, o), *_ = jax.lax.fori_loop(0, cp, step, ((m0, m0 * 0, q * 0), k, v, k_pos))
+        return o / l[..., None]
+
+    return _map(mesh, body, 5), _arrays(mesh, 8 * cp, (8,), (8,), (8,), ints=2), "reorder"
+
+
+def first_block_max(mesh):
+    """The same, also keeping the maximum of the first block that had a visible key (a guard that picks a block,
+    not a function of the merge state): which block comes first depends on the order."""
+    cp = mesh.shape["cp"]
+
+    def body(q, k, v, q_pos, k_pos):
+        def step(_, carry):
+            acc, first, k, v, k_pos = carry
+            acc, m_blk = _guarded_step(q, k, v, q_pos, k_pos, acc)
+            first = jnp.where(jnp.isfinite(first), first, m_blk)
+            return (acc, first) + tuple(jax.lax.ppermute(t, "cp", _ring(cp)) for t in (k, v, k_pos))
+        m0 = jnp.full(q.shape[:2], -jnp.inf) + q[..., 0] * 0
+        (m, l, o), first, *_ = jax.lax.fori_loop(0, cp, step, ((m0, m0 * 0, q * 0), m0, k, v, k_pos))
+        return o / l[..., None] + first[..., None]
+
+    return _map(mesh, body, 5), _arrays(mesh, 8 * cp, (8,), (8,), (8,), ints=2), "refuse"
+
+
+def _rope_table(length: int, dim: int):
+    angles = np.arange(length)[:, None] * (1.0 / 100.0 ** (np.arange(dim // 2) / (dim // 2)))[None, :]
+    return jnp.asarray(np.cos(angles), jnp.float32), jnp.asarray(np.sin(angles), jnp.float32)
+
+
+def _rotate(x, cos, sin):
+    half = x.shape[-1] // 2
+    return jnp.concatenate([x[..., :half] * cos - x[..., half:] * sin, x[..., :half] * sin + x[..., half:] * cos],
+                           axis=-1)
+
+
+def rope_table_attention(mesh):
+    """RoPE from a precomputed cos/sin table gathered by each token's position (from axis_index), on q and on
+    each visiting block's keys."""
+    cp = mesh.shape["cp"]
+
+    def body(q, k, v):
+        n = q.shape[1]
+        cos, sin = _rope_table(n * cp, q.shape[-1])
+        me = jax.lax.axis_index("cp")
+        q_pos = me * n + jnp.arange(n)
+        qr = _rotate(q, cos[q_pos], sin[q_pos])
+
+        def step(s, carry):
+            acc, k, v = carry
+            k_pos = ((me - s) % cp) * n + jnp.arange(n)
+            kr = _rotate(k, cos[k_pos], sin[k_pos])
+            b = q.shape[0]
+            acc = _merge(acc, _block_attention(qr, kr, v, jnp.broadcast_to(q_pos, (b, n)),
+                                               jnp.broadcast_to(k_pos, (b, n))))
+            return (acc,) + tuple(jax.lax.ppermute(t, "cp", _ring(cp)) for t in (k, v))
+        (m, l, o), *_ = jax.lax.fori_loop(0, cp, step, (_init(q), k, v))
+        return o / l[..., None]
+
+    return _map(mesh, body, 3), _arrays(mesh, 8 * cp, (8,), (8,), (8,)), "reorder"
+
+
+def gather_tokens_by_position(mesh):
+    """Keys of the own block picked by a position-derived index (`k[:, pos % n]`): an index into token data, so
+    which token is picked depends on where tokens sit."""
+    cp = mesh.shape["cp"]
+
+    def body(x, k):
+        n = x.shape[1]
+        me = jax.lax.axis_index("cp")
+        picked = x[:, (me * n + jnp.arange(n) + 1) % n]
+        return picked + _ring_total(k, cp)
+
+    return _map(mesh, body, 2), _arrays(mesh, 16, (4,), (4,)), "refuse"
+
+
+def _segment_ids(mesh, length: int):
+    ids = np.broadcast_to(np.repeat(np.arange(3), [length // 2 - 3, 5, length // 2 - 2]), (2, length))
+    return jax.device_put(ids.astype(np.int32).copy(), NamedSharding(mesh, P("dp", None)))
+
+
+def _segment_attention(mesh, piece: int):
+    """Causal attention within documents, the segment ids passed whole (as LWM passes them) and sliced at each
+    block's global position, `piece` tokens a slice."""
+    cp = mesh.shape["cp"]
+
+    def body(q, k, v, ids):
+        n = q.shape[1]
+        me = jax.lax.axis_index("cp")
+
+        def ids_of(c):
+            return jnp.concatenate([jax.lax.dynamic_slice(ids, (0, c * n + j), (ids.shape[0], piece))
+                                    for j in range(0, n, piece)], axis=1)
+
+        q_pos, q_ids = jnp.broadcast_to(me * n + jnp.arange(n), q.shape[:2]), ids_of(me)
+
+        def step(s, carry):
+            acc, k, v = carry
+            src = (me - s) % cp
+            k_pos, k_ids = jnp.broadcast_to(src * n + jnp.arange(n), q.shape[:2]), ids_of(src)
+            same = q_ids[:, :, None] == k_ids[:, None, :]
+            sc = jnp.where(same, jnp.einsum("bqd,bkd->bqk", q, k), NEG)
+            sc = jnp.where(q_pos[:, :, None] >= k_pos[:, None, :], sc, NEG)
+            m = jnp.max(sc, axis=-1)
+            p = jnp.exp(sc - m[..., None])
+            acc = _merge(acc, (m, jnp.sum(p, axis=-1), jnp.einsum("bqk,bkd->bqd", p, v)))
+            return (acc,) + tuple(jax.lax.ppermute(t, "cp", _ring(cp)) for t in (k, v))
+        (m, l, o), *_ = jax.lax.fori_loop(0, cp, step, (_init(q), k, v))
+        return o / l[..., None]
+
+    fn = jax.shard_map(body, mesh=mesh, in_specs=(SEQ,) * 3 + (P("dp", None),), out_specs=SEQ, check_vma=False)
+    return fn, _arrays(mesh, 8 * cp, (8,), (8,), (8,)) + (_segment_ids(mesh, 8 * cp),)
+
+
+def segment_table_attention(mesh):
+    """Segment ids sliced in runs of 4 tokens (half a zigzag chunk): each run stays whole (striped would need
+    stripes of 4, which 32 tokens over 4 devices can't deal round-robin)."""
+    return _segment_attention(mesh, 4) + ({"zigzag": "reorder", "striped": "unfit"},)
+
+
+def segment_table_whole_block(mesh):
+    """The same ids sliced a whole block at a time: after a reorder a block's tokens are not one run of
+    positions, so the slice would pick other tokens' ids."""
+    return _segment_attention(mesh, 8) + ({"zigzag": "refuse", "striped": "unfit"},)
+
+
 def scan_chunk_attention(mesh, chunk: int = 4):
     """A blockwise kernel: lax.scan over ring steps, an inner scan over key chunks, a (query chunk, key chunk)
-    pair skipped with lax.cond when every key of it lies after every query (positions from axis_index)."""
+    pair skipped with lax.cond when every key of it lies after every query (positions from axis_index). Striped
+    needs stripes of whole 4-token chunks, which 32 tokens over 4 devices can't deal round-robin."""
     cp = mesh.shape["cp"]
 
     def body(q, k, v):
@@ -131,7 +319,8 @@ def scan_chunk_attention(mesh, chunk: int = 4):
         m, l, o = acc
         return o / l[..., None]
 
-    return _map(mesh, body, 3, check_vma=False), _arrays(mesh, 8 * cp, (8,), (8,), (8,)), "reorder"
+    return _map(mesh, body, 3, check_vma=False), _arrays(mesh, 8 * cp, (8,), (8,), (8,)), \
+        {"zigzag": "reorder", "striped": "unfit"}
 
 
 def attention_loss(mesh):
@@ -300,6 +489,42 @@ def docs_matmul_psum_scatter(mesh):
 
     fn = jax.shard_map(body, mesh=mesh, in_specs=(P(None, "cp"), P("cp", None)), out_specs=P("cp", None))
     return fn, _docs_operands(mesh, P(None, "cp"), P("cp", None)), "refuse"
+
+
+def _ring_total(k, cp):
+    part = jnp.sum(k, axis=1, keepdims=True)
+    total, cur = part, part
+    for _ in range(cp - 1):
+        cur = jax.lax.ppermute(cur, "cp", _ring(cp))
+        total = total + cur
+    return total
+
+
+def block_start_offset(mesh):
+    """Every token offset by its block's first position (`axis_index * n`): a position of one fixed token, which
+    the reorder changes for the other tokens of the block."""
+    cp = mesh.shape["cp"]
+
+    def body(x, k):
+        me = jax.lax.axis_index("cp")
+        return x + _ring_total(k, cp) + (me * x.shape[1]).astype(jnp.float32)
+
+    return _map(mesh, body, 2), _arrays(mesh, 16, (4,), (4,)), "refuse"
+
+
+def coordinate_difference(mesh):
+    """Each hop weighted by how far its source device is from this one (`me - src`): ring coordinates, not token
+    positions."""
+    cp = mesh.shape["cp"]
+
+    def body(x, k):
+        me = jax.lax.axis_index("cp")
+        acc = x
+        for s in range(1, cp):
+            acc = acc + x * (me - (me - s) % cp).astype(jnp.float32)
+        return acc + _ring_total(k, cp)
+
+    return _map(mesh, body, 2), _arrays(mesh, 16, (4,), (4,)), "refuse"
 
 
 def where_on_a_scalar(mesh):
@@ -508,4 +733,6 @@ PROGRAMS = {f.__name__: f for f in (
     collective_matmul_reduce_scatter, contracted_ring_dim, cumsum_in_ring, reverse_in_ring, coordinate_skip,
     gathered_attention, attention_then_cumsum, short_ring, positions_left_behind, local_index_mask,
     shifted_neighbour, docs_matmul_allgather, docs_matmul_allgather_bidirectional, docs_matmul_psum_scatter,
-    where_on_a_scalar)}
+    where_on_a_scalar, position_difference_attention, block_start_offset, coordinate_difference, guarded_attention,
+    first_block_max, rope_table_attention, gather_tokens_by_position, segment_table_attention,
+    segment_table_whole_block)}

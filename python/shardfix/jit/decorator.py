@@ -49,7 +49,8 @@ def autofix_shardings(fun: Callable | None = None, *, in_shardings=UNSPECIFIED, 
     Bare (`@autofix_shardings`) or with options; `autofix_shardings(jax.jit(f, ...))` takes over the jit's options
     (explicit ones win). `mesh` is what in/out shardings given as PartitionSpecs apply to; it defaults to the
     context mesh (`jax.set_mesh`), else the mesh of the arguments' NamedShardings. `policy`: how an indivisible
-    dimension is corrected; `ring_reorder`: "auto" (zigzag where provably safe), "zigzag", "striped" or "off";
+    dimension is corrected; `ring_reorder`: "auto" (where provably safe, the layout the kernel's tile count
+    picks, where it pays), "zigzag", "striped" or "off";
     `on_fix`: "warn" (one ShardingFixWarning per compile), "log", "error" (ShardingFixError), or "ignore".
     """
     check_mesh(mesh)

@@ -37,8 +37,8 @@ def pipeline_parts(policy: str, ring_reorder: str) -> tuple[str, str]:
     permutes)."""
     if ring_reorder == "off":
         return f"fix-shardings{{policy={policy}}}", ""
-    strategy = "zigzag" if ring_reorder == "auto" else ring_reorder
-    return f"fix-shardings{{policy={policy}}}", f"ring-reorder{{strategy={strategy}}},hoist-permutations"
+    # "auto": the layout the kernel's tile count picks, where it pays (ring-reorder's strategy=auto)
+    return f"fix-shardings{{policy={policy}}}", f"ring-reorder{{strategy={ring_reorder}}},hoist-permutations"
 
 
 @dataclasses.dataclass(frozen=True)

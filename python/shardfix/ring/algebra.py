@@ -80,12 +80,22 @@ def unify(engine: Engine, op, values: list[Data], out_shape) -> tuple[tuple, dic
                 engine.refuse("combines data of different tokens (blocks or positions) elementwise", op)
             renames[i].setdefault(r.axis, key)
         roles.append(Tok(key, first.stride))
-    # axes without dims (the value depends on one token, or one unit, of a block) are carried along
+    # axes without dims (the value depends on the token, or the unit, at one place of a block) are carried along,
+    # apart from the axes with dims even where they start at the same place: tokens along a dim are not the one
+    # token at its start
+    placed: dict = {}
     for i, v in enumerate(values):
         for k, a in v.axes:
-            if k not in renames[i] and not v.tok_dims(k) and a not in axes.values():
-                renames[i][k] = f"u{len(axes)}"
-                axes[renames[i][k]] = a
+            if k not in renames[i] and not v.tok_dims(k):
+                if any(isinstance(r, Tok) for r in roles):
+                    engine.refuse("combines tokens with the token at one fixed place of a block (a position read "
+                                  "as one number, like a block's first position, or one token sliced out), which "
+                                  "the reorder moves: use each token's own position", op)
+                key = placed.get(a)
+                if key is None:
+                    key = placed[a] = f"u{len(axes)}"
+                    axes[key] = a
+                renames[i][k] = key
     return tuple(roles), axes
 
 
@@ -170,8 +180,6 @@ def combine(engine: Engine, op, values: list[Data]) -> Data:
     if op.name == "stablehlo.convert" and values[0].agg is None and engine.fns.constant(values[0].fn) is not None \
             and not isinstance(ir.ShapedType(op.results[0].type).element_type, ir.IntegerType):
         return values[0].with_(shape=tuple(out))  # a constant converted between float types is the same constant
-    if any(v.agg is not None for v in values):
-        return _aggregate_rule(engine, op, values, out)
     if op.name == "stablehlo.select":
         cond, a, b = values
         # select(is_finite(x), x, -inf) is x with NaN and +inf scores masked: the same scores for the softmax
@@ -426,6 +434,12 @@ def _select(engine: Engine, op, values: list[Data]) -> Data:
     cond, a, b = values
     guard = cond.agg.term if cond.agg is not None and cond.agg.op == "finite" else None
     plain_guard = cond.fn if cond.agg is None else None
+    # select(is_finite(m), m, c) for a running max m (`m_safe`, the shift flash kernels use): m itself wherever m
+    # is finite; where it is not, no unmasked score has been folded in yet, every sum rescaled by it is the empty
+    # sum in every order, and a complete max is the same in every order anyway. A function of the merge state.
+    if a.agg is not None and a.agg.op in ("max", "min") and guard == a.fn and b.agg is None \
+            and engine.fns.constant(b.fn) is not None:
+        return a
     # select(is_finite(x), exp(x - max), 0) is exp(x - max): masked scores contribute nothing either way
     if a.agg is not None and a.agg.op == "exp" and b.agg is None and _is_const(engine, b, 0.0):
         if plain_guard == _finite_fn(engine, a.agg.score):

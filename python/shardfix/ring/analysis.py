@@ -10,7 +10,6 @@ positions are recorded: positions.py rewrites them for the new order.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 
 from jaxlib.mlir import ir
@@ -21,11 +20,7 @@ from ..locations import SourceLoc, is_library_file
 from . import coverage as cov_ops
 from .symbolic import Aff, Coord, Node, Other, Pid, PidDiv, Scope, Var, bounds, gpos, map_sources, sourced_nodes
 from .symbolic import Dim as SymDim
-from .values import CONST, FREE, Axis, Coverage, Data, Index, Stack, Tok, canonical
-
-
-import os
-_DEBUG = bool(os.environ.get("SHARDFIX_RING_DEBUG"))
+from .values import CONST, FREE, Axis, Coverage, CoverageVar, Data, Index, Stack, Tok, canonical
 
 
 class Refusal(Exception):
@@ -212,9 +207,6 @@ class Engine:
         self.env[value] = abstract
 
     def refuse(self, message: str, op: ir.Operation | None) -> None:
-        if _DEBUG and op is not None:
-            for i, v in enumerate(op.operands):
-                print(f"  operand {i}: {self.env.get(v)}")
         raise Refusal(message, op, tuple(self.state.call_ops))
 
     def scope_for(self, shape) -> Scope:
@@ -230,18 +222,9 @@ class Engine:
             var = alias[var]
         return var
 
-    def canonical_cov(self, cov):
-        from .values import Cells, Coverage, CoverageVar
-        parts = []
-        for p in cov.parts:
-            if isinstance(p, CoverageVar):
-                parts.append(self.cov_root(p))
-            else:
-                parts.append(Cells(self.canonical_aff(p.hop), self.canonical_aff(p.start), p.size, p.vars))
-        return Coverage(tuple(parts))
-
-    def canonical_aff(self, value: Aff) -> Aff:
-        return value
+    def canonical_cov(self, cov: Coverage) -> Coverage:
+        """`cov` with each coverage unknown replaced by its representative."""
+        return Coverage(tuple(self.cov_root(p) if isinstance(p, CoverageVar) else p for p in cov.parts))
 
     # -- blocks --------------------------------------------------------------------------------------------------
 
@@ -342,27 +325,32 @@ class Engine:
                                            operands[i], calls))
             else:
                 args.append(self._resolve_expr(arg, shape, fallback_op, 0, top=False))
-        if node.op in ("trem", "fmod", "div"):
-            self.refuse("divides a ring coordinate in a way that is not a position", fallback_op)
         return Aff.of(Node(node.op, tuple(args)))
 
     def _position(self, expr: Aff, coords, shape, op, operand, calls: tuple | None = None) -> Aff:
         """A contiguous-layout index of a unit: c_h * (L / unit) + local unit index, with the local index in range."""
         if len(coords) != 1:
-            self.refuse("combines the ring coordinates of two blocks", op)
+            self.refuse("reads one number made from the ring coordinates of two blocks (not a sum or difference of "
+                        "their positions): compute each block's positions first, then combine those", op)
         coord = coords[0]
         a = expr.coefficient(coord)
         block = self.ring.block
         if a <= 0 or block % a:
             self.refuse(f"uses the ring coordinate times {a}, which is not a whole number of units of the "
-                        f"{block}-token block", op)
+                        f"{block}-token block: a position is coordinate * {block} + index (or units of it)", op)
         rest = expr.without(coord)
         if any(isinstance(x, (Coord, Pid, PidDiv)) or (isinstance(x, Node) and _has_coord(x))
                for x in rest.free_atoms()):
             self.refuse("mixes a ring coordinate into other device-dependent arithmetic", op)
         lo, hi = bounds(rest, self.scope_for(shape))
+        unknown = self.state.unknown_vars
+        if unknown and any(isinstance(x, Var) and x in unknown for x in rest.free_atoms()):
+            # a loop's discovery pass, where carried integers are still unknown: the pass that follows, with their
+            # closed forms, decides (what this pass records is dropped)
+            return gpos(expr, block // a)
         if lo < 0 or hi > a - 1:
-            self.refuse(f"computes a position whose local part ({rest}) is not within one block", op)
+            self.refuse(f"computes a position (coordinate * {a} + index) whose index may fall outside 0..{a - 1}, "
+                        "so it is not the place of a token of that block", op)
         unit = block // a
         calls = tuple(self.state.call_ops) if calls is None else calls
         rewrite = Rewrite(op, operand, unit, calls)
@@ -389,8 +377,11 @@ def _has_coord(node: Node) -> bool:
 
 
 def _aff_has_coord(expr: Aff) -> bool:
-    for atom in expr.free_atoms():
+    """Whether the form reads the device index other than through a position already read as one (gpos)."""
+    for atom, _ in expr.terms:
         if isinstance(atom, (Coord, Pid, PidDiv)):
+            return True
+        if isinstance(atom, Node) and atom.op != "gpos" and _has_coord(atom):
             return True
     return False
 
@@ -442,7 +433,16 @@ def index_to_data(engine: Engine, value: Index, op) -> Data:
             return ("other", atom.axis)
         return str(atom)
 
+    seen: dict = {}  # the same position read twice (q_pos in a mask and in a chunk test) is one axis
+
     def position_axis(inner: Aff, unit: int):
+        found = seen.get((inner, unit))
+        if found is not None:
+            return found
+        seen[(inner, unit)] = found = _position_axis(inner, unit)
+        return found
+
+    def _position_axis(inner: Aff, unit: int):
         coord = next(a for a in inner.atoms() if isinstance(a, Coord))
         rest = inner.without(coord)
         key = f"a{len(axes)}"
@@ -472,5 +472,4 @@ def index_to_data(engine: Engine, value: Index, op) -> Data:
 
 
 
-__all__ = ["CONST", "FREE", "Axis", "Coverage", "Data", "Engine", "FnTable", "Index", "Obligation", "Refusal",
-           "Rewrite", "RingInfo", "Shared", "Stack", "State", "Tok", "Var", "cov_ops", "functools"]
+__all__ = ["Engine", "FnTable", "Obligation", "Refusal", "Rewrite", "RingInfo", "Shared", "State", "index_to_data"]

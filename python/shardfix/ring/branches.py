@@ -9,7 +9,7 @@ orders skip the same pairs of units).
 from __future__ import annotations
 
 from .algebra import cov_prefix, covs_equal
-from .analysis import _DEBUG, Engine
+from .analysis import Engine
 from .symbolic import Aff, Node, bounds
 from .values import Agg, Cells, Coverage, CoverageVar, Data, Index
 
@@ -49,8 +49,7 @@ def _skip_join(engine: Engine, op, selector, per_branch) -> list:
                 pairs.append(_unit_pair(engine, op, compute, found))
                 break
         if merged is None:
-            engine.refuse("branches to values that differ other than by one block folded into an aggregate"
-                          + (f" ({a} vs {b})" if _DEBUG else ""), op)
+            engine.refuse("branches to values that differ other than by one block folded into an aggregate", op)
         out.append(merged)
     if not pairs:
         engine.refuse("branches to different values", op)
@@ -75,13 +74,12 @@ def _unit_pair(engine: Engine, op, value: Data, added: Coverage) -> list:
     if len(added.parts) != 1 or not isinstance(added.parts[0], Cells) or added.parts[0].vars:
         engine.refuse("skips more than one block at once", op)
     part = added.parts[0]
-    return [(engine.canonical_aff(home.hop), engine.canonical_aff(home.offset), size),
-            (engine.canonical_aff(home.hop + part.hop), engine.canonical_aff(part.start), part.size)]
+    return [(home.hop, home.offset, size), (home.hop + part.hop, part.start, part.size)]
 
 
 def _hop_relation(engine: Engine, a: Aff, b: Aff) -> bool | None:
     """Whether two hops are the same block, without assuming anything: None while unknowns decide it."""
-    diff = engine.canonical_aff(a) - engine.canonical_aff(b)
+    diff = a - b
     if diff.is_const:
         return diff.const % engine.ring.cp == 0
     if any(x in engine.state.unknown_vars for x in diff.free_atoms()):
@@ -177,14 +175,14 @@ def _inside(engine: Engine, op, hop: Aff, local: Aff, width: int, units) -> bool
         lo, hi = bounds(local - u_offset, engine.scope)
         if lo < 0 or hi + width > u_size:
             continue
-        diff = engine.canonical_aff(hop) - engine.canonical_aff(u_hop)
+        diff = hop - u_hop
         if diff.is_const:
             if diff.const % engine.ring.cp == 0:
                 return True
             continue
         candidates.append(u_hop)
     if candidates:  # decided once the loops' unknowns are solved: one of them must be that block
-        engine.defer("hop-any", engine.canonical_aff(hop), tuple(engine.canonical_aff(h) for h in candidates), op,
+        engine.defer("hop-any", hop, tuple(candidates), op,
                      "skips blocks by a predicate that reads positions outside the two units it skips")
         return True
     return False

@@ -83,7 +83,7 @@ def _cell(engine: Engine, op, value: Data, key: str, home: Axis | None) -> Cover
     if size is None:
         engine.refuse("reduces over tokens that don't form a contiguous run", op)
     hop = axis.hop - home.hop if home is not None else axis.hop
-    return cov_ops.cell(engine.canonical_aff(hop), engine.canonical_aff(axis.offset), size)
+    return cov_ops.cell(hop, axis.offset, size)
 
 
 def _constant_init(engine: Engine, init: Data) -> bool:

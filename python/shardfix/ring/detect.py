@@ -3,6 +3,7 @@ the facts about that axis the analysis needs, and which collectives move data al
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
 
@@ -106,6 +107,8 @@ def _collect_permutes(block, funcs, out: list, calling: set, cache: dict) -> Non
                         _collect_permutes(inner, funcs, found, calling | {callee}, cache)
                     cache[callee] = found
                 out.extend(cache[callee])
+        if op.name == "sdy.manual_computation":
+            continue  # a nested shard_map: its collectives are its own ring (found as a region of its own)
         for region in op.regions:
             for inner in region.blocks:
                 _collect_permutes(inner, funcs, out, calling, cache)
@@ -232,3 +235,49 @@ def axis_strides(mesh: Mesh) -> dict[str, int]:
         out[name] = stride
         stride *= size
     return out
+
+
+class StructuralKeys:
+    """Keys equal for ops that are the same program up to the names of the functions they call (the layers of a
+    model, each its own shard_map with its own copies of the kernel's helpers). Each op and function is printed
+    once, without locations, and every callee's name replaced by the callee's own key: linear in the module."""
+
+    def __init__(self, funcs: dict[str, ir.Operation]):
+        self.funcs = funcs
+        self._keys: dict[str, str] = {}
+
+    def of_ring(self, ring: RingRegion) -> str:
+        """The key of a ring region's op, kept on the region (the proof's memo and the layout's both ask)."""
+        found = ring._read.get("structure")
+        if found is None:
+            found = ring._read["structure"] = self.of(ring.region)
+        return found
+
+    def of(self, op: ir.Operation) -> str:
+        text = self._normalised(op.get_asm(use_local_scope=True, assume_verified=True), set())
+        return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+    def _function(self, name: str, calling: set) -> str:
+        found = self._keys.get(name)
+        if found is None:
+            if name in calling:
+                return "@" + name  # recursion: the name stands for itself
+            text = self.funcs[name].get_asm(use_local_scope=True, assume_verified=True)
+            text = text[text.index("(", text.index("@")):]  # the function's own name left out
+            found = self._keys[name] = self._normalised(text, calling | {name})
+        return found
+
+    def _normalised(self, text: str, calling: set) -> str:
+        pieces = text.split("@")
+        out = [pieces[0]]
+        for piece in pieces[1:]:
+            end = 0
+            while end < len(piece) and (piece[end].isalnum() or piece[end] in "_$.-"):
+                end += 1
+            name = piece[:end]
+            if name in self.funcs:
+                out.append("@{" + hashlib.blake2b(self._function(name, calling).encode(), digest_size=16).hexdigest()
+                           + "}" + piece[end:])
+            else:
+                out.append("@" + piece)
+        return "".join(out)

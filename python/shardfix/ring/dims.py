@@ -169,3 +169,28 @@ def _splat_number(attr: ir.Attribute):
 
 def total(sizes) -> int:
     return math.prod(sizes)
+
+
+# Ops that only re-assert a value's layout (JAX puts a sharding constraint on the residuals a forward passes to its
+# backward on Explicit axes): a value read through them reaches its reader unchanged.
+RESTATING = frozenset({"sdy.sharding_constraint", "sdy.reshard"})
+
+
+def origin(value: ir.Value) -> ir.Value:
+    """The value a chain of layout re-assertions passes on."""
+    while not isinstance(value.owner, ir.Block) and value.owner.name in RESTATING:
+        value = value.owner.operands[0]
+    return value
+
+
+def readers(value: ir.Value) -> list:
+    """The ops that read `value`, through layout re-assertions."""
+    found, pending = [], [value]
+    while pending:
+        for use in pending.pop().uses:
+            owner = use.owner
+            if hasattr(owner, "name") and owner.name in RESTATING:
+                pending.extend(owner.results)
+            else:
+                found.append(owner)
+    return found

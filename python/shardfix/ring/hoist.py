@@ -132,6 +132,13 @@ class Motion:
 # these) need no types read.
 _SAME_SHAPE = (ELEMENTWISE - {"stablehlo.select", "stablehlo.clamp"}) | {"sdy.sharding_constraint", "sdy.reshard"}
 
+# Ops that never hold a region (their regions aren't asked for: the bindings build a list each time).
+_NO_REGIONS = _SAME_SHAPE | frozenset({
+    "stablehlo.constant", "stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.transpose",
+    "stablehlo.dot_general", "stablehlo.convert", "stablehlo.select", "stablehlo.slice", "stablehlo.concatenate",
+    "stablehlo.iota", "stablehlo.dynamic_slice", "stablehlo.dynamic_update_slice", "func.call", "func.return",
+    "stablehlo.collective_permute", "stablehlo.custom_call", "stablehlo.clamp"})
+
 # Ops that read their operands in the order they are in: a ring region reads them as its own (its permutations
 # are the module's forward permutations), a function returns them to its caller.
 _READS_AS_IS = frozenset({"func.return", "sdy.manual_computation"})
@@ -150,6 +157,7 @@ class Mover:
         self._kinds: dict[Kind, Kind] = {}
         self._orders: dict[tuple[int, int], Order] = {}
         self._fits: dict[tuple, bool] = {}
+        self._rules: dict[tuple, object] = {}
 
     def kind(self, kind: Kind) -> Kind:
         """The one Kind object equal to `kind` (Orders are looked up by their kind's identity)."""
@@ -184,6 +192,28 @@ class Mover:
         return self.motion
 
     # -- where the sequence dim goes: the rule table, and calls of elementwise functions ----------------------
+
+    def rule(self, key: tuple, compute):
+        """A rule's answer for ops of one signature (`signature`): the layers of a model repeat the same ops, so
+        the table is asked once per kind of op rather than once per op. A Blocked answer is raised again."""
+        found = self._rules.get(key)
+        if found is None:
+            try:
+                found = compute()
+            except Blocked as why:
+                found = why
+            self._rules[key] = found
+        if isinstance(found, Blocked):
+            raise found
+        return found
+
+    @staticmethod
+    def signature(op: ir.Operation, name: str, values: list) -> tuple:
+        """What the rules read of an op: its name, operand and result types, attributes (MLIR uniques types and
+        attributes, so equal ones are equal objects, cheap to hash)."""
+        attributes = op.attributes  # iterated, its names
+        return (name, tuple(v.type for v in values), tuple(r.type for r in op.results),
+                tuple((key, attributes[key]) for key in attributes))
 
     def moves(self, op: ir.Operation, operand: int, dim: int, name: str):
         if name == "func.call" and self._elementwise_call(op):
@@ -277,13 +307,14 @@ class _Body:
     def _sink(self) -> None:
         """(Each op's operands are counted here too, for the edits: see `use_count`.)"""
         permuted, perms, names, count = self.permuted, self.perms, self.names, self.use_count
+        same_shape = self._same_shape
         for place, op in enumerate(self.ops):
-            operands = op.operands
-            keys = [hash(v) for v in operands]
+            values = list(op.operands)
+            keys = [hash(v) for v in values]
             for key in keys:
                 count[key] = count.get(key, 0) + 1
             name = names[place]
-            if name != "sdy.manual_computation" and len(op.regions):
+            if name not in _NO_REGIONS and name != "sdy.manual_computation" and len(op.regions):
                 _count_nested(op, count)
             perm = perms.get(place)
             if perm is not None:
@@ -296,25 +327,74 @@ class _Body:
                 continue
             if name in _READS_AS_IS:
                 continue
-            first = next(((i, permuted[k]) for i, k in enumerate(keys) if k in permuted), None)
-            if first is None:
+            for i, key in enumerate(keys):
+                first = permuted.get(key)
+                if first is not None:
+                    break
+            else:
                 continue
-            i, (order, _, like) = first
+            order, _, like = first
+            if name in _SAME_SHAPE:
+                same_shape(place, op, values, keys, order, like)
+                continue
+            mover = self.mover
             try:
-                if name in _SAME_SHAPE:  # the rule table's `moves` and `carriers`, in short
-                    dim, operand_dims = order.dim, dict.fromkeys(range(len(keys)), order.dim)
-                else:
-                    dim = self.mover.moves(op, i, order.dim, name)
-                    operand_dims = ({i: order.dim, **reduced_with(op, i, order.dim)} if dim == REDUCED
-                                    else self.mover.carriers(op, dim, name))
+                signature = mover.signature(op, name, values)
+                dim = mover.rule((signature, "moves", i, order.dim), lambda: mover.moves(op, i, order.dim, name))
+                operand_dims = ({i: order.dim, **mover.rule((signature, "reduced", i, order.dim),
+                                                            lambda: reduced_with(op, i, order.dim))}
+                                if dim == REDUCED else
+                                mover.rule((signature, "carriers", dim), lambda: mover.carriers(op, dim, name)))
                 if dim != REDUCED and not all(self.mover.fits(r.type, self.mover.order(order.kind, dim))
                                               for r in op.results):
                     raise Blocked("changes the sequence length")  # its result couldn't be put back in order
             except Blocked as why:
                 self.mover.say(order.kind, True, op, why)
                 continue
-            if self._read_permuted(place, op, operand_dims, order.kind, like, True, keys) and dim != REDUCED:
+            if self._read_permuted(place, op, operand_dims, order.kind, like, True, keys, values) and \
+                    dim != REDUCED:
                 self._run_permuted(place, self.mover.order(order.kind, dim), like)
+
+    def _same_shape(self, place: int, op: ir.Operation, values: list, keys: list[int], order: Order,
+                    like: Perm) -> None:
+        """`_read_permuted` and `_run_permuted` for an op whose operands and results all have one shape (most ops
+        between the rings): every operand read in `order` along the same dim, with the same checks, in one pass
+        (the op is looked at once here, so none of its operands is read already)."""
+        permuted, fits = self.permuted, self.mover.fits
+        for j, key in enumerate(keys):
+            found = permuted.get(key)
+            why = None
+            if found is not None:
+                if found[0] is not order:
+                    why = "reads values in two different sequence orders"
+            elif not fits(values[j].type, order):
+                why = "changes the sequence length"
+            if why is not None:
+                self.mover.say(order.kind, True, op, Blocked(why))
+                return
+        results = list(op.results)
+        if not all(fits(r.type, order) for r in results):  # a dynamic sequence dim: it couldn't be put back
+            self.mover.say(order.kind, True, op, Blocked("changes the sequence length"))
+            return
+        read_order, read_count, reads, needs = self.read_order, self.read_count, self.reads, self.needs
+        for j, key in enumerate(keys):
+            read_order[(place, j)] = order
+            reads.append((place, j, values[j], order, like, key))
+            counted = (key, order)
+            read_count[counted] = read_count.get(counted, 0) + 1
+            found = permuted.get(key)
+            if found is None or found[0] is not order:  # not at hand in that order: its op may compute it so
+                owner = self._place_of(key)
+                if owner is not None:
+                    if owner not in needs:
+                        heapq.heappush(self.heap, -owner)
+                    needs.setdefault(owner, []).append((values[j], order, like))
+        self.runs_permuted.append(place)
+        own = self.own
+        for result in results:
+            key = hash(result)
+            permuted[key] = (order, result, like)
+            own.add(key)
 
     # -- 2. backward: forward permutations rise -----------------------------------------------------------------
 
@@ -324,8 +404,10 @@ class _Body:
             op = self.ops[place]
             for value, order, like in self.needs.pop(place, ()):
                 if self._in(value, order) is None and self._all_reads_permuted(place, order):
+                    name, mover = self.names[place], self.mover
                     try:
-                        operand_dims = self.mover.carriers(op, order.dim, self.names[place])
+                        operand_dims = mover.rule((mover.signature(op, name, list(op.operands)), "carriers",
+                                                   order.dim), lambda: mover.carriers(op, order.dim, name))
                     except Blocked as why:
                         self.mover.say(order.kind, False, op, why)
                         continue
@@ -333,11 +415,11 @@ class _Body:
                         self._run_permuted(place, order, like)
 
     def _read_permuted(self, place: int, op: ir.Operation, operand_dims: dict[int, int], kind: Kind, like: Perm,
-                       inverse: bool, keys: list[int] | None = None) -> bool:
+                       inverse: bool, keys: list[int] | None = None, values: list | None = None) -> bool:
         """The op at `place` reads these operands in permuted order, if it may (else the motion stops there, said
-        as the inverse's or the forward permutation's). `keys`: the hashes of its operands, where the caller has
-        them."""
-        operands = op.operands
+        as the inverse's or the forward permutation's). `keys`, `values`: its operands' hashes and values, where
+        the caller has them."""
+        operands = op.operands if values is None else values
         reading = [(j, operands[j], self.mover.order(kind, d), None if keys is None else keys[j])
                    for j, d in operand_dims.items()]
         try:

@@ -16,7 +16,7 @@ from jaxlib.mlir import ir
 
 from . import coverage as cov_ops
 from .algebra import agg_fn, cov_prefix, try_complete
-from .analysis import _DEBUG, Engine, Obligation, Refusal
+from .analysis import Engine, Obligation, Refusal
 from .dims import shape
 from .symbolic import Aff, Node, Scope, Var
 from .values import CONST, EMPTY, Agg, Axis, Cells, Coverage, CoverageVar, Data, Index, Stack, Tok, canonical
@@ -146,6 +146,21 @@ def _counter(engine: Engine, op, inits: list, passthrough: list[bool]) -> _Count
     return _Counter(index, start, step, max(0, -(-(bound - start) // step)))
 
 
+def _constant_step(engine: Engine, op, inits: list, i: int) -> int | None:
+    """The step of carried integer i when the body returns `arg_i + constant` (and it starts as a constant)."""
+    if not inits[i].expr.is_const:
+        return None
+    body = op.regions[1].blocks[0]
+    returned = _through_identity(list(body.operations)[-1].operation.operands[i])
+    add = returned.owner
+    if isinstance(add, ir.Block) or add.name != "stablehlo.add":
+        return None
+    a, b = (_through_identity(v) for v in add.operands)
+    arg = body.arguments[i]
+    step = _const_of(engine, b, inits, body) if a == arg else _const_of(engine, a, inits, body) if b == arg else None
+    return step or None
+
+
 def while_loop(engine: Engine, op):
     inits = [engine.get(v) for v in op.operands]
     body = op.regions[1].blocks[0]
@@ -187,12 +202,17 @@ def _discover(engine: Engine, op, inits, passthrough, counter) -> _Plan:
     """A first pass with everything that changes unknown: how each carried value changes per iteration."""
     body = op.regions[1].blocks[0]
     k = cov_ops.fresh_var("it")
-    placeholders, owned = [], {}
+    placeholders, owned, index_steps = [], {}, {}
     for i, init in enumerate(inits):
+        step = _constant_step(engine, op, inits, i) if isinstance(init, Index) else None
         if passthrough[i]:
             placeholders.append(init)
         elif counter is not None and i == counter.index:
             placeholders.append(Index((), Aff.of(counter.start) + Aff.of(k).scale(counter.step)))
+        elif step is not None:
+            # a second counter (fori_loop's `i` beside the trip counter): known at every iteration from the start
+            index_steps[i] = step
+            placeholders.append(_register(engine, op, i, Index(init.shape, init.expr + Aff.of(k).scale(step))))
         elif isinstance(init, Index):
             p = cov_ops.fresh_var("p")
             engine.state.unknown_vars.add(p)
@@ -209,7 +229,7 @@ def _discover(engine: Engine, op, inits, passthrough, counter) -> _Plan:
     with _iterating(engine, k, counter):
         returned = engine.run_block(body, placeholders)
     steps: dict = {}
-    index_steps, hop_steps = {}, {}
+    hop_steps = {}
     for i, ph in enumerate(placeholders):
         if i not in owned:
             continue
@@ -248,8 +268,7 @@ def _template(engine: Engine, op, ret: Data, steps: dict, k: Var, mine: set):
     for key, axis in ret.axes:
         hop = axis.hop.substitute(steps)
         if any(x in mine for x in hop.free_atoms() | axis.offset.free_atoms()) or k in axis.offset.free_atoms():
-            engine.refuse("accumulates into tokens the analysis can't pin down from one iteration to the next"
-                          + (f" ({axis} -> {hop}; {steps})" if _DEBUG else ""), op)
+            engine.refuse("accumulates into tokens the analysis can't pin down from one iteration to the next", op)
         axes.append((key, Axis(hop.substitute({k: Aff.of(k) - 1}), axis.offset)))
     template = ret.with_(axes=(), agg=Agg(agg.op, agg.home, agg.term, EMPTY, agg.score, EMPTY))
     return template, tuple(axes)
@@ -391,8 +410,7 @@ def _added(engine: Engine, op, before: Coverage, after: Coverage, k: Var, i: int
     """The coverage an accumulator holds at iteration k, from what one iteration adds to it."""
     added = cov_prefix(engine, op, before, after, "merges a block into a loop-carried aggregate")
     if added is None:
-        engine.refuse(f"replaces loop-carried aggregate {i} instead of merging into it"
-                      + (f" ({before} -> {after})" if _DEBUG else ""), op)
+        engine.refuse(f"replaces loop-carried aggregate {i} instead of merging into it", op)
     if any(isinstance(p, CoverageVar) for p in added.parts):
         engine.refuse("merges aggregates of different loops", op)
     if not added.parts:
@@ -410,7 +428,7 @@ def _discharge(engine: Engine, solution: dict, first: int) -> None:
             kept.append(Obligation(ob.kind, a, b, ob.op, ob.message, ob.calls))
             continue
         if not _holds(engine, ob.kind, a, b):
-            raise Refusal(ob.message + (f" ({a} vs {b})" if _DEBUG else ""), ob.op, ob.calls)
+            raise Refusal(ob.message, ob.op, ob.calls)
     state.obligations[:] = kept
 
 

@@ -1,5 +1,5 @@
 """Sequence permutations as IR: the attributes that mark them, their builders (a small manual computation over
-every mesh axis that moves at most one local shard per device), and inserting one at a value.
+the mesh axes its place leaves free that moves at most one local shard per device), and inserting one at a value.
 ring-reorder and hoist-permutations both build and recognise permutations through this module."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import math
 import numpy as np
 from jaxlib.mlir import ir
 
+from ..ir import manual_axes_of
 from ..sharding import DimSharding, Mesh, TensorSharding
 
 REORDERED_ATTR = "shardfix.ring_reorder"  # on a region already reordered (so the pass is idempotent)
@@ -66,15 +67,18 @@ class Permutations:
     def insert(self, point: ir.InsertionPoint, value: ir.Value, mesh_name: str, mesh: Mesh,
                sharding: TensorSharding, dim: int, axis: str, strategy: str, stripe: int,
                inverse: bool, manual_axes: tuple[str, ...] | None = None) -> ir.Operation:
-        """The permutation (or its inverse) of `value` along `dim`, inserted at `point`."""
+        """The permutation (or its inverse) of `value` along `dim`, inserted at `point`. Inside a manual
+        computation (a nested shard_map) the axes it binds are left out: a manual computation may not bind an axis
+        a parent binds, and the value is already local to them."""
         shaped = ir.RankedTensorType(value.type)
         element = str(shaped.element_type)
+        bound = bound_axes(point.block)
         key = (mesh_name, mesh, sharding, tuple(shaped.shape), element, dim, axis, strategy, stripe, inverse,
-               manual_axes)
+               manual_axes, bound)
         found = self._templates.get(key)
         if found is None:
             text = permutation_module(mesh_name, mesh, sharding, tuple(shaped.shape), element, dim, axis, strategy,
-                                      stripe, inverse, manual_axes=manual_axes)
+                                      stripe, inverse, manual_axes=manual_axes, bound=bound)
             with self.module.context:
                 template = ir.Module.parse(text)
             template_op = next(op.operation for op in template.body.operations[1].regions[0].blocks[0].operations
@@ -85,15 +89,28 @@ class Permutations:
         return new
 
 
+def bound_axes(block: ir.Block) -> tuple[str, ...]:
+    """The mesh axes bound by the manual computations that enclose `block` (sorted; empty at a function's top)."""
+    bound: set[str] = set()
+    owner = block.owner
+    while owner is not None and owner.name != "func.func":
+        if owner.name == "sdy.manual_computation":
+            bound |= manual_axes_of(owner)
+        owner = owner.parent
+    return tuple(sorted(bound))
+
+
 def permutation_module(mesh_name: str, mesh: Mesh, sharding: TensorSharding, shape: tuple[int, ...], element: str,
                        dim: int, axis: str, strategy: str, stripe: int, inverse: bool,
-                       manual_axes: tuple[str, ...] | None = None) -> str:
+                       manual_axes: tuple[str, ...] | None = None, bound: tuple[str, ...] = ()) -> str:
     """Text of a module whose function applies the sequence permutation (or its inverse) to dim `dim` of a
     tensor with `sharding`, as one manual computation over `manual_axes` (default: all mesh axes). Over some axes
-    only (next to a partial-manual region), the other axes stay free for propagation to place, as in the region."""
+    only (next to a partial-manual region), the other axes stay free for propagation to place, as in the region.
+    `bound`: axes a parent manual computation binds where it goes (neither manual here nor free: `shape` is
+    already local to them, and the partition id is read as the parent reads it)."""
     cp = mesh.axis_size(axis)
-    manual_axes = tuple(n for n in mesh.axis_names if manual_axes is None or n in manual_axes)
-    free = tuple(n for n in mesh.axis_names if n not in manual_axes)
+    manual_axes = tuple(n for n in mesh.axis_names if (manual_axes is None or n in manual_axes) and n not in bound)
+    free = tuple(n for n in mesh.axis_names if n not in manual_axes and n not in bound)
     # all manual: every dim closed; else each dim as the region has it (open dims stay open)
     dims = tuple(DimSharding(d.axes, d.is_closed or not free) for d in sharding.dims)
     closed = TensorSharding(mesh_name, dims)

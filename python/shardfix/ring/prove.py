@@ -9,7 +9,6 @@ tokens (or token-independent), and every per-device value flows only into the gr
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from jaxlib.mlir import ir
@@ -17,7 +16,8 @@ from jaxlib.mlir import ir
 from ..locations import SourceLoc
 from .analysis import Engine, Refusal, RingInfo, Shared, State
 from .detect import RingRegion, axis_strides, find_ring_regions, module_funcs, module_meshes
-from .dims import shape
+from .dims import origin, readers, shape
+from .memo import GroupMemo
 from .rules import apply_rule
 from .symbolic import Aff, Scope
 from .values import CONST, FREE, Axis, Data, Index, Stack, Tok, canonical
@@ -59,11 +59,22 @@ def prove_rings(module: ir.Operation, analyse: bool = True, callers: dict[str, i
     # functions with the same abstract operands (the layers of a model) are analysed once. Operands are named by
     # their place in their group, so equal names never meet across groups, which share no values.
     shared = Shared(meshes=module_meshes(module), apply_rule=apply_rule)
+    memo = GroupMemo(funcs) if analyse else None
     for index, group in enumerate(groups):
         for r in group:
             verdicts[id(r.region)].group = index
-        if analyse:
-            _prove_group(group, funcs, verdicts, shared)
+        if memo is None:
+            continue
+        # a group that is the same program as one proved, in the same surroundings, takes its verdict
+        key = memo.key(group)
+        carried = memo.get(key, group)
+        if carried is not None:
+            for r, verdict in zip(group, carried):
+                verdict.group = index
+                verdicts[id(r.region)] = verdict
+            continue
+        _prove_group(group, funcs, verdicts, shared)
+        memo.put(key, group, [verdicts[id(r.region)] for r in group])
     return [verdicts[id(r.region)] for r in regions]
 
 
@@ -80,7 +91,7 @@ def _groups(regions: list[RingRegion]) -> list[list[RingRegion]]:
 
     for r in regions:
         for operand in r.region.operands:
-            owner = operand.owner
+            owner = origin(operand).owner
             if not isinstance(owner, ir.Block) and owner in by_op:
                 parent[find(id(r.region))] = find(id(by_op[owner].region))
     grouped: dict[int, list] = {}
@@ -121,7 +132,7 @@ def _prove_region(r: RingRegion, place: int, funcs, verdict: Verdict, produced: 
     ins, outs = r.in_shardings(), r.out_shardings()
     seq_in, block, length = {}, None, None
     for i, sharding in enumerate(ins):
-        if r.region.operands[i] in produced:
+        if origin(r.region.operands[i]) in produced:
             continue  # a per-device value from a region of the group, in the layout this region will see
         kind = _classify(sharding, r.axis, local_shapes[i])
         if kind is not None and kind[0] == "sequence":
@@ -142,7 +153,7 @@ def _prove_region(r: RingRegion, place: int, funcs, verdict: Verdict, produced: 
     for i, sharding in enumerate(ins):
         local = local_shapes[i]
         fn = state.fns.intern(("operand", place, i))
-        source = r.region.operands[i]
+        source = origin(r.region.operands[i])
         if source in produced:
             args.append(produced[source])
         elif i in seq_in:
@@ -206,13 +217,12 @@ def _check_results(r: RingRegion, engine: Engine, results: list, outs, verdict: 
             except _GroupRefusal:
                 # not the tokens of the dim the ring axis shards: a per-device value (the residuals JAX passes
                 # from a forward to its backward), if only the group's regions read it
-                if not result.uses or any(use.owner not in members for use in result.uses):
+                if not result.uses or any(reader not in members for reader in readers(result)):
                     raise
         produced[result] = value
         if _layout_free(engine, value):
             continue  # the same on every layout: any reader sees what it saw before
-        users = [use.owner for use in result.uses]
-        for user in users:
+        for user in readers(result):
             if user not in members:
                 name = user.name if hasattr(user, "name") else "an op"
                 raise _GroupRefusal(Refusal(f"{where} is a per-device value that '{name}' outside the ring regions "
@@ -253,6 +263,10 @@ def _check_sequence_result(r: RingRegion, engine: Engine, value, dim: int, block
     if len(toks) != 1 or toks[0][0] != dim or toks[0][1].stride != 1:
         _refuse_result(r, f"{where} does not hold its own tokens along its sequence dim", value)
     axis = value.axis_map[toks[0][1].axis]
+    if len(value.axes) > 1:
+        _refuse_result(r, f"{where} depends on the token at a fixed place of a block (a position read as one "
+                       "number, like the block's first position), which the reorder changes: compute it from "
+                       "each token's own position instead", value)
     hop = axis.hop
     if not hop.is_const or hop.const % engine.ring.cp or axis.offset != Aff() or value.shape[dim] != block:
         _refuse_result(r, f"{where} holds the tokens of another block (or only some of its own)", value)
@@ -266,7 +280,11 @@ def unit_problem(verdict: Verdict, strategy: str, stripe: int) -> tuple[str, Sou
     block = verdict.block
     for (unit, alignment), (op, calls) in sorted(verdict.units.items(), key=lambda t: t[0]):
         why = None
-        if strategy == "zigzag" and (block % 2 or (block // 2) % unit):
+        if unit == block and (strategy == "zigzag" or stripe % unit):
+            why = (f"reads a whole {block}-token block as one run of positions (a ring coordinate compared, or a "
+                   "table sliced a block at a time), which a reordered block no longer is: use each token's own "
+                   "position (coordinate * block + index) instead")
+        elif strategy == "zigzag" and (block % 2 or (block // 2) % unit):
             why = (f"reads positions of units of {unit} tokens, which would straddle the two zigzag halves of the "
                    f"{block}-token block (the half is {block / 2:g} tokens)")
         elif strategy == "striped" and stripe % unit:
@@ -279,4 +297,4 @@ def unit_problem(verdict: Verdict, strategy: str, stripe: int) -> tuple[str, Sou
     return None
 
 
-__all__ = ["Verdict", "prove_rings", "unit_problem", "math", "Index", "Aff"]
+__all__ = ["Verdict", "prove_rings", "unit_problem"]

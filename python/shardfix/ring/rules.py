@@ -155,7 +155,8 @@ def partition_id(engine: Engine, op):
 _DIRECTIONS = {"LT": "lt", "LE": "le", "GT": "gt", "GE": "ge", "EQ": "eq", "NE": "ne"}
 _INDEX_OPS = {"stablehlo.add", "stablehlo.subtract", "stablehlo.multiply", "stablehlo.negate", "stablehlo.divide",
               "stablehlo.remainder", "stablehlo.compare", "stablehlo.select", "stablehlo.and", "stablehlo.or",
-              "stablehlo.not", "stablehlo.xor", "stablehlo.maximum", "stablehlo.minimum", "stablehlo.convert"}
+              "stablehlo.not", "stablehlo.xor", "stablehlo.maximum", "stablehlo.minimum", "stablehlo.convert",
+              "stablehlo.sign"}
 
 
 @rule(*ELEMENTWISE)
@@ -181,6 +182,10 @@ def _index_elementwise(engine: Engine, op, ins: list[Index]) -> Index | None:
     e = [x.expr for x in ins]
     name = op.name
     src = (op, tuple(range(len(ins))), tuple(engine.state.call_ops))
+    if name in ("stablehlo.add", "stablehlo.subtract") and _two_blocks(e):
+        # a sum or difference of positions of two blocks (q_pos - k_pos): each operand is a position, read as one
+        # here, so that what is computed from them is computed from the rewritten positions
+        e = [engine.resolve(x, op, i).expr for i, x in enumerate(ins)]
     if name == "stablehlo.add":
         return Index(out, e[0] + e[1])
     if name == "stablehlo.subtract":
@@ -199,8 +204,10 @@ def _index_elementwise(engine: Engine, op, ins: list[Index]) -> Index | None:
         if not e[1].is_const or e[1].const <= 0:
             return None
         if name == "stablehlo.divide":
-            return Index(out, sym.divide(e[0], e[1].const, scope))
-        return Index(out, sym.remainder(e[0], e[1].const, scope, _coordinate_namer(engine)))
+            return Index(out, sym.divide(e[0], e[1].const, scope, src))
+        return Index(out, sym.remainder(e[0], e[1].const, scope, _coordinate_namer(engine), src))
+    if name == "stablehlo.sign":
+        return Index(out, sym.sign(e[0], scope, src))
     if name == "stablehlo.compare":
         direction = stablehlo.ComparisonDirectionAttr(op.attributes["comparison_direction"]).value
         return Index(out, sym.compare(_DIRECTIONS[direction], e[0], e[1], scope, src))
@@ -219,6 +226,12 @@ def _index_elementwise(engine: Engine, op, ins: list[Index]) -> Index | None:
     if name == "stablehlo.minimum":
         return Index(out, sym.minimum(e[0], e[1], scope, src))
     return None
+
+
+def _two_blocks(exprs: list[Aff]) -> bool:
+    """Whether the forms hold the ring coordinates of two different blocks between them."""
+    coords = {atom for e in exprs for atom in e.atoms() if isinstance(atom, Coord)}
+    return len(coords) > 1
 
 
 def _is_bool_type(value: ir.Value) -> bool:
@@ -407,6 +420,9 @@ def dynamic_slice(engine: Engine, op):
     sizes = ints(op.attributes["slice_sizes"])
     src = shape(op.operands[0])
     out = shape(op.results[0])
+    if isinstance(value, Data) and value.is_invariant and any(
+            isinstance(s, Index) and any(isinstance(a, Coord) for a in s.expr.atoms()) for s in starts):
+        return [_table_rows(engine, op, value, starts, src, out)]
     start_exprs = []
     for d, start in enumerate(starts):
         if not isinstance(start, Index):
@@ -426,6 +442,41 @@ def dynamic_slice(engine: Engine, op):
                                engine.fns.depends(value.fn) | varying)
         value = value.with_(fn=fn)
     return [canonical(_slice_data(engine, op, value, start_exprs, [1] * len(out), out))]
+
+
+def _table_rows(engine: Engine, op, table: Data, starts: list, src, out) -> Data:
+    """Rows of a table that doesn't depend on tokens (segment ids or a bias passed whole) sliced at a global
+    position: row i is the table at position start + i, so the slice follows the tokens of that run, like a gather
+    by those positions. The start is a position read (rewritten: the run's first token's new position), and the
+    run must stay whole and in order under the permutation (a unit of its length, checked with the skip units)."""
+    roles, axes = [], []
+    fns = []
+    for d, start in enumerate(starts):
+        if not isinstance(start, Index):
+            engine.refuse("slices at an index read from data", op)
+        coords = [a for a in start.expr.atoms() if isinstance(a, Coord)]
+        if not coords:
+            expr = _address(engine, op, d + 1, start)
+            lo, hi = sym.bounds(expr, engine.scope)
+            if lo < 0 or hi > src[d] - out[d] or (not expr.is_const and out[d] != src[d]):
+                engine.refuse("slices a table at an index that varies or may be clamped", op)
+            roles.append(FREE if out[d] > 1 else CONST)
+            continue
+        rows = engine.resolve(Index(out, start.expr + Aff.of(Dim(d))), op, d + 1)
+        lo, hi = sym.bounds(start.expr, engine.scope)
+        if hi > src[d] - out[d]:
+            engine.refuse("slices a table at a position that may run past its end (clamped)", op)
+        data = engine.as_data(rows, op, d + 1)
+        if engine.ring.block % out[d]:
+            engine.refuse("slices a table by position in runs that don't divide the block", op)
+        local = start.expr.without(coords[0])
+        engine.state.units.setdefault((out[d], branches._alignment(local)), (op, tuple(engine.state.call_ops)))
+        roles.append(data.dims[d])
+        axes.extend(data.axes)
+        fns.append(data.fn)
+    fn = engine.fns.intern(("table-rows", table.fn, tuple(fns), str(op.attributes["slice_sizes"])),
+                           frozenset().union(*(engine.fns.depends(f) for f in fns)))
+    return canonical(Data(out, tuple(roles), tuple(axes), fn))
 
 
 def _address(engine: Engine, op, operand: int, start: Index) -> Aff:
@@ -543,6 +594,33 @@ def nested_manual(engine: Engine, op):
     return results
 
 
+@rule("stablehlo.gather")
+def gather(engine: Engine, op):
+    """Rows of a table that doesn't depend on tokens (a RoPE cos/sin table, a bias table), picked by indices: each
+    result row is a function of its index alone, so it follows the indices' tokens as an elementwise op would
+    (positions among them are rewritten where read)."""
+    table, indices = (engine.as_data(x, op, i) for i, x in enumerate(_ins(engine, op)))
+    numbers = stablehlo.GatherDimensionNumbers(op.attributes["dimension_numbers"])
+    if not table.is_invariant:
+        engine.refuse("gathers from token data by index, which depends on where tokens sit", op)
+    if list(numbers.operand_batching_dims) or indices.agg is not None or \
+            any(isinstance(r, Stack) for r in indices.dims):
+        engine.refuse("gathers by indices the analysis can't follow (batched, partial aggregates or stacked)", op)
+    out = shape(op.results[0])
+    vector_dim = numbers.index_vector_dim
+    if vector_dim < len(indices.dims) and isinstance(indices.dims[vector_dim], Tok):
+        engine.refuse("gathers by an index vector made of different tokens", op)
+    batch = [r for d, r in enumerate(indices.dims) if d != vector_dim]
+    offset = set(numbers.offset_dims)
+    roles, rest = [], iter(batch)
+    for d, n in enumerate(out):
+        roles.append((FREE if n > 1 else CONST) if d in offset else next(rest))
+    fn = engine.fns.intern(("gather", table.fn, indices.fn, str(op.attributes["dimension_numbers"]),
+                            tuple(ints(op.attributes["slice_sizes"]))),
+                           engine.fns.depends(table.fn) | engine.fns.depends(indices.fn))
+    return [canonical(Data(out, tuple(roles), indices.axes, fn))]
+
+
 @rule("func.call")
 def call(engine: Engine, op):
     callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
@@ -552,7 +630,7 @@ def call(engine: Engine, op):
 # Ops that only make sense on values that don't follow tokens: accepted there, refused on token data.
 _POSITIONAL = {"stablehlo.reverse": "reverses", "stablehlo.pad": "pads", "stablehlo.sort": "sorts",
                "stablehlo.reduce_window": "slides a window", "stablehlo.convolution": "convolves",
-               "stablehlo.fft": "transforms (FFT)", "stablehlo.gather": "gathers by index",
+               "stablehlo.fft": "transforms (FFT)",
                "stablehlo.scatter": "scatters by index", "stablehlo.select_and_scatter": "scatters by window",
                "stablehlo.rng": "draws random numbers", "stablehlo.rng_bit_generator": "draws random numbers",
                "stablehlo.cumsum": "accumulates along a dim", "stablehlo.replica_id": "reads the replica index",

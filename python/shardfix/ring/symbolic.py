@@ -295,6 +295,8 @@ def _node_bounds(node: Node, scope: Scope) -> tuple[float, float]:
     if op in ("max", "min"):
         a, b = bounds(args[0], scope), bounds(args[1], scope)
         return (max(a[0], b[0]), max(a[1], b[1])) if op == "max" else (min(a[0], b[0]), min(a[1], b[1]))
+    if op == "sign":
+        return -1, 1
     if op in ("trem", "fmod"):
         x, d = bounds(args[0], scope), args[1]
         if op == "fmod" or x[0] >= 0:
@@ -332,23 +334,22 @@ def logical(op: str, *args: Aff, scope: Scope | None = None) -> Aff:
     return simplify_node(Node(op, tuple(args)), scope)
 
 
-def divide(a: Aff, d: int, scope: Scope | None) -> Aff:
-    """Truncated division by a positive constant."""
+def divide(a: Aff, d: int, scope: Scope | None, src=None) -> Aff:
+    """Truncated division by a positive constant (`src`: the op, as for comparisons, so that a position it
+    divides can be rewritten where it is read)."""
     if a == Aff.of(Pid()):
         return Aff.of(PidDiv(d))
     if d == 1:
         return a
     if all(c % d == 0 for _, c in a.terms) and a.const % d == 0:
         return Aff(tuple((x, c // d) for x, c in a.terms), a.const // d)
-    if a == Aff.of(Pid()):
-        return Aff.of(PidDiv(d))
     lo, hi = bounds(a, scope)
     if lo >= 0 and hi < d:
         return Aff()
-    return Aff.of(Node("div", (a, d)))
+    return Aff.of(Node("div", (a, d), src))
 
 
-def remainder(a: Aff, d: int, scope: Scope | None, coord_of=None) -> Aff:
+def remainder(a: Aff, d: int, scope: Scope | None, coord_of=None, src=None) -> Aff:
     """Truncated remainder by a positive constant (stablehlo.remainder); `coord_of(stride, size)` names the ring
     coordinate or another axis for `(partition_id / stride) % size`."""
     if d == 1:
@@ -362,11 +363,11 @@ def remainder(a: Aff, d: int, scope: Scope | None, coord_of=None) -> Aff:
             return found
     lo, hi = bounds(a, scope)
     if lo >= 0:
-        return floor_mod(a, d, scope)
-    return Aff.of(Node("trem", (a, d)))
+        return floor_mod(a, d, scope, src)
+    return Aff.of(Node("trem", (a, d), src))
 
 
-def floor_mod(a: Aff, d: int, scope: Scope | None) -> Aff:
+def floor_mod(a: Aff, d: int, scope: Scope | None, src=None) -> Aff:
     """Python's `a % d` for a positive constant d: a ring coordinate shifted by whole hops stays a coordinate."""
     coords = [(atom, c) for atom, c in a.terms if isinstance(atom, Coord)]
     if scope is not None and d == scope.cp and len(coords) == 1 and coords[0][1] == 1:
@@ -378,7 +379,19 @@ def floor_mod(a: Aff, d: int, scope: Scope | None) -> Aff:
     lo, hi = bounds(reduced, scope)
     if 0 <= lo and hi < d:
         return reduced
-    return Aff.of(Node("fmod", (reduced, d)))
+    return Aff.of(Node("fmod", (reduced, d), src))
+
+
+def sign(a: Aff, scope: Scope | None, src=None) -> Aff:
+    """stablehlo.sign of an integer; for a value known not to be negative (a position), `a != 0`."""
+    lo, hi = bounds(a, scope)
+    if lo > 0 or hi < 0:
+        return Aff.of(1 if lo > 0 else -1)
+    if lo == hi == 0:
+        return Aff()
+    if lo >= 0:
+        return compare("ne", a, Aff(), scope, src and (src[0], (src[1][0], src[1][0]), src[2]))
+    return Aff.of(Node("sign", (a,), src))
 
 
 def maximum(a: Aff, b: Aff, scope: Scope | None, src=None) -> Aff:
@@ -425,6 +438,8 @@ def simplify_node(node: Node, scope: Scope | None) -> Aff:
         if a == b:
             return a
         fixed = _floor_mod_fixup(cond, a, b, scope)
+        if fixed is None:
+            fixed = _floor_div_fixup(cond, a, b, scope)
         if fixed is not None:
             return fixed
         return Aff.of(Node("select", (cond, a, b), node.src))
@@ -467,11 +482,13 @@ def simplify_node(node: Node, scope: Scope | None) -> Aff:
             return b
         return Aff.of(Node(op, (a, b), node.src))
     if op == "trem":
-        return remainder(args[0], args[1], scope)
+        return remainder(args[0], args[1], scope, src=node.src)
     if op == "fmod":
-        return floor_mod(args[0], args[1], scope)
+        return floor_mod(args[0], args[1], scope, node.src)
     if op == "div":
-        return divide(args[0], args[1], scope)
+        return divide(args[0], args[1], scope, node.src)
+    if op == "sign":
+        return sign(args[0], scope, node.src)
     return Aff.of(node)
 
 
@@ -513,7 +530,24 @@ def _floor_mod_fixup(cond: Aff, a: Aff, b: Aff, scope) -> Aff | None:
     node = r.terms[0][0]
     if not isinstance(node, Node) or node.op != "trem" or a != r + node.args[1]:
         return None
-    return floor_mod(node.args[0], node.args[1], scope)
+    return floor_mod(node.args[0], node.args[1], scope, node.src)
+
+
+def _floor_div_fixup(cond: Aff, a: Aff, b: Aff, scope) -> Aff | None:
+    """jnp's floor division of x >= 0 by d > 0: q = x / d (truncated); select(sign(x) != sign(d) and x rem d != 0,
+    q - 1, q) is q, because for x >= 0 the signs differ only where x == 0, whose remainder is 0. The condition is
+    checked to be exactly that (as the folding above leaves it: `x == 0 and x rem d != 0`)."""
+    if len(b.terms) != 1 or b.const or b.terms[0][1] != 1 or a != b - 1:
+        return None
+    q = b.terms[0][0]
+    if not isinstance(q, Node) or q.op != "div" or bounds(q.args[0], scope)[0] < 0:
+        return None
+    x, d = q.args
+    conj = cond.terms[0][0] if len(cond.terms) == 1 and not cond.const and cond.terms[0][1] == 1 else None
+    if not isinstance(conj, Node) or conj.op != "and" or len(conj.args) != 2:
+        return None
+    expected = {compare("eq", x, Aff(), scope), compare("ne", remainder(x, d, scope), Aff(), scope)}
+    return b if set(conj.args) == expected else None
 
 
 def gpos(value: Aff, unit: int) -> Aff:

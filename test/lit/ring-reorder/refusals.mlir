@@ -209,8 +209,8 @@ func.func @short_ring(%arg0: tensor<16x8xf32>) -> tensor<16x8xf32> {
 // -----
 
 // A block skipped by comparing two device coordinates ("skip the visiting block unless it comes from an
-// earlier device"): the analysis reads the coordinates compared as positions of whole blocks (units of 4 tokens),
-// which zigzag would cut in two, and says so at the skip.
+// earlier device"): the analysis reads the coordinates compared as positions of whole blocks, which the reorder
+// doesn't keep in ring order, and says so at the skip.
 sdy.mesh @mesh = <["cp"=4]>
 
 func.func @coordinate_skip(%arg0: tensor<16x8xf32>, %arg1: tensor<16x8xf32>) -> tensor<16x8xf32> {
@@ -226,8 +226,8 @@ func.func @coordinate_skip(%arg0: tensor<16x8xf32>, %arg1: tensor<16x8xf32>) -> 
     %k1 = "stablehlo.collective_permute"(%k) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, source_target_pairs = dense<[[0, 1], [1, 2], [2, 3], [3, 0]]> : tensor<4x2xi64>}> : (tensor<4x8xf32>) -> tensor<4x8xf32>
     %src = "stablehlo.collective_permute"(%me) <{channel_handle = #stablehlo.channel_handle<handle = 2, type = 1>, source_target_pairs = dense<[[0, 1], [1, 2], [2, 3], [3, 0]]> : tensor<4x2xi64>}> : (tensor<ui32>) -> tensor<ui32>
     %earlier = stablehlo.compare LT, %src, %me, UNSIGNED : (tensor<ui32>, tensor<ui32>) -> tensor<i1>
-    // REPORT: ring: {{.*}}refusals.mlir:[[# @LINE + 2]]:11: axis "cp", zigzag: not applied (not provably safe with zigzag: 'stablehlo.if' at {{.*}}refusals.mlir:[[# @LINE + 2]]:11 reads positions of units of 4 tokens, which would straddle the two zigzag halves of the 4-token block (the half is 2 tokens)){{$}}
-    // expected-remark @+1 {{reads positions of units of 4 tokens, which would straddle the two zigzag halves of the 4-token block (the half is 2 tokens))}}
+    // REPORT: ring: {{.*}}refusals.mlir:[[# @LINE + 2]]:11: axis "cp", zigzag: not applied (not provably safe with zigzag: 'stablehlo.if' at {{.*}}refusals.mlir:[[# @LINE + 2]]:11 reads a whole 4-token block as one run of positions (a ring coordinate compared, or a table sliced a block at a time), which a reordered block no longer is: use each token's own position (coordinate * block + index) instead){{$}}
+    // expected-remark @+1 {{reads a whole 4-token block as one run of positions (a ring coordinate compared, or a table sliced a block at a time), which a reordered block no longer is: use each token's own position (coordinate * block + index) instead)}}
     %a1 = "stablehlo.if"(%earlier) ({
       %s1 = stablehlo.dot_general %x, %k1, contracting_dims = [1] x [1] : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x4xf32>
       %r1 = stablehlo.reduce(%s1 init: %zero) applies stablehlo.add across dimensions = [1] : (tensor<4x4xf32>, tensor<f32>) -> tensor<4xf32>
@@ -388,8 +388,9 @@ func.func @shift_by_two(%arg0: tensor<16x8xf32>) -> tensor<16x8xf32> {
 
 // -----
 
-// Rows of a replicated table picked by the device index (dynamic_slice at coordinate * 4): the rows a device
-// gets follow its place, not its tokens.
+// Rows of a replicated table picked by the device index (dynamic_slice at coordinate * 4, a block's length): the
+// rows of a block's positions, one run, which a reordered block's tokens no longer are. (Runs that stay whole,
+// like Liu et al.'s segment ids sliced a chunk at a time, are proved: segment_table_attention in ring_programs.py.)
 sdy.mesh @mesh = <["cp"=4]>
 
 func.func @addressed_by_device_index(%arg0: tensor<16x8xf32>, %arg1: tensor<16x8xf32>) -> tensor<16x8xf32> {
@@ -412,8 +413,8 @@ func.func @addressed_by_device_index(%arg0: tensor<16x8xf32>, %arg1: tensor<16x8
     %four32 = stablehlo.constant dense<4> : tensor<i32>
     %row = stablehlo.multiply %mi, %four32 : tensor<i32>
     %c0 = stablehlo.constant dense<0> : tensor<i32>
-    // REPORT: ring: {{.*}}refusals.mlir:[[# @LINE + 2]]:13: axis "cp", zigzag: not applied (not provably safe: 'stablehlo.dynamic_slice' at {{.*}}refusals.mlir:[[# @LINE + 2]]:13 addresses data by the device index){{$}}
-    // expected-remark @+1 {{addresses data by the device index)}}
+    // REPORT: ring: {{.*}}refusals.mlir:[[# @LINE + 2]]:13: axis "cp", zigzag: not applied (not provably safe with zigzag: 'stablehlo.dynamic_slice' at {{.*}}refusals.mlir:[[# @LINE + 2]]:13 reads a whole 4-token block as one run of positions (a ring coordinate compared, or a table sliced a block at a time), which a reordered block no longer is: use each token's own position (coordinate * block + index) instead){{$}}
+    // expected-remark @+1 {{reads a whole 4-token block as one run of positions (a ring coordinate compared, or a table sliced a block at a time), which a reordered block no longer is: use each token's own position (coordinate * block + index) instead)}}
     %rows = stablehlo.dynamic_slice %w, %row, %c0, sizes = [4, 8] : (tensor<16x8xf32>, tensor<i32>, tensor<i32>) -> tensor<4x8xf32>
     %z = stablehlo.add %x, %b : tensor<4x8xf32>
     %y = stablehlo.add %z, %rows : tensor<4x8xf32>

@@ -1,0 +1,96 @@
+"""One proof per distinct group of ring regions: a model whose every layer is its own shard_map (no function shared
+between layers) repeats the same regions, and a group of regions (a layer's forward and backward rings) that is
+the same program as a group already proved, in the same surroundings, has the same verdict, with its ops in the
+same places.
+
+The key of a group (linear in its size): each region's structural key (detect.StructuralKeys: the program up to the
+names of the functions it calls), which region of the group produces each operand, and whether each result is read
+only by the group's regions (what prove.py's verdict depends on besides the regions' own programs). A verdict is
+carried over by position: every op a rewrite or a unit names is found at the same preorder place of the region's
+body, or of the function the same call reaches. Nothing here reads the analysis: only the verdicts' fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jaxlib.mlir import ir
+
+from .detect import RingRegion, StructuralKeys
+from .dims import origin, readers
+
+
+class GroupMemo:
+    """Verdicts of proved groups, by group key; `get` gives a group's verdicts carried over from an equal one."""
+
+    def __init__(self, funcs: dict[str, ir.Operation]):
+        self.funcs = funcs
+        self.keys = StructuralKeys(funcs)
+        self._found: dict[tuple, tuple[list[RingRegion], list]] = {}
+        self._orders: dict[int, tuple[list, dict]] = {}  # id(op holding a body) -> (its ops, op -> place)
+
+    def key(self, group: list[RingRegion]) -> tuple:
+        members = {r.region: i for i, r in enumerate(group)}
+        parts = []
+        for r in group:
+            producers = []
+            for operand in r.region.operands:
+                owner = origin(operand).owner
+                producers.append(members.get(owner) if not isinstance(owner, ir.Block) else None)
+            inside = tuple(all(reader in members for reader in readers(result)) for result in r.region.results)
+            parts.append((self.keys.of_ring(r), tuple(producers), inside))
+        return tuple(parts)
+
+    def put(self, key: tuple, group: list[RingRegion], verdicts: list) -> None:
+        self._found.setdefault(key, (group, verdicts))
+
+    def get(self, key: tuple, group: list[RingRegion]) -> list | None:
+        """The verdicts of `group` (in its order), carried over from the proved group of that key, or None."""
+        found = self._found.get(key)
+        if found is None:
+            return None
+        source, verdicts = found
+        try:
+            return [self._carry(v, old, new) for v, old, new in zip(verdicts, source, group)]
+        except (KeyError, IndexError):  # an op outside the places compared: prove this group on its own
+            return None
+
+    def _carry(self, verdict, old: RingRegion, new: RingRegion):
+        rewrites = [dataclasses.replace(r, **self._moved(r.op, r.calls, old, new)) for r in verdict.rewrites]
+        units = {unit: tuple(self._moved(op, calls, old, new).values()) for unit, (op, calls) in verdict.units.items()}
+        return dataclasses.replace(verdict, ring=new, rewrites=rewrites, units=units,
+                                   sequence_operands=dict(verdict.sequence_operands),
+                                   sequence_results=dict(verdict.sequence_results))
+
+    def _moved(self, op: ir.Operation, calls: tuple, old: RingRegion, new: RingRegion) -> dict:
+        """{"op": ..., "calls": ...}: the op at the same place in `new`, through the same chain of calls."""
+        old_holder, new_holder = old.region, new.region
+        moved_calls = []
+        for call in calls:
+            new_call = self._at(new_holder, self._place(old_holder, call))
+            moved_calls.append(new_call)
+            old_holder = self.funcs[ir.FlatSymbolRefAttr(call.attributes["callee"]).value]
+            new_holder = self.funcs[ir.FlatSymbolRefAttr(new_call.attributes["callee"]).value]
+        return {"op": self._at(new_holder, self._place(old_holder, op)), "calls": tuple(moved_calls)}
+
+    def _order(self, holder: ir.Operation) -> tuple[list, dict]:
+        found = self._orders.get(id(holder))
+        if found is None:
+            ops: list = []
+
+            def visit(op):
+                ops.append(op)
+                return ir.WalkResult.ADVANCE
+
+            holder.walk(visit, ir.WalkOrder.PRE_ORDER)
+            found = self._orders[id(holder)] = (ops, {op: i for i, op in enumerate(ops)})
+        return found
+
+    def _place(self, holder: ir.Operation, op: ir.Operation) -> int:
+        return self._order(holder)[1][op]
+
+    def _at(self, holder: ir.Operation, place: int) -> ir.Operation:
+        return self._order(holder)[0][place]
+
+
+__all__ = ["GroupMemo"]

@@ -1,0 +1,378 @@
+"""Ring programs written as users write them (jax.shard_map, lax.ppermute rings, fori_loop / scan / unrolled loops,
+online softmax, custom_vjp and plain autodiff), each declaring what ring-reorder must do with it.
+
+A program is built on a mesh with axes ("dp", "cp") and gives (function, arguments); `Program.expect` says what
+`@autofix_shardings` with its defaults must decide, `Program.strategies` which explicit `ring_reorder=` values must
+rewrite it, and a refused program names the lines one of which the refusal must cite (the lines of its source that
+carry a `# refused here` comment). Every program, rewritten or not, must compute what jax.jit computes.
+
+Global shapes are tiny: [batch 2, sequence 64, dim 8] (heads 2 where a kernel has heads), cp = 4 (or 8).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from support import ring_user_kernels as uk
+
+B, S, D = 2, 64, 8
+SEQ = P("dp", "cp")
+REFUSED_HERE = "# refused here"
+
+
+@dataclass(frozen=True)
+class Program:
+    """name: unique; build(mesh) -> (fn, args); mesh: "explicit" (jax.make_mesh's default axes, dp=2 x cp=4),
+    "auto" (the same with Auto axes) or "cp8" (dp=1 x cp=8, Explicit); grad: the test differentiates
+    sum(fn(*args) * w) with respect to the arguments in `wrt`.
+
+    expect, under the decorator's defaults:
+      "rewritten"  every ring is rewritten (any layout);
+      "balanced"   every ring is left alone, proved but not worth it: the reason contains `reason`;
+      "proved"     either of the two (the layout choice rests on the cost model; the proof must hold);
+      "refused"    every ring is left alone as not provably safe, the reason names an op and one of the lines
+                   marked `# refused here` in `source` (the function whose lines are searched).
+    strategies: explicit ring_reorder values under which every ring must be rewritten."""
+
+    name: str
+    build: Callable
+    expect: str
+    strategies: tuple[str, ...] = ()
+    reason: str = ""
+    mesh: str = "explicit"
+    grad: bool = False
+    wrt: tuple[int, ...] = (0, 1, 2)
+    source: Callable | None = None
+    tags: tuple[str, ...] = field(default_factory=tuple)
+
+    def refused_lines(self) -> list[int]:
+        """Line numbers (in this file or ring_user_kernels.py) marked `# refused here` in `source`."""
+        lines, first = inspect.getsourcelines(self.source)
+        return [first + i for i, line in enumerate(lines) if REFUSED_HERE in line]
+
+
+def meshes() -> dict:
+    auto = (jax.sharding.AxisType.Auto,) * 2
+    return {"explicit": jax.make_mesh((2, 4), ("dp", "cp")),
+            "auto": jax.make_mesh((2, 4), ("dp", "cp"), axis_types=auto),
+            "cp8": jax.make_mesh((1, 8), ("dp", "cp"))}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Arguments.
+
+
+def _normal(*shape, seed: int):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def qkv(mesh, heads: bool = False, seed: int = 0):
+    """q, k, v: [B, S, D] (or [B, S, 2, D]) sharded batch on dp, sequence on cp."""
+    shape = (B, S, 2, D) if heads else (B, S, D)
+    spec = P("dp", "cp", None, None) if heads else P("dp", "cp", None)
+    return tuple(jax.device_put(_normal(*shape, seed=seed + i), NamedSharding(mesh, spec)) for i in range(3))
+
+
+def sequence_ints(mesh, values: np.ndarray):
+    """An int32 [B, S] array sharded like the sequence (positions, segment ids)."""
+    return jax.device_put(np.broadcast_to(values.astype(np.int32), (B, S)).copy(), NamedSharding(mesh, SEQ))
+
+
+def replicated(mesh, value):
+    return jax.device_put(np.asarray(value), NamedSharding(mesh, P()))
+
+
+def segments() -> np.ndarray:
+    """Three documents of unequal lengths, crossing device boundaries."""
+    return np.repeat(np.arange(3), [21, 30, 13])
+
+
+def rope_table(dim: int = D):
+    """cos and sin [S, dim / 2] of the rotary angles, as models precompute them."""
+    half = dim // 2
+    angles = np.arange(S)[:, None] * (1.0 / 10000.0 ** (np.arange(half) / half))[None, :]
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def spec3():
+    return P("dp", "cp", None)
+
+
+def sharded(mesh, body, n_seq: int, n_rep: int = 0, n_ints: int = 0, heads: bool = False, check_vma=False,
+            out_specs=None):
+    """jax.shard_map of body(*seq, *ints, *replicated): `n_seq` float sequence arrays, `n_ints` int [B, S] sequence
+    arrays, `n_rep` replicated arrays."""
+    spec = P("dp", "cp", None, None) if heads else spec3()
+    in_specs = (spec,) * n_seq + (SEQ,) * n_ints + (P(),) * n_rep
+    fn = jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=spec if out_specs is None else out_specs,
+                       check_vma=check_vma)
+    fn.__wrapped_body__ = body
+    return fn
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One block a ring step: the kernel of ring_user_kernels.one_block_ring with each mask and merge.
+
+
+def one_block(mask: str, loop: str = "fori", merge: str = "online", positions: str = "iota", heads: bool = False,
+              seg: bool = False, rope: bool = False, offset: bool = False, sink_logit: bool = False,
+              direction: int = 1):
+    """A builder for uk.one_block_ring with the given options; arguments: q, k, v [, q_pos, k_pos][, segment ids]
+    [, cos, sin][, offset][, sink logit]."""
+
+    def build(mesh):
+        cp = mesh.shape["cp"]
+        kernel = uk.one_block_ring(cp, uk.MASKS[mask], loop=loop, merge=merge, positions=positions, seg=seg,
+                                   rope=rope, offset=offset, sink_logit=sink_logit, direction=direction)
+        args = list(qkv(mesh, heads))
+        ints, reps = 0, 0
+        if positions == "data":
+            args += [sequence_ints(mesh, np.arange(S))] * 2
+            ints += 2
+        if seg:
+            args.append(sequence_ints(mesh, segments()))
+            ints += 1
+        if rope:
+            args += [replicated(mesh, t) for t in rope_table()]
+            reps += 2
+        if offset:
+            args.append(replicated(mesh, np.int32(37)))
+            reps += 1
+        if sink_logit:
+            args.append(replicated(mesh, np.float32(0.5)))
+            reps += 1
+        return sharded(mesh, kernel, 3, n_rep=reps, n_ints=ints, heads=heads), tuple(args)
+
+    return build
+
+
+def blockwise(mask: str, chunk: int = 4, merge: str = "online", seg: bool = False, heads: bool = False):
+    """A builder for uk.blockwise_ring with mask `mask` and its chunk-skip predicate."""
+
+    def build(mesh):
+        cp = mesh.shape["cp"]
+        kernel = uk.blockwise_ring(cp, chunk, uk.MASKS[mask], uk.LIVE[mask], merge=merge, seg=seg)
+        args = qkv(mesh, heads)
+        if seg:
+            return sharded(mesh, kernel, 3, n_ints=1, heads=heads), args + (sequence_ints(mesh, segments()),)
+        return sharded(mesh, kernel, 3, heads=heads), args
+
+    return build
+
+
+def refusal(make, positions: bool = False):
+    """A builder for a body of ring_user_refusals (`positions`: it also takes q and k position ids as data)."""
+
+    def build(mesh):
+        body = make(mesh.shape["cp"])
+        args = qkv(mesh)
+        if positions:
+            pos = sequence_ints(mesh, np.arange(S))
+            return sharded(mesh, body, 3, n_ints=2), args + (pos, pos)
+        return sharded(mesh, body, 3), args
+
+    return build
+
+
+def vjp(mask: str, direction: int = 1):
+    """A builder for uk.vjp_ring (custom_vjp) with mask `mask`."""
+
+    def build(mesh):
+        return sharded(mesh, uk.vjp_ring(mesh.shape["cp"], uk.MASKS[mask], direction), 3), qkv(mesh)
+
+    return build
+
+
+def project_kernel(kind: str, partial: bool = False):
+    """This project's own custom_vjp kernels (tests/support/ring_kernels.py): "fori" or "scan" (blockwise)."""
+    from support import ring_kernels
+
+    def build(mesh):
+        cp = mesh.shape["cp"]
+        kernel = (ring_kernels.fori_ring_attention("cp", cp) if kind == "fori"
+                  else ring_kernels.scan_ring_attention("cp", cp, 4))
+        return ring_kernels.sharded(kernel, mesh, partial=partial), qkv(mesh)
+
+    return build
+
+
+def nested(inner_build):
+    """The same body under two shard_maps: the outer manual over dp (a data-parallel wrapper), the inner over cp."""
+
+    def build(mesh):
+        fn, args = inner_build(mesh)
+        # inside the outer map the context mesh has dp manual: the inner map takes it from there
+        inner = jax.shard_map(_unwrap(fn), in_specs=_specs(args, ("cp",)), out_specs=P(None, "cp", None),
+                              axis_names={"cp"}, check_vma=False)
+        outer = jax.shard_map(inner, mesh=mesh, in_specs=_specs(args, ("dp",)), out_specs=P("dp", None, None),
+                              axis_names={"dp"}, check_vma=False)
+        return outer, args
+
+    return build
+
+
+def partial_manual(inner_build):
+    """The same body in a shard_map manual over cp only (dp left to the partitioner)."""
+
+    def build(mesh):
+        fn, args = inner_build(mesh)
+        return jax.shard_map(_unwrap(fn), mesh=mesh, in_specs=_specs(args, ("cp",)), out_specs=P(None, "cp", None),
+                             axis_names={"cp"}, check_vma=False), args
+
+    return build
+
+
+def _unwrap(shard_mapped):
+    """The per-device body of a function made by `sharded` (kept on it by `sharded`)."""
+    return shard_mapped.__wrapped_body__
+
+
+def _specs(args, axes):
+    """in_specs for args, each sequence array split on the given axes only ("dp": batch, "cp": sequence); scalars
+    and the RoPE tables [S, D / 2] replicated."""
+    out = []
+    for a in args:
+        if a.ndim == 0 or a.shape == (S, D // 2):
+            out.append(P())
+        else:
+            dims = ["dp" if "dp" in axes else None, "cp" if "cp" in axes else None] + [None] * (a.ndim - 2)
+            out.append(P(*dims))
+    return tuple(out)
+
+
+def two_layers(inner_build):
+    """Two ring layers in one program, the second attending over the first's output (a residual stack)."""
+
+    def build(mesh):
+        fn, args = inner_build(mesh)
+
+        def f(q, k, v, *rest):
+            x = q + fn(q, k, v, *rest)
+            return x + fn(x, k, v, *rest)
+
+        return f, args
+
+    return build
+
+
+def psum_loss(inner_build):
+    """A loss summed over the sequence inside the region (psum over cp): a number the order doesn't change."""
+
+    def build(mesh):
+        fn, args = inner_build(mesh)
+        body = _unwrap(fn)
+
+        def loss_body(*a):
+            return jax.lax.psum(jnp.sum(body(*a) ** 2, axis=(1, 2)), "cp")
+
+        return jax.shard_map(loss_body, mesh=mesh, in_specs=_specs(args, ("dp", "cp")), out_specs=P("dp"),
+                             check_vma=False), args
+
+    return build
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The registry.
+
+BOTH = ("zigzag", "striped")
+ZIGZAG = ("zigzag",)
+
+
+def _registry() -> list[Program]:
+    from support import ring_user_refusals as ur
+
+    out: list[Program] = []
+
+    def add(name, build, expect, strategies=(), **kw):
+        out.append(Program(name, build, expect, tuple(strategies), **kw))
+
+    # One block a step, no skip: every device computes every block whatever the layout. Proved; the layout
+    # choice is the cost model's; an explicit layout must be applied.
+    for mask in ("causal", "window8", "window40", "alibi", "prefix20", "chunked24", "sinks"):
+        add(f"fori-{mask}", one_block(mask), "proved", BOTH if mask == "causal" else ZIGZAG)
+    add("scan-causal", one_block("causal", loop="scan"), "proved", ZIGZAG)
+    add("fori-causal-heads", one_block("causal", heads=True), "proved", ZIGZAG)
+    add("fori-causal-segments", one_block("causal", seg=True), "proved", ZIGZAG)
+    add("fori-causal-rope-table", one_block("causal", rope=True), "proved", ZIGZAG)
+    add("fori-causal-prefill-offset", one_block("causal", offset=True), "proved", ZIGZAG)
+    add("fori-causal-guarded", one_block("causal", merge="guarded"), "proved", ZIGZAG)
+    add("fori-sinks-softmax-aux", one_block("sinks", sink_logit=True), "proved", ZIGZAG)
+    add("fori-causal-softmax-aux", one_block("causal", sink_logit=True), "proved", ZIGZAG)
+    add("fori-chunked16-block-diagonal", one_block("chunked16"), "proved", ZIGZAG)
+    add("scan-window40", one_block("window40", loop="scan"), "proved", ZIGZAG)
+    add("scan-alibi-heads", one_block("alibi", loop="scan", heads=True), "proved", ZIGZAG)
+    add("fori-window8-data-positions", one_block("window8", positions="data"), "proved", ZIGZAG)
+    add("fori-causal-data-positions", one_block("causal", positions="data"), "proved", BOTH)
+    add("fori-causal-reverse-ring", one_block("causal", direction=-1), "proved", ZIGZAG)
+    add("scan-prefix20-guarded", one_block("prefix20", loop="scan", merge="guarded"), "proved", ZIGZAG)
+    add("fori-chunked24-segments", one_block("chunked24", seg=True), "proved", ZIGZAG)
+    add("fori-alibi-rope-table", one_block("alibi", rope=True), "proved", ZIGZAG)
+    add("fori-window40-prefill-offset", one_block("window40", offset=True), "proved", ZIGZAG)
+    add("fori-bidirectional", one_block("none"), "balanced", reason="balanced")
+    add("fori-bidirectional-segments", one_block("none", seg=True), "balanced", reason="balanced")
+    add("scan-bidirectional-heads", one_block("none", loop="scan", heads=True), "balanced", reason="balanced")
+
+    # Blockwise: chunk pairs skipped by positions. The causal ones pay for a reorder.
+    for mask in ("causal", "alibi", "window40", "prefix20", "chunked16", "sinks"):
+        add(f"blockwise-{mask}", blockwise(mask), "rewritten" if mask in ("causal", "alibi") else "proved",
+            BOTH if mask in ("causal", "window40", "chunked16") else ZIGZAG)
+    add("blockwise-window8", blockwise("window8"), "balanced", reason="balanced")
+    add("blockwise-causal-segments", blockwise("causal", seg=True), "rewritten", BOTH)
+    add("blockwise-causal-guarded", blockwise("causal", merge="guarded"), "rewritten", ZIGZAG)
+    add("blockwise-causal-chunk8", blockwise("causal", chunk=8), "rewritten", ZIGZAG)
+
+    # Other meshes: Auto axes; cp = 8.
+    add("fori-causal@auto", one_block("causal"), "proved", ZIGZAG, mesh="auto")
+    add("fori-window40@auto", one_block("window40"), "proved", ZIGZAG, mesh="auto")
+    add("blockwise-causal@auto", blockwise("causal"), "rewritten", BOTH, mesh="auto")
+    add("fori-causal@cp8", one_block("causal"), "proved", BOTH, mesh="cp8")
+    add("blockwise-causal@cp8", blockwise("causal"), "rewritten", ZIGZAG, mesh="cp8")
+    add("blockwise-window40@cp8", blockwise("window40"), "proved", ZIGZAG, mesh="cp8")
+    add("blockwise-alibi@cp8", blockwise("alibi"), "rewritten", ZIGZAG, mesh="cp8")
+    add("blockwise-prefix20@auto", blockwise("prefix20"), "proved", ZIGZAG, mesh="auto")
+    add("fori-alibi@auto", one_block("alibi"), "proved", ZIGZAG, mesh="auto")
+    add("fori-sinks@auto", one_block("sinks"), "proved", ZIGZAG, mesh="auto")
+    add("fori-causal-segments@auto", one_block("causal", seg=True), "proved", ZIGZAG, mesh="auto")
+    add("fori-causal-rope-table@auto", one_block("causal", rope=True), "proved", ZIGZAG, mesh="auto")
+    add("fori-prefix20@cp8", one_block("prefix20"), "proved", ZIGZAG, mesh="cp8")
+    add("fori-chunked24@cp8", one_block("chunked24"), "proved", ZIGZAG, mesh="cp8")
+    add("fori-window8@cp8", one_block("window8"), "proved", ZIGZAG, mesh="cp8")
+    add("fori-causal-guarded@cp8", one_block("causal", merge="guarded"), "proved", ZIGZAG, mesh="cp8")
+    add("fori-bidirectional@cp8", one_block("none"), "balanced", reason="balanced", mesh="cp8")
+
+    # Other structures: nested shard_map (dp outer, cp inner), partially manual, two layers, a loss in the region.
+    add("nested-fori-causal", nested(one_block("causal")), "proved", ZIGZAG)
+    add("nested-blockwise-causal", nested(blockwise("causal")), "rewritten", BOTH)
+    add("partial-fori-causal", partial_manual(one_block("causal")), "proved", ZIGZAG)
+    add("partial-blockwise-causal", partial_manual(blockwise("causal")), "rewritten", ZIGZAG)
+    add("two-layers-blockwise-causal", two_layers(blockwise("causal")), "rewritten", ZIGZAG)
+    add("two-layers-fori-window40", two_layers(one_block("window40")), "proved", ZIGZAG)
+    add("psum-loss-blockwise-causal", psum_loss(blockwise("causal")), "rewritten", ZIGZAG)
+
+    # Training: custom_vjp kernels (forward and backward rings).
+    for mask in ("causal", "window40", "alibi"):
+        add(f"vjp-{mask}", vjp(mask), "proved", ZIGZAG, grad=True)
+    add("vjp-causal-reverse-ring", vjp("causal", direction=-1), "proved", ZIGZAG, grad=True)
+    add("vjp-causal-forward-only", vjp("causal"), "proved", ZIGZAG)
+    add("vjp-causal@auto", vjp("causal"), "proved", ZIGZAG, grad=True, mesh="auto")
+    add("project-fori-vjp", project_kernel("fori"), "proved", ZIGZAG, grad=True)
+    add("project-scan-vjp", project_kernel("scan"), "rewritten", BOTH, grad=True)
+    add("project-scan-vjp@auto", project_kernel("scan"), "rewritten", ZIGZAG, grad=True, mesh="auto")
+    add("project-scan-vjp-partial", project_kernel("scan", partial=True), "rewritten", ZIGZAG, grad=True)
+
+    # Must be left alone.
+    for make in ur.REFUSALS:
+        add(f"refuse-{make.__name__.replace('_', '-')}", refusal(make), "refused", source=make)
+    add("refuse-positions-left-behind", refusal(ur.positions_left_behind, positions=True), "refused",
+        source=ur.positions_left_behind)
+    return out
+
+
+PROGRAMS = _registry()

@@ -1,0 +1,186 @@
+"""Ring programs written as users write them (tests/support/ring_user_programs.py), each through
+`@autofix_shardings` with its defaults and with the layouts it declares:
+
+- every ring decision is the one the program declares: rewritten; left alone as balanced (proved, not worth a
+  permutation); proved (either, as the cost model chooses); or refused, naming the op and the user's line that
+  broke the proof (one of the lines the program marks `# refused here`);
+- every program computes what jax.jit computes (to 1e-5; its gradients for the differentiated ones). To keep the
+  suite fast the programs run in batches: one jitted function computes a batch of programs of one mesh, the same
+  batch goes through the decorator (whose decisions must be the programs' own), and each program's results are
+  compared with jax.jit's.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from shardfix import autofix_shardings
+from support.ring_user_programs import PROGRAMS, Program, meshes
+
+PERMUTATION = "shardfix.sequence_permutation"
+BY_NAME = {p.name: p for p in PROGRAMS}
+OP = re.compile(r"'(stablehlo|func|sdy|chlo)\.[a-z_]+'")
+BATCH = 12
+# The programs are tiny: what costs is compiling them. Both sides of every comparison compile with these options
+# (XLA's CPU backend without its expensive LLVM passes takes a third of the time).
+FAST = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+
+
+@functools.cache
+def _meshes():
+    return meshes()
+
+
+@functools.cache
+def target(name: str):
+    """(the function under test, its arguments): the program, or the gradient of sum(program * w)."""
+    p = BY_NAME[name]
+    fn, args = p.build(_meshes()[p.mesh])
+    if not p.grad:
+        return fn, args
+    w = np.random.default_rng(7).standard_normal(jax.eval_shape(fn, *args).shape).astype(np.float32)
+    return jax.grad(lambda *a: jnp.sum(fn(*a) * w), argnums=p.wrt), args
+
+
+@functools.cache
+def lowered(name: str, strategy: str):
+    fn, args = target(name)
+    return autofix_shardings(fn, ring_reorder=strategy, on_fix="ignore").lower(*args)
+
+
+def describe(low) -> list[tuple[str, bool, str]]:
+    return [(r.strategy, r.applied, r.why) for r in low.rings]
+
+
+def assert_refused_at_marked_line(p: Program, low, strategy: str = "auto"):
+    lines = p.refused_lines()
+    for r in low.rings:
+        assert not r.applied, describe(low)
+        if strategy == "striped" and "is not a multiple of" in r.why:
+            continue  # no stripe fits the units the program reads: refused before any proof
+        assert r.why.startswith("not provably safe"), r.why
+        assert OP.search(r.why), r.why
+        cited = {int(n) for n in re.findall(r"ring_user_(?:refusals|kernels|programs)\.py:(\d+)", r.why)}
+        assert cited & set(lines), f"{r.why}\n cites none of the marked lines {lines}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Decisions, program by program (lowering only).
+
+
+@pytest.mark.parametrize("name", [p.name for p in PROGRAMS])
+def test_decision_under_defaults(name):
+    p = BY_NAME[name]
+    low = lowered(name, "auto")
+    assert low.rings, "no ring found"
+    if p.expect == "rewritten":
+        assert all(r.applied for r in low.rings), describe(low)
+    elif p.expect == "balanced":
+        assert not any(r.applied for r in low.rings), describe(low)
+        for r in low.rings:
+            assert not r.why.startswith("not provably safe") and p.reason in r.why, r.why
+    elif p.expect == "proved":
+        for r in low.rings:
+            assert r.applied or not r.why.startswith("not provably safe"), r.why
+    else:
+        assert_refused_at_marked_line(p, low)
+    if not any(r.applied for r in low.rings):
+        assert PERMUTATION not in low.as_text()
+
+
+@pytest.mark.parametrize("name,strategy", [(p.name, s) for p in PROGRAMS for s in p.strategies])
+def test_decision_for_the_layout_asked(name, strategy):
+    low = lowered(name, strategy)
+    assert low.rings and all(r.applied and r.strategy.startswith(strategy) for r in low.rings), describe(low)
+
+
+@pytest.mark.parametrize("name", [p.name for p in PROGRAMS if p.expect == "refused"])
+def test_refused_whatever_the_layout_asked(name):
+    for strategy in ("zigzag", "striped"):
+        low = lowered(name, strategy)
+        assert_refused_at_marked_line(BY_NAME[name], low, strategy)
+        assert PERMUTATION not in low.as_text()
+
+
+def test_registry_covers_every_kind():
+    assert len(PROGRAMS) == len(BY_NAME) >= 80
+    kinds = {"fori-", "scan-", "blockwise-", "vjp-", "nested-", "partial-", "refuse-", "@auto", "@cp8", "window8",
+             "window40", "alibi", "prefix20", "chunked", "segments", "sinks", "rope-table", "prefill-offset",
+             "guarded", "bidirectional"}
+    for kind in kinds:
+        assert any(kind in name for name in BY_NAME), kind
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Results, in batches of programs of one mesh.
+
+
+def _batches() -> list[tuple[str, tuple[str, ...]]]:
+    """Programs of one mesh and one expectation together: where the defaults rewrite every program the zigzag
+    batch is the same program (compiled once), where they rewrite none only the layouts asked are compiled, and
+    refused programs are never compiled (what runs is jax.jit's program)."""
+    out = []
+    for mesh in ("explicit", "auto", "cp8"):
+        for group, expects in (("rewritten", ("rewritten",)), ("proved", ("proved", "balanced")),
+                               ("refused", ("refused",))):
+            names = [p.name for p in PROGRAMS if p.mesh == mesh and p.expect in expects]
+            out += [(f"{mesh}-{group}-{i // BATCH}", tuple(names[i:i + BATCH])) for i in range(0, len(names), BATCH)]
+    return out
+
+
+BATCHES = dict(_batches())
+
+
+def _combined(names: tuple[str, ...]):
+    fns = [target(n)[0] for n in names]
+    return (lambda all_args: [f(*a) for f, a in zip(fns, all_args)]), [target(n)[1] for n in names]
+
+
+@functools.cache
+def references(batch: str):
+    fn, args = _combined(BATCHES[batch])
+    return jax.jit(fn).lower(args).compile(compiler_options=FAST)(args)
+
+
+@functools.cache
+def batch_lowered(batch: str, strategy: str):
+    names = BATCHES[batch]
+    if strategy == "striped":
+        names = tuple(n for n in names if "striped" in BY_NAME[n].strategies)
+    fn, args = _combined(names)
+    return names, autofix_shardings(fn, ring_reorder=strategy, on_fix="ignore").lower(args)
+
+
+def _program(low) -> str:
+    """The patched module's text, less the stripe a zigzag permutation's marker records (unused by zigzag)."""
+    return re.sub(r'(strategy = "zigzag", stripe = )\d+', r"\g<1>0", low.as_text())
+
+
+@pytest.mark.parametrize("strategy", ["auto", "zigzag", "striped"])
+@pytest.mark.parametrize("batch", sorted(BATCHES))
+def test_results_equal_jax_jit(batch, strategy):
+    names, low = batch_lowered(batch, strategy)
+    if not names:
+        return
+    # the batch decides what its programs decide alone
+    alone = sorted(r.applied for n in names for r in lowered(n, strategy).rings)
+    assert sorted(r.applied for r in low.rings) == alone, describe(low)
+    if strategy == "zigzag" and _program(low) == _program(batch_lowered(batch, "auto")[1]):
+        return  # the program the defaults made, already compared
+    if not any(alone):
+        assert PERMUTATION not in low.as_text()
+        return
+    got = low.compile(compiler_options=FAST)([target(n)[1] for n in names])
+    want = dict(zip(BATCHES[batch], references(batch)))
+    wrong = []
+    for name, result in zip(names, got):
+        for a, b in zip(jax.tree.leaves(result), jax.tree.leaves(want[name]), strict=True):
+            if not np.allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5):
+                wrong.append(f"{name}: max difference {np.max(np.abs(np.asarray(a) - np.asarray(b))):.3g}")
+    assert not wrong, "SOUNDNESS: " + "; ".join(wrong)
