@@ -115,7 +115,7 @@ def _const_of(engine: Engine, value: ir.Value, inits: list, block) -> int | None
 
 def _counter(engine: Engine, op, inits: list, passthrough: list[bool]) -> _Counter | None:
     """The loop counter: the condition is `arg_i < n` and the body returns `arg_i + step`."""
-    cond, body = op.regions[0].blocks[0], op.regions[1].blocks[0]
+    cond = op.regions[0].blocks[0]
     cond_ops = [o.operation for o in cond.operations]
     ret = _through_identity(cond_ops[-1].operands[0])
     compare = ret.owner
@@ -132,14 +132,7 @@ def _counter(engine: Engine, op, inits: list, passthrough: list[bool]) -> _Count
     init = inits[index]
     if bound is None or not isinstance(init, Index) or not init.expr.is_const or passthrough[index]:
         return None
-    terminator = list(body.operations)[-1].operation
-    step_value = _through_identity(terminator.operands[index])
-    add = step_value.owner
-    if isinstance(add, ir.Block) or add.name != "stablehlo.add":
-        return None
-    a, b = (_through_identity(v) for v in add.operands)
-    arg = body.arguments[index]
-    step = _const_of(engine, b, inits, body) if a == arg else _const_of(engine, a, inits, body) if b == arg else None
+    step = _constant_step(engine, op, inits, index)
     if not step or step < 1:
         return None
     start = init.expr.const
