@@ -96,13 +96,15 @@ def functional(kind: str, decorate, tokens, rules) -> tuple[list, list]:
 
 
 def eager(kind: str, tokens, mesh, rules) -> tuple[list, list]:
-    """Initialise on the host (no mesh), then, under the mesh and rules, `nn.unbox` and `jax.device_put` the
+    """Initialise and `nn.unbox` on the host (no mesh), then, under the mesh and rules, `jax.device_put` the
     parameters where `nn.logical_to_mesh_sharding` says; the optimizer's state is made from the placed parameters;
-    a jax.jit step."""
+    a jax.jit step. (Unboxing under the mesh would apply each box's constraint eagerly to an array on one device,
+    which JAX rejects on Auto axes for any spec, a valid one too.)"""
     variables = GQA(sharded=False).init(jax.random.key(0), tokens[:, :-1])
+    host_params = nn.unbox(variables["params"])
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(variables), mesh, rules)
-        params = jax.device_put(nn.unbox(variables["params"]), shardings["params"])
+        params = jax.device_put(host_params, shardings["params"])
         state = train_state.TrainState.create(apply_fn=GQA().apply, params=params, tx=optimizer_for(kind))
         if mesh.are_all_axes_explicit:
             # nn.Embed's gather (jnp.take) of batch-sharded tokens is ambiguous to JAX on Explicit axes and Linen's
