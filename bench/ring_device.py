@@ -9,9 +9,11 @@ slowest r; max over mean says how even the work is.
 
 Two steps, because the kernel's client and the accelerator may sit in different environments:
 
-    python bench/ring_device.py extract OUT_DIR [--cp 8] [--tokens 8192] [--heads 8] [--dim 128] [--chunk 1024]
-        (in .venv-oldest: ejkernel's causal ring attention, lowered on cp simulated CPU devices as written and
-        through @autofix_shardings; writes one module per layout and coordinate, and manifest.json)
+    python bench/ring_device.py extract OUT_DIR [--kernel ejkernel|liu] [--grad] [--cp 8] [--tokens 8192]
+            [--heads 8] [--dim 128] [--chunk 1024]
+        (ejkernel's causal ring attention (in .venv-oldest: it needs jax~=0.10) or Liu et al.'s RingAttention
+        (PyPI ringattention), lowered on cp simulated CPU devices as written and through @autofix_shardings;
+        writes one module per layout and coordinate, and manifest.json)
     python bench/ring_device.py time OUT_DIR [--rounds 20] [--section]
         (where the accelerator is: compiles and times every program on jax.devices()[0]; prints the table,
         with --section writes it to bench/RESULTS.md)
@@ -27,7 +29,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TITLE = "## ring-reorder on an accelerator: each ring device's program of ejkernel's causal ring attention, timed alone"
+KERNELS = {"ejkernel": "ejkernel's causal ring attention", "liu": "Liu et al.'s causal RingAttention"}
+TITLE = "## ring-reorder on an accelerator: each ring device's program of {}, timed alone"
 PERMUTATION_ATTR = "shardfix.sequence_permutation"
 
 
@@ -123,7 +126,8 @@ def device_program(text: str, coordinate: int, which: int = 0) -> str:
         return str(module)
 
 
-def extract(out_dir: str, cp: int, tokens: int, heads: int, dim: int, chunk: int, batch: int, grad: bool) -> None:
+def extract(out_dir: str, cp: int, tokens: int, heads: int, dim: int, chunk: int, batch: int, grad: bool,
+            kernel: str = "ejkernel", dtype: str = "bfloat16") -> None:
     os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={cp}")
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
@@ -133,14 +137,19 @@ def extract(out_dir: str, cp: int, tokens: int, heads: int, dim: int, chunk: int
     from jax.sharding import PartitionSpec as P
 
     from shardfix import autofix_shardings
-    from support import ejkernel_models as ejk
-
     mesh = jax.make_mesh((1, cp), ("dp", "cp"))
     spec = P("dp", "cp", None, None)
-    attention = ejk.sharded(mesh, chunk, False, entry="vjp")
-    args = [jax.ShapeDtypeStruct((batch, tokens * cp, heads, dim), jnp.bfloat16,
+    if kernel == "liu":  # its custom_vjp entry, causal_block_size=1, as LWM calls it
+        from support import liu_ring
+        attention = liu_ring.sharded(mesh, chunk, False, dtype=jnp.dtype(dtype))
+        described = "Liu et al.'s RingAttention (ringattention 0.1.2, causal)"
+    else:
+        from support import ejkernel_models as ejk
+        attention = ejk.sharded(mesh, chunk, False, entry="vjp")
+        described = "ejkernel 0.0.80.3 XLA ring_attention (causal, custom_vjp entry)"
+    args = [jax.ShapeDtypeStruct((batch, tokens * cp, heads, dim), jnp.dtype(dtype),
                                  sharding=NamedSharding(mesh, spec))] * 3
-    if grad:  # forward and backward rings (ejkernel's custom_vjp)
+    if grad:  # forward and backward rings (the kernel's custom_vjp)
         program = jax.grad(lambda q, k, v: attention(q, k, v).astype(jnp.float32).sum(), argnums=(0, 1, 2))
     else:
         program = attention
@@ -161,9 +170,9 @@ def extract(out_dir: str, cp: int, tokens: int, heads: int, dim: int, chunk: int
                     f.write(device_program(text, r, k))
             files.setdefault(layout, []).append(names)
     kind = "jax.grad (forward and backward rings)" if grad else "forward"
-    manifest = {"kernel": f"ejkernel 0.0.80.3 XLA ring_attention (causal, custom_vjp entry), {kind}",
+    manifest = {"kernel": f"{described}, {kind}", "kernel_id": kernel,
                 "cp": cp, "tokens_per_device": tokens, "heads": heads, "dim": dim, "chunk": chunk,
-                "batch": batch, "dtype": "bfloat16", "grad": grad, "decisions": decisions, "files": files,
+                "batch": batch, "dtype": dtype, "grad": grad, "decisions": decisions, "files": files,
                 "lowered_with": f"jax {jax.__version__}"}
     with open(os.path.join(out_dir, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
@@ -238,7 +247,7 @@ def time_programs(out_dir: str, rounds: int) -> dict:
 
 
 def title(result: dict) -> str:
-    return TITLE + (": jax.grad (forward and backward rings)" if result.get("grad") else ": forward")
+    return TITLE.format(KERNELS[result.get("kernel_id", "ejkernel")]) + (": jax.grad (forward and backward rings)" if result.get("grad") else ": forward")
 
 
 def render(result: dict) -> str:
@@ -258,8 +267,14 @@ def render(result: dict) -> str:
             f"collective_permutes passing their operand through) compiled for the one device and timed alone, "
             f"median of {result['rounds']} runs. Decisions: {result['decisions']}.\n\n"
             + "\n".join(rows) + f"\n\nCritical path against contiguous, shorter by: {speedups}.\n\n"
-            "Commands: `python bench/ring_device.py extract DIR` (in .venv-oldest), then "
+            f"Commands: `python bench/ring_device.py extract DIR {_extract_flags(result)}`, then "
             "`python bench/ring_device.py time DIR --section` on the accelerator.\n")
+
+
+def _extract_flags(result: dict) -> str:
+    kernel = result.get("kernel_id", "ejkernel")
+    flags = f"--kernel {kernel} --dtype {result['dtype']}" + (" --grad" if result.get("grad") else "")
+    return flags + (" (in .venv-oldest)" if kernel == "ejkernel" else "")
 
 
 def main(argv=None) -> None:
@@ -270,6 +285,8 @@ def main(argv=None) -> None:
     for name, default in (("cp", 8), ("tokens", 8192), ("heads", 8), ("dim", 128), ("chunk", 1024), ("batch", 1)):
         ex.add_argument(f"--{name}", type=int, default=default)
     ex.add_argument("--grad", action="store_true", help="jax.grad of the attention: forward and backward rings")
+    ex.add_argument("--kernel", choices=sorted(KERNELS), default="ejkernel")
+    ex.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     tm = sub.add_parser("time", help="compile and time each coordinate's program on jax.devices()[0]")
     tm.add_argument("out_dir")
     tm.add_argument("--rounds", type=int, default=20)
@@ -277,7 +294,7 @@ def main(argv=None) -> None:
     tm.add_argument("--json", help="also write the raw figures here")
     args = ap.parse_args(argv)
     if args.command == "extract":
-        extract(args.out_dir, args.cp, args.tokens, args.heads, args.dim, args.chunk, args.batch, args.grad)
+        extract(args.out_dir, args.cp, args.tokens, args.heads, args.dim, args.chunk, args.batch, args.grad, args.kernel, args.dtype)
         return
     result = time_programs(args.out_dir, args.rounds)
     if args.json:

@@ -30,11 +30,12 @@ def kernel_module():
     return module
 
 
-def sharded(mesh, chunk: int, segments: bool):
-    """f(q, k, v[, segment_ids]) over global [B, S, H, D] (segment ids [B, S])."""
+def sharded(mesh, chunk: int, segments: bool, dtype=jnp.float32):
+    """f(q, k, v[, segment_ids]) over global [B, S, H, D] (segment ids [B, S]); `dtype`: the kernel's compute
+    type."""
     ring_attention = kernel_module().ring_attention
     blockwise_kwargs = dict(causal_block_size=1, deterministic=True, dropout_rng=None, attn_pdrop=0.0,
-                            query_chunk_size=chunk, key_chunk_size=chunk, dtype=jnp.float32,
+                            query_chunk_size=chunk, key_chunk_size=chunk, dtype=dtype,
                             policy=jax.checkpoint_policies.nothing_saveable, precision=None, prevent_cse=True)
     seq = P("dp", "cp", None, None)
 
