@@ -18,7 +18,8 @@ from . import coverage as cov_ops
 from .algebra import agg_fn, cov_prefix, try_complete
 from .analysis import Engine, Obligation, Refusal
 from .dims import shape
-from .symbolic import Aff, Node, Scope, Var
+from .symbolic import Aff, Node, Scope, Var, sourced_nodes
+from .symbolic import Dim as SymDim
 from .values import CONST, EMPTY, Agg, Axis, Cells, Coverage, CoverageVar, Data, Index, Stack, Tok, canonical
 
 
@@ -42,8 +43,13 @@ class Written:
 
 
 def buffer_write(engine: Engine, op, buffer, update, starts: list[Aff]):
-    update = try_complete(engine, engine.as_data(update, op, 1))
     out = shape(op.results[0])
+    if isinstance(update, Index) and isinstance(buffer, Index) and next(sourced_nodes(update.expr), None) is None:
+        # integers (chunk indices, positions) a loop stacks stay integers: read back, they are the same numbers
+        written = _slice_written(engine, op, buffer, update, starts, out)
+        if written is not None:
+            return written
+    update = try_complete(engine, engine.as_data(update, op, 1))
     if tuple(update.shape) == tuple(out) and all(s == Aff() for s in starts):
         return update
     partial = [d for d in range(len(out)) if update.shape[d] != out[d]]
@@ -52,6 +58,14 @@ def buffer_write(engine: Engine, op, buffer, update, starts: list[Aff]):
         engine.refuse("writes part of a buffer other than one slice per iteration of the loop filling it", op)
     loop, index = slot
     return Written(loop, index, partial[0], starts[partial[0]], update, tuple(out))
+
+
+def _slice_written(engine: Engine, op, buffer, update, starts: list[Aff], out) -> "Written | None":
+    partial = [d for d in range(len(out)) if update.shape[d] != out[d]]
+    slot = engine.state.carried.get(id(buffer))
+    if slot is None or len(partial) != 1 or any(s != Aff() for d, s in enumerate(starts) if d != partial[0]):
+        return None
+    return Written(slot[0], slot[1], partial[0], starts[partial[0]], update, tuple(out))
 
 
 def substitute_value(value, mapping: dict):
@@ -159,6 +173,11 @@ def while_loop(engine: Engine, op):
     body = op.regions[1].blocks[0]
     terminator = list(body.operations)[-1].operation
     passthrough = [terminator.operands[i] == body.arguments[i] for i in range(len(inits))]
+    dead = engine.dead_slots.get(op, ())
+    if dead:  # slots only residuals read: carried uninterpreted, like values the loop passes through
+        from .autodiff import OPAQUE
+        inits = [OPAQUE if i in dead else v for i, v in enumerate(inits)]
+        passthrough = [p or i in dead for i, p in enumerate(passthrough)]
     counter = _counter(engine, op, inits, passthrough)
     if counter is not None and counter.trips == 0:
         return inits
@@ -484,6 +503,12 @@ def _filled(engine: Engine, op, written: Written, k: Var, trips: int) -> Data:
     if written.index != Aff.of(k).scale(size) or trips * size != written.shape[d]:
         engine.refuse("fills a buffer other than slice by slice in order, exactly once", op)
     update = written.update
+    if isinstance(update, Index):
+        if size != 1:
+            engine.refuse("fills a buffer with slices wider than one element", op)
+        # element j along d is the slice the iteration k = j wrote
+        expr = update.expr.substitute({SymDim(d): Aff()}).substitute({k: Aff.of(SymDim(d))})
+        return Index(written.shape, expr)
     if update.dims[d] != CONST or size != 1:
         engine.refuse("fills a buffer with slices wider than one element", op)
     varies = k in _value_atoms(update) or k in engine.fns.depends(update.fn)

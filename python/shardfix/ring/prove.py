@@ -15,6 +15,7 @@ from jaxlib.mlir import ir
 
 from ..locations import SourceLoc
 from .analysis import Engine, Refusal, RingInfo, Shared, State
+from .autodiff import Liveness, paired_backwards
 from .detect import RingRegion, axis_strides, find_ring_regions, module_funcs, module_meshes
 from .dims import origin, readers, shape
 from .memo import GroupMemo
@@ -101,22 +102,120 @@ def _groups(regions: list[RingRegion]) -> list[list[RingRegion]]:
 
 
 def _prove_group(group: list[RingRegion], funcs, verdicts: dict, shared: Shared) -> None:
-    produced: dict = {}  # region result value -> abstract value (per-device values for the group's consumers)
     members = {r.region for r in group}
     try:
-        for place, r in enumerate(group):
-            _prove_region(r, place, funcs, verdicts[id(r.region)], produced, members, shared)
-    except _GroupRefusal as e:
-        for r in group:
-            v = verdicts[id(r.region)]
-            v.proved = False
-            v.why = e.refusal.describe(e.region.loc) if r is e.region else \
-                f"reordered together with the ring region at {e.region.loc or 'an unknown location'}, which is not " \
-                f"provably safe ({e.refusal.describe(e.region.loc)})"
-            v.loc = (e.refusal.user_loc() or r.loc) if r is e.region and e.refusal.op is not None else r.loc
-        return
+        _prove_members(group, funcs, verdicts, members, shared, frozenset())
+    except _GroupRefusal as first:
+        # JAX's transposes of the group's forward regions are proved from the forward (autodiff.py): only the
+        # forward's results need proving, not the residuals it hands them
+        backwards = paired_backwards(group, funcs) if len(group) > 1 else set()
+        e = first
+        if backwards:
+            try:
+                _prove_members(group, funcs, verdicts, members, shared, frozenset(backwards))
+                e = None
+            except _GroupRefusal as second:
+                e = second
+        if e is not None:
+            _refuse_group(group, verdicts, e)
+            return
     for r in group:
         verdicts[id(r.region)].proved = True
+
+
+def _prove_members(group: list[RingRegion], funcs, verdicts: dict, members: set, shared: Shared,
+                   backwards: frozenset) -> None:
+    produced: dict = {}  # region result value -> abstract value (per-device values for the group's consumers)
+    block = None
+    primal: list = []  # the proved results of forward regions whose transposes are in the group
+    forwarded: set = set()  # the operands of those forward regions (JAX hands some to the transposes as well)
+    for place, r in enumerate(group):
+        verdict = verdicts[id(r.region)] = Verdict(r, group=verdicts[id(r.region)].group)
+        if r.region in backwards:
+            _transposed_region(r, verdict, produced, members, block)
+            _match_cotangents(r, primal, forwarded, produced)
+        else:
+            residuals = _prove_region(r, place, funcs, verdict, produced, members, shared, backwards)
+            block = verdict.block
+            if backwards:
+                primal += [(r, j) for j in range(len(r.region.results)) if j not in residuals]
+                forwarded |= {origin(v) for v in r.region.operands}
+
+
+def _match_cotangents(r: RingRegion, primal: list, forwarded: set, produced: dict) -> None:
+    """The transpose differentiates the forward's results: each cotangent it reads must be that of a proved
+    result (same type and layout). A forward whose results the program dropped (a loss whose derivative doesn't
+    read them) leaves the transpose with the linear part of ops that are nowhere else in the program: nothing
+    about them is proved."""
+    available = list(primal)
+    ins = r.in_shardings()
+    for i, operand in enumerate(r.region.operands):
+        source = origin(operand)
+        if source in produced or source in forwarded:
+            continue
+        match = next((p for p in available if str(p[0].region.results[p[1]].type) == str(operand.type)
+                      and str(p[0].out_shardings()[p[1]]) == str(ins[i])), None)
+        if match is None:
+            raise _GroupRefusal(Refusal(
+                f"differentiates a ring region whose result the program dropped (operand {i} is the cotangent of "
+                "a result read only through its derivative), so there is no forward to prove it from: use the "
+                "forward's result (return it, or let the loss read it), or give the kernel a custom_vjp",
+                r.region), r)
+        available.remove(match)
+
+
+def _refuse_group(group: list[RingRegion], verdicts: dict, e: "_GroupRefusal") -> None:
+    for r in group:
+        v = verdicts[id(r.region)]
+        v.proved = False
+        v.why = e.refusal.describe(e.region.loc) if r is e.region else \
+            f"reordered together with the ring region at {e.region.loc or 'an unknown location'}, which is not " \
+            f"provably safe ({e.refusal.describe(e.region.loc)})"
+        v.loc = (e.refusal.user_loc() or r.loc) if r is e.region and e.refusal.op is not None else r.loc
+
+
+def _transposed_region(r: RingRegion, verdict: Verdict, produced: dict, members: set, block: int | None) -> None:
+    """A transpose of the group's forward (autodiff.py): its sequence operands (cotangents, forward operands JAX
+    forwards) are permuted and its sequence results (cotangents of sequence operands) restored; residuals pass
+    in the forward's layout; anything else per-device is refused."""
+    body = r.region.regions[0].blocks[0]
+    local_shapes = [shape(a) for a in body.arguments]
+    seq_in, seq_out, length = {}, {}, None
+    for i, sharding in enumerate(r.in_shardings()):
+        if origin(r.region.operands[i]) in produced:
+            continue
+        kind = _classify(sharding, r.axis, local_shapes[i])
+        if kind is None:
+            continue
+        if kind[0] != "sequence":
+            raise _GroupRefusal(Refusal(f"operand {i} is a per-device value over the ring axis \"{r.axis}\" "
+                                        "that no reordered ring region produces", r.region), r)
+        dim = kind[1]
+        if block is not None and local_shapes[i][dim] != block:
+            raise _GroupRefusal(Refusal(f"has sequence operands of different lengths ({block} and "
+                                        f"{local_shapes[i][dim]} tokens a device)", r.region), r)
+        block = local_shapes[i][dim]
+        length = shape(r.region.operands[i])[dim]
+        seq_in[i] = dim
+    if block is None or not seq_in:
+        raise _GroupRefusal(Refusal(f"no operand is sharded on the ring axis \"{r.axis}\" along a sequence dim",
+                                    r.region), r)
+    for j, sharding in enumerate(r.out_shardings()):
+        local = _local_shape(r, j)
+        kind = _classify(sharding, r.axis, local)
+        if kind is None:
+            continue
+        result = r.region.results[j]
+        if kind[0] == "sequence" and local[kind[1]] == block:
+            seq_out[j] = kind[1]
+            continue
+        if any(reader not in members for reader in readers(result)):
+            raise _GroupRefusal(Refusal(f"result {j} is a per-device value that ops outside the ring regions read",
+                                        r.region), r)
+        from .autodiff import OPAQUE
+        produced[result] = OPAQUE
+    verdict.block, verdict.length = block, length
+    verdict.sequence_operands, verdict.sequence_results = seq_in, seq_out
 
 
 def _ring_info(r: RingRegion, block: int) -> RingInfo:
@@ -126,7 +225,7 @@ def _ring_info(r: RingRegion, block: int) -> RingInfo:
 
 
 def _prove_region(r: RingRegion, place: int, funcs, verdict: Verdict, produced: dict, members: set,
-                  shared: Shared) -> None:
+                  shared: Shared, backwards: frozenset = frozenset()) -> set:
     body = r.region.regions[0].blocks[0]
     local_shapes = [shape(a) for a in body.arguments]
     ins, outs = r.in_shardings(), r.out_shardings()
@@ -148,7 +247,11 @@ def _prove_region(r: RingRegion, place: int, funcs, verdict: Verdict, produced: 
                                     r.region), r)
     verdict.block, verdict.length, verdict.sequence_operands = block, length, seq_in
     state = State(_ring_info(r, block), funcs, shared)
-    engine = Engine(state, Scope(r.cp, {}))
+    # results only JAX's transposes read (residuals) need no proof: interpret what the others depend on
+    residuals = {j for j, result in enumerate(r.region.results)
+                 if all(reader in backwards for reader in readers(result))} if backwards else set()
+    liveness = Liveness(body, set(range(len(r.region.results))) - residuals) if residuals else None
+    engine = Engine(state, Scope(r.cp, {}), liveness)
     args = []
     for i, sharding in enumerate(ins):
         local = local_shapes[i]
@@ -177,7 +280,8 @@ def _prove_region(r: RingRegion, place: int, funcs, verdict: Verdict, produced: 
                                     f"{error})", r.region), r) from None
     verdict.rewrites = list(state.rewrites.values())
     verdict.units = dict(state.units)
-    _check_results(r, engine, results, outs, verdict, produced, members)
+    _check_results(r, engine, results, outs, verdict, produced, members, residuals)
+    return residuals
 
 
 def _classify(sharding, axis: str, local) -> tuple | None:
@@ -195,11 +299,14 @@ def _classify(sharding, axis: str, local) -> tuple | None:
 
 
 def _check_results(r: RingRegion, engine: Engine, results: list, outs, verdict: Verdict, produced: dict,
-                   members: set) -> None:
+                   members: set, residuals: set = frozenset()) -> None:
     from .algebra import try_complete
     seq_out = {}
     for j, (value, sharding) in enumerate(zip(results, outs)):
         result = r.region.results[j]
+        if j in residuals:  # read by transposed regions only, in the layout this region makes them
+            produced[result] = value
+            continue
         if isinstance(value, Data):
             value = try_complete(engine, value)
         kind = _classify(sharding, r.axis, _local_shape(r, j))
