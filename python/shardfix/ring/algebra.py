@@ -452,6 +452,35 @@ def _select(engine: Engine, op, values: list[Data]) -> Data:
     engine.refuse("selects between partial aggregates", op)
 
 
+def reset_select(engine: Engine, loop: int, first: Data, later: Data) -> Data | None:
+    """select(first step of `loop`, first, later), as a step-0 reset writes it (`where(i == 0, fresh, merged)`):
+    `later`, whenever `later` at that step is `first`. At the first step the loop's carried aggregates have folded
+    in nothing, so `later` holds exactly the blocks `first` holds when `first` is `later` less what the loop
+    carries (the same fold of the same blocks), or when `first` is zero and `later` a sum or a rescaling from what
+    the loop carries alone (an empty sum; a rescaling from no maximum, which annihilates what it scales). A
+    function of the merge state, so the fold stays order-free. None: not such a select (the general rules decide)."""
+    if later.agg is None:
+        return None
+    if loop < 0:  # a discovery pass (loops.UNDECIDED): the pass with the loop's counter known decides
+        return later
+
+    def own(cov: Coverage) -> Coverage:
+        return Coverage(tuple(p for p in engine.canonical_cov(cov).parts
+                              if not (isinstance(p, CoverageVar) and p.name[2:].startswith(f"{loop}_"))))
+
+    x = later.agg
+    if first.agg is None:
+        if _is_const(engine, first, 0.0) and (x.op in SUM_LIKE or x.op == "shift") and not own(x.cov).parts:
+            return later
+        return None
+    y = first.agg
+    if (x.op, x.term, x.score, x.home) != (y.op, y.term, y.score, y.home) or first.dims != later.dims:
+        return None
+    if own(x.cov) != engine.canonical_cov(y.cov) or own(x.shift_cov) != own(y.shift_cov):
+        return None
+    return later
+
+
 def _finite_fn(engine: Engine, fn: int) -> int:
     return engine.fns.intern(("ew", "stablehlo.is_finite", "", (fn,)), engine.fns.depends(fn))
 

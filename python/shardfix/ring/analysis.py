@@ -174,6 +174,7 @@ class State:
     directions: set = field(default_factory=set)  # +1 / -1: the ring directions seen
     carried: dict = field(default_factory=dict)  # id of a loop-carried placeholder -> (loop op, index)
     cov_alias: dict = field(default_factory=dict)  # coverage unknowns assumed equal (checked when solved)
+    loop_vars: dict = field(default_factory=dict)  # a loop's iteration variable -> id of the loop op
 
     @property
     def fns(self) -> FnTable:

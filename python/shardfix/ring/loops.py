@@ -68,6 +68,33 @@ def _slice_written(engine: Engine, op, buffer, update, starts: list[Aff], out) -
     return Written(slot[0], slot[1], partial[0], starts[partial[0]], update, tuple(out))
 
 
+UNDECIDED = -1
+
+
+def first_iteration_loop(engine: Engine, cond: Index) -> int | None:
+    """The loop (its op's id) whose first iteration, and only that, `cond` holds at: a condition of that loop's
+    iteration variable alone (`i == 0` in a fori_loop body). None for any other condition."""
+    if cond.shape and any(n > 1 for n in cond.shape):
+        return None
+    atoms = cond.expr.free_atoms()
+    if any(isinstance(a, Var) and a in engine.state.unknown_vars for a in atoms):
+        return UNDECIDED  # a loop's discovery pass, its counter still unknown: the pass that follows decides
+    loop_vars = [a for a in atoms if isinstance(a, Var) and a in engine.state.loop_vars]
+    if len(loop_vars) != 1 or any(not isinstance(a, (Var, Node)) for a in atoms) or \
+            any(isinstance(a, Var) and a is not loop_vars[0] for a in atoms):
+        return None
+    k = loop_vars[0]
+    found = engine.scope.var_bounds.get(k)
+    if found is None or not found[0].is_const or not found[1].is_const or found[1].const - found[0].const > 256:
+        return None
+    lo, hi = int(found[0].const), int(found[1].const)
+    for value in range(lo, hi + 1):
+        fixed = cond.expr.substitute({k: Aff((), value)})
+        if not fixed.is_const or fixed.const != (1 if value == lo else 0):
+            return None
+    return engine.state.loop_vars[k]
+
+
 def substitute_value(value, mapping: dict):
     """An abstract value with Vars (and CoverageVars) replaced."""
     if isinstance(value, Index):
@@ -214,6 +241,7 @@ def _discover(engine: Engine, op, inits, passthrough, counter) -> _Plan:
     """A first pass with everything that changes unknown: how each carried value changes per iteration."""
     body = op.regions[1].blocks[0]
     k = cov_ops.fresh_var("it")
+    engine.state.loop_vars[k] = id(op)
     placeholders, owned, index_steps = [], {}, {}
     for i, init in enumerate(inits):
         step = _constant_step(engine, op, inits, i) if isinstance(init, Index) else None
@@ -554,4 +582,4 @@ def _as_token_dim(update: Data, d: int, k: Var) -> Data | None:
     return update.with_(axes=axes, dims=dims)
 
 
-__all__ = ["Written", "buffer_write", "substitute_value", "while_loop"]
+__all__ = ["Written", "buffer_write", "first_iteration_loop", "substitute_value", "while_loop"]

@@ -173,6 +173,12 @@ def elementwise(engine: Engine, op):
         if folded is not None:
             return [folded]
     data = [engine.as_data(x, op, i) for i, x in enumerate(ins)]
+    if op.name == "stablehlo.select" and isinstance(ins[0], Index):
+        loop = loops.first_iteration_loop(engine, ins[0])
+        if loop is not None:  # a merge state started afresh at a loop's first step
+            reset = algebra.reset_select(engine, loop, data[1], data[2])
+            if reset is not None:
+                return [reset]
     return [algebra.combine(engine, op, data)]
 
 
