@@ -240,6 +240,19 @@ def _is_const(engine: Engine, value: Data, number: float) -> bool:
     return value.agg is None and value.fn == engine.fns.intern(("const", repr(float(number))))
 
 
+def start_value(engine: Engine, value: Data, agg_value: Data) -> bool:
+    """`value` can be an aggregate's start (a floor of a running max, what a softmax sum starts from): the same
+    on every device and in every layout, so folded in the same way whatever the order of the blocks. A constant,
+    or data of replicated operands (attention-sink logits) that varies only along dims the aggregate doesn't
+    index tokens by."""
+    if value.agg is not None or not value.is_invariant or engine.fns.depends(value.fn):
+        return False
+    if engine.fns.constant(value.fn) is not None:
+        return True
+    return all(r == CONST or (r == FREE and d < len(agg_value.dims) and agg_value.dims[d] == FREE)
+               for d, r in enumerate(value.dims))
+
+
 def home_axis(value: Data) -> Axis | None:
     if value.agg is None or value.agg.home is None:
         return None
@@ -367,6 +380,13 @@ def _aligned(engine: Engine, op, a: Data, b: Data) -> None:
 
 def _add(engine: Engine, op, values: list[Data]) -> Data:
     a, b = values
+    for p, q in ((a, b), (b, a)):
+        if p.agg is not None and q.agg is not None and p.agg.op == "sstart" and q.agg.op == "ssum" and \
+                p.agg.score == q.agg.score:
+            # a sum that starts from a start value: the sum, the start folded in once whatever the order
+            _aligned(engine, op, p, q)
+            _same_cov(engine, op, p.agg.shift_cov, q.agg.shift_cov, "adds softmax sums rescaled to different maxima")
+            return q
     if b.agg is None and _is_const(engine, b, 0.0):
         return a
     if a.agg is None and _is_const(engine, a, 0.0):
@@ -386,7 +406,7 @@ def _add(engine: Engine, op, values: list[Data]) -> Data:
 def _maximum(engine: Engine, op, values: list[Data]) -> Data:
     a, b = values
     for p, q in ((a, b), (b, a)):
-        if q.agg is None and p.agg is not None and p.agg.op == "max" and engine.fns.constant(q.fn) is not None:
+        if q.agg is None and p.agg is not None and p.agg.op == "max" and start_value(engine, q, p):
             return p  # a constant floor (the running max's start value) is part of the fold, in every order
     if a.agg is None or b.agg is None or a.agg.op != "max" or b.agg.op != "max" or a.agg.score != b.agg.score:
         engine.refuse("takes the maximum of different aggregates", op)
@@ -397,7 +417,7 @@ def _maximum(engine: Engine, op, values: list[Data]) -> Data:
 
 def _subtract(engine: Engine, op, values: list[Data]) -> Data:
     x, m = values
-    if x.agg is None and engine.fns.constant(x.fn) is not None and m.agg is not None and m.agg.op == "max":
+    if x.agg is None and m.agg is not None and m.agg.op == "max" and start_value(engine, x, m):
         # the running max before anything was folded in, minus the new one: a rescaling from nothing
         return with_agg(engine, m, Agg("mdiff", m.agg.home, 0, EMPTY, m.agg.score, m.agg.cov))
     if x.agg is None and m.agg is not None and m.agg.op == "max" and m.agg.score == x.fn:
@@ -509,6 +529,11 @@ def _scale(engine: Engine, op, values: list[Data]) -> Data:
     s, t = (a, b) if a.agg is not None else (b, a)
     if op.name == "stablehlo.divide" and s is b:
         engine.refuse("divides by a partial aggregate", op)
+    if op.name == "stablehlo.multiply" and s.agg.op == "shift" and not engine.canonical_cov(s.agg.cov).parts \
+            and start_value(engine, t, s):
+        # a softmax sum's start value (1 for an attention sink's logit folded into the initial state) rescaled
+        # from the start maximum: a pseudo-token's term, the same in every layout, rescaled as the sum will be
+        return with_agg(engine, s, Agg("sstart", s.agg.home, 0, EMPTY, s.agg.score, s.agg.shift_cov))
     if s.agg.op not in SUM_LIKE and s.agg.op != "exp":
         engine.refuse("scales a running maximum", op)
     home = home_axis(s)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from jaxlib.mlir import ir
 
 from . import coverage as cov_ops
-from .algebra import agg_fn, cov_prefix, try_complete
+from .algebra import agg_fn, cov_prefix, start_value, try_complete
 from .analysis import Engine, Obligation, Refusal
 from .dims import shape
 from .symbolic import Aff, Node, Scope, Var, sourced_nodes
@@ -295,7 +295,7 @@ def _discover(engine: Engine, op, inits, passthrough, counter) -> _Plan:
     for i, ph in enumerate(placeholders):
         ret = returned[i]
         if i in owned and isinstance(ph, Data) and ph.agg is None and not ph.axes and isinstance(ret, Data) and \
-                ret.agg is not None and engine.fns.constant(ph.fn) is not None:
+                ret.agg is not None and start_value(engine, ph, ret):
             widened[i] = _template(engine, op, ret, steps, k, {v for vs in owned.values() for v in vs})
     return _Plan(index_steps, hop_steps, widened, k)
 
