@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from jaxlib.mlir import ir
 
 from ..ir import op_loc
-from ..ir.locations import innermost_loc
+from ..ir.locations import frames, innermost_loc
 from ..locations import SourceLoc, is_library_file
 from . import coverage as cov_ops
 from .symbolic import Aff, Coord, Node, Other, Pid, PidDiv, Scope, Var, bounds, gpos, map_sources, sourced_nodes
@@ -33,10 +33,17 @@ class Refusal(Exception):
         self.calls = calls
 
     def _locs(self) -> list[SourceLoc]:
-        """The op's place and those of the calls that led to it, innermost first."""
+        """The op's place and those of the calls that led to it, innermost first. Inside a called function, a
+        place counts only where its stack shares a user frame with the outermost call's (which sits in the ring
+        region, traced with this program): JAX traces a jitted helper once and keeps the first caller's
+        traceback, so a helper's op may carry another program's line."""
         if self.op is None:
             return []
-        return [op_loc(candidate) for candidate in (self.op,) + tuple(reversed(self.calls))]
+        chain = (self.op,) + tuple(reversed(self.calls))
+        if not self.calls:
+            return [op_loc(self.op)]
+        anchor = _user_frames(self.calls[0])
+        return [op_loc(c) for c in chain[:-1] if _user_frames(c) & anchor] + [op_loc(self.calls[0])]
 
     def user_loc(self) -> SourceLoc:
         """The first of those places in the user's own code (not JAX's, a library's or shardfix's); empty when
@@ -60,6 +67,10 @@ class Refusal(Exception):
         if inside and inside != where and is_library_file(inside.file):
             place += f" (in {inside})"
         return f"'{self.op.name}'{place} {self}"
+
+
+def _user_frames(op: ir.Operation) -> set:
+    return {(f.file, f.line) for f in frames(op.location).frames if f.file and not is_library_file(f.file)}
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from .analysis import Engine, Obligation, Refusal
 from .dims import shape
 from .symbolic import Aff, Node, Scope, Var, sourced_nodes
 from .symbolic import Dim as SymDim
-from .values import CONST, EMPTY, Agg, Axis, Cells, Coverage, CoverageVar, Data, Index, Stack, Tok, canonical
+from .values import CONST, EMPTY, FREE, Agg, Axis, Cells, Coverage, CoverageVar, Data, Index, Stack, Tok, canonical
 
 
 @dataclass(frozen=True)
@@ -213,7 +213,20 @@ def while_loop(engine: Engine, op):
         plan = _discover(engine, op, inits, passthrough, counter)
     finally:
         _restore(engine.state, saved)
-    return _analyse(engine, op, inits, passthrough, counter, plan)
+    for _ in range(len(inits) + 1):
+        saved = _snapshot(engine.state)
+        try:
+            return _analyse(engine, op, inits, passthrough, counter, plan)
+        except _MoreFree as more:  # data that follows no token changes after all: analysed as changing
+            _restore(engine.state, saved)
+            plan.free |= more.slots
+    engine.refuse("carries a value the analysis can't follow through a loop", op)
+
+
+class _MoreFree(Exception):
+    def __init__(self, slots: set):
+        super().__init__(str(slots))
+        self.slots = slots
 
 
 @dataclass
@@ -225,6 +238,7 @@ class _Plan:
     hop_steps: dict  # carried index -> per-axis ring steps
     widened: dict  # carried index -> (template Data, per-axis hop as a function of k)
     k: Var
+    free: set = None  # carried indices of data that follows no token, changed by anything (a PRNG key's rounds)
 
 
 def _snapshot(state):
@@ -297,7 +311,23 @@ def _discover(engine: Engine, op, inits, passthrough, counter) -> _Plan:
         if i in owned and isinstance(ph, Data) and ph.agg is None and not ph.axes and isinstance(ret, Data) and \
                 ret.agg is not None and start_value(engine, ph, ret):
             widened[i] = _template(engine, op, ret, steps, k, {v for vs in owned.values() for v in vs})
-    return _Plan(index_steps, hop_steps, widened, k)
+    free = {i for i in owned if _follows_no_token(placeholders[i]) and _follows_no_token(returned[i])
+            and returned[i].fn != placeholders[i].fn and returned[i].shape == placeholders[i].shape}
+    return _Plan(index_steps, hop_steps, widened, k, free)
+
+
+def _follows_no_token(value) -> bool:
+    """Data the reorder can't change: no tokens, no aggregate, no stacked buffer (loop data of the same shape on
+    every device and in every layout, like the rounds of a PRNG key)."""
+    return isinstance(value, Data) and not value.axes and value.agg is None and \
+        not any(isinstance(r, (Tok, Stack)) for r in value.dims) and not value.elements
+
+
+def _free_data(engine: Engine, op, i: int, init: Data, key: tuple) -> Data:
+    """Loop data that follows no token at an unknown iteration (or at the exit): a function of its own."""
+    dims = tuple(FREE if n > 1 else CONST for n in init.shape)
+    return Data(init.shape, dims, (), engine.fns.intern(("loop-data", id(op), i) + key,
+                                                        frozenset(a for a in key if isinstance(a, Var))))
 
 
 def _template(engine: Engine, op, ret: Data, steps: dict, k: Var, mine: set):
@@ -376,6 +406,8 @@ def _analyse(engine: Engine, op, inits, passthrough, counter, plan: _Plan):
         if isinstance(init, Index):
             placeholders.append(_register(engine, op, i, Index(init.shape, init.expr
                                                                + Aff.of(k).scale(plan.index_steps.get(i, 0)))))
+        elif i in plan.free:
+            placeholders.append(_register(engine, op, i, _free_data(engine, op, i, init, (k,))))
         elif i in plan.widened:
             template, axes = plan.widened[i]
             placeholders.append(_carried(engine, op, i, template.with_(axes=axes), _unknown_coverage(op, i, template)))
@@ -389,16 +421,39 @@ def _analyse(engine: Engine, op, inits, passthrough, counter, plan: _Plan):
     with _iterating(engine, k, counter):
         _check_condition(engine, op, placeholders, counter)
         returned = engine.run_block(body, placeholders)
-        solution = _solve(engine, op, placeholders, returned, changing, k)
+        for i in plan.free:
+            if not _follows_no_token(returned[i]) or returned[i].shape != placeholders[i].shape:
+                engine.refuse("changes loop-carried token data other than by an order-free merge", op)
+        more = {i for i in changing if i not in plan.free and _follows_no_token(placeholders[i])
+                and _follows_no_token(returned[i]) and returned[i].fn != placeholders[i].fn
+                and returned[i].shape == placeholders[i].shape}
+        if more:
+            raise _MoreFree(more)
+        solution = _solve(engine, op, placeholders, returned, [i for i in changing if i not in plan.free], k)
         _discharge(engine, solution, first_obligation)
     exits = []
     final = {k: Aff.of(trips)} if trips is not None else {}
     for i, init in enumerate(inits):
         if i not in changing:
             exits.append(init if passthrough[i] else Index((), Aff.of(counter.start + counter.step * trips)))
+        elif i in plan.free:
+            exits.append(_free_data(engine, op, i, init, ("exit",)))
         else:
             exits.append(_exit_value(engine, op, init, placeholders[i], returned[i], solution, k, trips, final))
+    _check_ring_steps(engine, op, plan, trips, exits)
     return exits
+
+
+def _check_ring_steps(engine: Engine, op, plan: _Plan, trips, exits) -> None:
+    """A loop that passes blocks around the ring for fewer steps than the ring has devices, leaving aggregates
+    short of blocks: tokens left behind (what the blocks that never arrive hold changes with the layout)."""
+    steps = {abs(d) for deltas in plan.hop_steps.values() for d in deltas if d}
+    cp = engine.ring.cp
+    if trips is None or not steps or trips * max(steps) >= cp:
+        return
+    if any(isinstance(v, Data) and v.agg is not None and v.agg.op in ("sum", "max", "min", "ssum") for v in exits):
+        engine.refuse(f"runs {trips} of the {cp} ring steps: the blocks of {cp - trips} device(s) never arrive, so "
+                      "its results leave their tokens out (and which tokens those are changes with the layout)", op)
 
 
 def _check_condition(engine: Engine, op, placeholders, counter) -> None:
