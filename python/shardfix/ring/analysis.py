@@ -156,6 +156,7 @@ class Shared:
     blocks: dict = field(default_factory=dict)  # block -> its arguments, (op, results) pairs and returned values
     apply_rule: object = None  # rules.apply_rule, given by the analysis' caller: the rules build on this module
     liveness: dict = field(default_factory=dict)  # (callee, results read) -> autodiff.Liveness of its body
+    rings: frozenset = frozenset()  # the module's ring regions (values between them may pass outer bodies)
 
     def block(self, block: ir.Block) -> tuple:
         """A block's arguments, its ops but the terminator each with its results, and the terminator's operands:

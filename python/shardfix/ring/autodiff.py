@@ -31,6 +31,7 @@ from jaxlib.mlir import ir
 from ..ir import op_loc
 from ..locations import is_library_file
 from .detect import RingRegion
+from .dims import origin_across
 
 _NAME = re.compile(r'loc\("([^"]*)"')
 DEVICE_INDEX_OPS = ("stablehlo.partition_id", "stablehlo.replica_id")
@@ -59,7 +60,15 @@ def _name(op: ir.Operation) -> str:
 
 
 def is_transpose(r: RingRegion) -> bool:
-    return "transpose(" in _name(r.region)
+    """The region, or a manual computation it is nested in (a ring inside a dp shard_map), is named as JAX names
+    a transpose."""
+    op = r.region
+    while op is not None and op.name != "builtin.module":
+        if op.name == "sdy.manual_computation" and "transpose(" in _name(op):
+            return True
+        parent = op.parent
+        op = parent.operation if parent is not None and hasattr(parent, "operation") else parent
+    return False
 
 
 def _walk(op: ir.Operation, funcs: dict | None, seen: set, out: list) -> None:
@@ -86,7 +95,7 @@ def _user_lines(ops: list) -> set:
     return out
 
 
-def paired_backwards(group: list[RingRegion], funcs: dict) -> set:
+def paired_backwards(group: list[RingRegion], funcs: dict, rings: frozenset) -> set:
     """The regions of `group` that are JAX's transposes of its forward regions (see the module's docstring)."""
     forwards = [r for r in group if not is_transpose(r)]
     if not forwards:
@@ -110,9 +119,8 @@ def paired_backwards(group: list[RingRegion], funcs: dict) -> set:
         _walk(r.region, None, set(), own)
         if not _user_lines(own) <= forward_lines:
             continue  # code of its own (a custom_vjp's backward): proved from its ops
-        from .dims import origin
-        if not any(not isinstance(origin(v).owner, ir.Block) and origin(v).owner in forward_ops_set
-                   for v in r.region.operands):
+        sources = [origin_across(v, rings) for v in r.region.operands]
+        if not any(not isinstance(v.owner, ir.Block) and v.owner in forward_ops_set for v in sources):
             continue
         out.add(r.region)
     return out

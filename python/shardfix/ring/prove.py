@@ -17,7 +17,7 @@ from ..locations import SourceLoc
 from .analysis import Engine, Refusal, RingInfo, Shared, State
 from .autodiff import Liveness, paired_backwards
 from .detect import RingRegion, axis_strides, find_ring_regions, module_funcs, module_meshes
-from .dims import origin, readers, shape
+from .dims import origin_across, readers_across, shape
 from .memo import GroupMemo
 from .rules import apply_rule
 from .symbolic import Aff, Scope
@@ -55,11 +55,12 @@ def prove_rings(module: ir.Operation, analyse: bool = True, callers: dict[str, i
         if r.structure:
             verdicts[id(r.region)].why = "; ".join(r.structure)
     analysable = [r for r in regions if not r.structure]
-    groups = _groups(analysable)
+    rings = frozenset(r.region for r in regions)
+    groups = _groups(analysable, rings)
     # One naming of functions and one memo of analysed calls for the whole module: regions that call the same
     # functions with the same abstract operands (the layers of a model) are analysed once. Operands are named by
     # their place in their group, so equal names never meet across groups, which share no values.
-    shared = Shared(meshes=module_meshes(module), apply_rule=apply_rule)
+    shared = Shared(meshes=module_meshes(module), apply_rule=apply_rule, rings=rings)
     memo = GroupMemo(funcs) if analyse else None
     for index, group in enumerate(groups):
         for r in group:
@@ -79,7 +80,7 @@ def prove_rings(module: ir.Operation, analyse: bool = True, callers: dict[str, i
     return [verdicts[id(r.region)] for r in regions]
 
 
-def _groups(regions: list[RingRegion]) -> list[list[RingRegion]]:
+def _groups(regions: list[RingRegion], rings: frozenset) -> list[list[RingRegion]]:
     """Regions linked by values one passes to another directly, in program order (producers first)."""
     by_op = {r.region: r for r in regions}
     parent = {id(r.region): id(r.region) for r in regions}
@@ -92,7 +93,7 @@ def _groups(regions: list[RingRegion]) -> list[list[RingRegion]]:
 
     for r in regions:
         for operand in r.region.operands:
-            owner = origin(operand).owner
+            owner = origin_across(operand, rings).owner
             if not isinstance(owner, ir.Block) and owner in by_op:
                 parent[find(id(r.region))] = find(id(by_op[owner].region))
     grouped: dict[int, list] = {}
@@ -108,7 +109,7 @@ def _prove_group(group: list[RingRegion], funcs, verdicts: dict, shared: Shared)
     except _GroupRefusal as first:
         # JAX's transposes of the group's forward regions are proved from the forward (autodiff.py): only the
         # forward's results need proving, not the residuals it hands them
-        backwards = paired_backwards(group, funcs) if len(group) > 1 else set()
+        backwards = paired_backwards(group, funcs, shared.rings) if len(group) > 1 else set()
         e = first
         if backwards:
             try:
@@ -132,17 +133,17 @@ def _prove_members(group: list[RingRegion], funcs, verdicts: dict, members: set,
     for place, r in enumerate(group):
         verdict = verdicts[id(r.region)] = Verdict(r, group=verdicts[id(r.region)].group)
         if r.region in backwards:
-            _transposed_region(r, verdict, produced, members, block)
-            _match_cotangents(r, primal, forwarded, produced)
+            _transposed_region(r, verdict, produced, members, block, shared.rings)
+            _match_cotangents(r, primal, forwarded, produced, shared.rings)
         else:
             residuals = _prove_region(r, place, funcs, verdict, produced, members, shared, backwards)
             block = verdict.block
             if backwards:
                 primal += [(r, j) for j in range(len(r.region.results)) if j not in residuals]
-                forwarded |= {origin(v) for v in r.region.operands}
+                forwarded |= {origin_across(v, shared.rings) for v in r.region.operands}
 
 
-def _match_cotangents(r: RingRegion, primal: list, forwarded: set, produced: dict) -> None:
+def _match_cotangents(r: RingRegion, primal: list, forwarded: set, produced: dict, rings: frozenset) -> None:
     """The transpose differentiates the forward's results: each cotangent it reads must be that of a proved
     result (same type and layout). A forward whose results the program dropped (a loss whose derivative doesn't
     read them) leaves the transpose with the linear part of ops that are nowhere else in the program: nothing
@@ -150,7 +151,7 @@ def _match_cotangents(r: RingRegion, primal: list, forwarded: set, produced: dic
     available = list(primal)
     ins = r.in_shardings()
     for i, operand in enumerate(r.region.operands):
-        source = origin(operand)
+        source = origin_across(operand, rings)
         if source in produced or source in forwarded:
             continue
         match = next((p for p in available if str(p[0].region.results[p[1]].type) == str(operand.type)
@@ -174,7 +175,8 @@ def _refuse_group(group: list[RingRegion], verdicts: dict, e: "_GroupRefusal") -
         v.loc = (e.refusal.user_loc() or r.loc) if r is e.region and e.refusal.op is not None else r.loc
 
 
-def _transposed_region(r: RingRegion, verdict: Verdict, produced: dict, members: set, block: int | None) -> None:
+def _transposed_region(r: RingRegion, verdict: Verdict, produced: dict, members: set, block: int | None,
+                       rings: frozenset) -> None:
     """A transpose of the group's forward (autodiff.py): its sequence operands (cotangents, forward operands JAX
     forwards) are permuted and its sequence results (cotangents of sequence operands) restored; residuals pass
     in the forward's layout; anything else per-device is refused."""
@@ -182,7 +184,7 @@ def _transposed_region(r: RingRegion, verdict: Verdict, produced: dict, members:
     local_shapes = [shape(a) for a in body.arguments]
     seq_in, seq_out, length = {}, {}, None
     for i, sharding in enumerate(r.in_shardings()):
-        if origin(r.region.operands[i]) in produced:
+        if origin_across(r.region.operands[i], rings) in produced:
             continue
         kind = _classify(sharding, r.axis, local_shapes[i])
         if kind is None:
@@ -209,7 +211,7 @@ def _transposed_region(r: RingRegion, verdict: Verdict, produced: dict, members:
         if kind[0] == "sequence" and local[kind[1]] == block:
             seq_out[j] = kind[1]
             continue
-        if any(reader not in members for reader in readers(result)):
+        if any(reader not in members for reader in readers_across(result, rings)):
             raise _GroupRefusal(Refusal(f"result {j} is a per-device value that ops outside the ring regions read",
                                         r.region), r)
         from .autodiff import OPAQUE
@@ -231,7 +233,7 @@ def _prove_region(r: RingRegion, place: int, funcs, verdict: Verdict, produced: 
     ins, outs = r.in_shardings(), r.out_shardings()
     seq_in, block, length = {}, None, None
     for i, sharding in enumerate(ins):
-        if origin(r.region.operands[i]) in produced:
+        if origin_across(r.region.operands[i], shared.rings) in produced:
             continue  # a per-device value from a region of the group, in the layout this region will see
         kind = _classify(sharding, r.axis, local_shapes[i])
         if kind is not None and kind[0] == "sequence":
@@ -249,14 +251,14 @@ def _prove_region(r: RingRegion, place: int, funcs, verdict: Verdict, produced: 
     state = State(_ring_info(r, block), funcs, shared)
     # results only JAX's transposes read (residuals) need no proof: interpret what the others depend on
     residuals = {j for j, result in enumerate(r.region.results)
-                 if all(reader in backwards for reader in readers(result))} if backwards else set()
+                 if all(reader in backwards for reader in readers_across(result, shared.rings))} if backwards else set()
     liveness = Liveness(body, set(range(len(r.region.results))) - residuals) if residuals else None
     engine = Engine(state, Scope(r.cp, {}), liveness)
     args = []
     for i, sharding in enumerate(ins):
         local = local_shapes[i]
         fn = state.fns.intern(("operand", place, i))
-        source = origin(r.region.operands[i])
+        source = origin_across(r.region.operands[i], shared.rings)
         if source in produced:
             args.append(produced[source])
         elif i in seq_in:
@@ -280,7 +282,7 @@ def _prove_region(r: RingRegion, place: int, funcs, verdict: Verdict, produced: 
                                     f"{error})", r.region), r) from None
     verdict.rewrites = list(state.rewrites.values())
     verdict.units = dict(state.units)
-    _check_results(r, engine, results, outs, verdict, produced, members, residuals)
+    _check_results(r, engine, results, outs, verdict, produced, members, residuals, shared.rings)
     return residuals
 
 
@@ -299,7 +301,7 @@ def _classify(sharding, axis: str, local) -> tuple | None:
 
 
 def _check_results(r: RingRegion, engine: Engine, results: list, outs, verdict: Verdict, produced: dict,
-                   members: set, residuals: set = frozenset()) -> None:
+                   members: set, residuals: set, rings: frozenset) -> None:
     from .algebra import try_complete
     seq_out = {}
     for j, (value, sharding) in enumerate(zip(results, outs)):
@@ -324,12 +326,12 @@ def _check_results(r: RingRegion, engine: Engine, results: list, outs, verdict: 
             except _GroupRefusal:
                 # not the tokens of the dim the ring axis shards: a per-device value (the residuals JAX passes
                 # from a forward to its backward), if only the group's regions read it
-                if not result.uses or any(reader not in members for reader in readers(result)):
+                if not result.uses or any(reader not in members for reader in readers_across(result, rings)):
                     raise
         produced[result] = value
         if _layout_free(engine, value):
             continue  # the same on every layout: any reader sees what it saw before
-        for user in readers(result):
+        for user in readers_across(result, rings):
             if user not in members:
                 name = user.name if hasattr(user, "name") else "an op"
                 raise _GroupRefusal(Refusal(f"{where} is a per-device value that '{name}' outside the ring regions "
