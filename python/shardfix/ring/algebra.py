@@ -172,7 +172,7 @@ def combine(engine: Engine, op, values: list[Data]) -> Data:
     if op.name == "stablehlo.multiply" and any(v.agg is None and engine.fns.constant(v.fn) == 0.0 for v in values):
         return _const_data(engine, 0.0, out)  # anything times zero, a running aggregate too (finite numbers)
     completed = [try_complete(engine, v) for v in values]
-    if any(v.agg is not None for v in completed):
+    if any(v.agg is not None for v in completed) or _rescaling(op, values):
         # merges see the aggregates as they are (a running max that just became complete is still the max the
         # softmax sums are rescaled to)
         return _aggregate_rule(engine, op, values, out)
@@ -192,6 +192,15 @@ def combine(engine: Engine, op, values: list[Data]) -> Data:
     elements = _combine_elements(engine, op, values, roles)
     fn = ew_fn(engine, op.name, _attrs(op), values)
     return canonical(Data(tuple(out), roles, tuple(axes.items()), fn, None, elements))
+
+
+def _rescaling(op, values: list[Data]) -> bool:
+    """scores - their running max, the max complete: still the rescaling a softmax sum is merged under (an unrolled
+    ring's last step completes the max before the last block's sum is rescaled to it)."""
+    if op.name != "stablehlo.subtract":
+        return False
+    x, m = values
+    return x.agg is None and m.agg is not None and m.agg.op == "max" and m.agg.score == x.fn
 
 
 def _combine_elements(engine: Engine, op, values: list[Data], roles) -> tuple:

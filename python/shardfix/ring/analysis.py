@@ -43,6 +43,8 @@ class Refusal(Exception):
         if not self.calls:
             return [op_loc(self.op)]
         anchor = _user_frames(self.calls[0])
+        if len(anchor) < 2:  # no Python call stack to compare with (a module read from a file, say)
+            return [op_loc(c) for c in chain]
         return [op_loc(c) for c in chain[:-1] if _user_frames(c) & anchor] + [op_loc(self.calls[0])]
 
     def user_loc(self) -> SourceLoc:
