@@ -299,7 +299,6 @@ def _registry() -> list[Program]:
         add(f"fori-{mask}", one_block(mask), "proved", BOTH if mask == "causal" else ZIGZAG)
     add("scan-causal", one_block("causal", loop="scan"), "proved", ZIGZAG)
     add("unrolled-causal", one_block("causal", loop="unrolled"), "proved", ZIGZAG)
-    add("fori-causal-lax-positions", one_block("causal", positions="lax"), "proved", ZIGZAG)
     add("fori-causal-heads", one_block("causal", heads=True), "proved", ZIGZAG)
     add("fori-causal-segments", one_block("causal", seg=True), "proved", ZIGZAG)
     add("fori-causal-rope-table", one_block("causal", rope=True), "proved", ZIGZAG)
