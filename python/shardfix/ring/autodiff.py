@@ -12,14 +12,15 @@ of F' as JAX builds it for any value of them, provided B computes no position of
 index). So B is rewritten by permuting its sequence operands (cotangents, and forward operands JAX forwards) and
 restoring its sequence results, with the residuals passed in the layout the forward made them: the order-dependent
 partial aggregates among them need no proof of their own; only the forward's results must be proved, over the ops
-they depend on (`live_ops`).
+they depend on (`Liveness`).
 
 Which region is such a transpose is read from JAX's provenance: its location's name is a `transpose(...)` of the
-name stack, it reads residuals of a forward region of its group, and each of its ops sits at a line of user code
-that an op of the forward sits at (a transposed op keeps its primal op's traceback; a custom_vjp's backward,
-written by the user, sits at its own lines and is proved from its ops instead). Ties of a maximum are where JAX's
-derivative is a convention rather than a derivative; as with reassociation, the analysis reasons about the exact
-function.
+name stack, it reads residuals of a forward region of its group, and each of its ops was made at a line (outside
+JAX) where an op of the forward was made (a transposed op keeps its primal op's traceback; a custom_vjp's
+backward, the user's or a library's, was made at its own lines and is proved from its ops instead). This trusts
+JAX's provenance: a program that passes a forward's per-device values to a region it names `transpose(...)`
+itself is taken at its word. Ties of a maximum are where JAX's derivative is a convention rather than a
+derivative; as with reassociation, the analysis reasons about the exact function.
 """
 
 from __future__ import annotations
@@ -28,8 +29,7 @@ import re
 
 from jaxlib.mlir import ir
 
-from ..ir import op_loc
-from ..locations import is_library_file
+from ..ir.locations import innermost_loc
 from .detect import RingRegion
 from .dims import origin_across
 
@@ -86,13 +86,20 @@ def _walk(op: ir.Operation, funcs: dict | None, seen: set, out: list) -> None:
                 _walk(inner, funcs, seen, out)
 
 
-def _user_lines(ops: list) -> set:
+def _made_at(ops: list) -> set:
+    """Where each op was made: its innermost frame (a library's line too: a kernel's forward and a custom_vjp's
+    backward live there), except JAX's own (the machinery of transposition and loops)."""
     out = set()
     for op in ops:
-        loc = op_loc(op)
-        if loc.file and not is_library_file(loc.file):
+        loc = innermost_loc(op)
+        if loc.file and not _is_jax_file(loc.file):
             out.add((loc.file, loc.line))
     return out
+
+
+def _is_jax_file(path: str) -> bool:
+    parts = path.replace("\\", "/").split("/")
+    return "jax" in parts or "jaxlib" in parts
 
 
 def paired_backwards(group: list[RingRegion], funcs: dict, rings: frozenset) -> set:
@@ -105,7 +112,7 @@ def paired_backwards(group: list[RingRegion], funcs: dict, rings: frozenset) -> 
     forward_ops: list = []
     for r in forwards:
         _walk(r.region, None, set(), forward_ops)
-    forward_lines = _user_lines(forward_ops)
+    forward_lines = _made_at(forward_ops)
     forward_ops_set = {r.region for r in forwards}
     out = set()
     for r in group:
@@ -117,7 +124,7 @@ def paired_backwards(group: list[RingRegion], funcs: dict, rings: frozenset) -> 
             continue  # computes positions of its own: not rewritten, so not the backward of the rewritten forward
         own: list = []
         _walk(r.region, None, set(), own)
-        if not _user_lines(own) <= forward_lines:
+        if not _made_at(own) <= forward_lines:
             continue  # code of its own (a custom_vjp's backward): proved from its ops
         sources = [origin_across(v, rings) for v in r.region.operands]
         if not any(not isinstance(v.owner, ir.Block) and v.owner in forward_ops_set for v in sources):
