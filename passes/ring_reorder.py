@@ -91,8 +91,8 @@ class RingReorder(Pass):
                 for v in group:
                     reason, loc = problems[id(v)]
                     if not reason:
-                        reason = (f"reordered together with the ring region at {first.ring.loc or '?'}, which is not: "
-                                  f"{why}")
+                        reason = (f"not provably safe: reordered together with the ring region at "
+                                  f"{first.ring.loc or '?'}, which is not ({why})")
                     ctx.report.rings.append(RingDecision(v.ring.axis, _name(layout.strategy, layout.stripe), False,
                                                          reason, loc or v.ring.loc))
                 continue

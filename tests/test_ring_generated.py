@@ -1,7 +1,8 @@
 """Generated ring bodies: random compositions of the pieces ring kernels are made of (blocks travelling one way or
 the other, with or without their positions, positions from data or from axis_index, masks computed from positions
-by any arithmetic (causal, sliding window, ALiBi, floor-divided chunks), order-free merges, and
-the order-sensitive or position-reading steps that break them). Each program is either rewritten by ring-reorder
+by any arithmetic (causal, sliding window, ALiBi, floor-divided chunks), order-free merges (step-0 resets, a sink
+logit in the start state among them), and the order-sensitive or position-reading steps that break them), some
+differentiated by jax.grad. Each program is either rewritten by ring-reorder
 and then computes what jax.jit of it computes (to 1e-5), or refused with the op and the line that broke a rule;
 never rewritten into something else."""
 
@@ -28,8 +29,11 @@ CHOICES = {
     "loop": (["fori", "unrolled"], ["fori", "unrolled"]),
     "positions": (["data", "axis_index"], ["data", "axis_index", "axis_index_wrong_sign", "none"]),
     "travel_positions": ([True], [True, False]),
-    "merge": (["softmax", "sum", "max", "visiting_total"],
-              ["softmax", "sum", "max", "visiting_total", "own_plus_visiting", "concat_visiting", "visiting_rows"]),
+    "merge": (["softmax", "sum", "max", "visiting_total", "reset"],
+              ["softmax", "sum", "max", "visiting_total", "reset", "own_plus_visiting", "concat_visiting",
+               "visiting_rows", "reset_drops_first"]),
+    "start": (["identity", "sink"], ["identity", "sink"]),
+    "grad": ([False, False, False, True], [False, False, False, True]),
     "mask": (["causal", "none", "window", "alibi", "chunked"],
              ["causal", "none", "window", "alibi", "chunked", "local_index", "coordinate_bias"]),
     "pre": (["none", "tanh", "weights"], ["none", "tanh", "weights", "cumsum", "reverse"]),
@@ -70,6 +74,8 @@ def build(spec):
         q_pos = pos if spec["positions"] in ("data", "none") else jnp.broadcast_to(positions_of(me, 0), pos.shape)
         m = jnp.full(q.shape[:2], NEG, q.dtype) + q[..., 0] * 0
         acc = (m, m * 0, q * 0)
+        if spec["start"] == "sink" and spec["merge"] in ("softmax", "reset"):  # a sink logit folded into the start
+            acc = (m * 0 + jnp.tanh(w[0, 0]), m * 0 + 1.0, q * 0)
         k, k_pos = x, pos
 
         def step(s, carry):
@@ -101,6 +107,14 @@ def build(spec):
                 mm = jnp.maximum(m0, m1)
                 a0, a1 = jnp.exp(m0 - mm), jnp.exp(m1 - mm)
                 new = (mm, l0 * a0 + jnp.sum(p, -1) * a1, o0 * a0[..., None] + (p @ k) * a1[..., None])
+            elif spec["merge"] in ("reset", "reset_drops_first"):  # the first step starts the state afresh
+                m1 = jnp.max(scores, axis=-1)
+                mm = jnp.maximum(m0, m1)
+                p = jnp.exp(scores - mm[..., None])
+                fresh = (jnp.sum(p, -1), p @ k) if spec["merge"] == "reset" else (l0 * 0, o0 * 0)
+                corr = jnp.where(s == 0, 0.0, jnp.exp(m0 - mm))
+                new = (mm, jnp.where(s == 0, fresh[0], l0 * corr + jnp.sum(p, -1)),
+                       jnp.where(s == 0, fresh[1], o0 * corr[..., None] + p @ k))
             elif spec["merge"] == "sum":
                 new = (m0, l0, o0 + jnp.tanh(scores) @ k)
             elif spec["merge"] == "max":
@@ -142,7 +156,11 @@ def build(spec):
         return out
 
     out_specs = P("dp") if spec["post"] == "psum_loss" else SEQ
-    return jax.shard_map(body, mesh=MESH, in_specs=(SEQ, SEQ, P()), out_specs=out_specs, check_vma=False)
+    ring_fn = jax.shard_map(body, mesh=MESH, in_specs=(SEQ, SEQ, P()), out_specs=out_specs, check_vma=False)
+    if not spec["grad"]:
+        return ring_fn
+    # plain autodiff, with a loss that reads the ring's result (as later layers do)
+    return jax.grad(lambda x, pos, w: jnp.sum(ring_fn(x, pos, w) ** 2), argnums=(0, 2))
 
 
 def _inputs():
@@ -172,7 +190,8 @@ def test_generated_ring_bodies_are_rewritten_correctly_or_refused(spec):
     SEEN["rewritten"] += 1
     expected = lowered.compile()(*ARGS)
     got = patched.compile()(*ARGS)
-    np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-5, atol=1e-5, err_msg=str(spec))
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5, err_msg=str(spec))
 
 
 def test_generator_covers_both_outcomes():

@@ -39,13 +39,18 @@ def _meshes():
 
 @functools.cache
 def target(name: str):
-    """(the function under test, its arguments): the program, or the gradient of sum(program * w)."""
+    """(the function under test, its arguments): the program, or the gradient of a loss that reads its result
+    (as training does: later layers read the attention's output), sum(y * w + y * y / 2)."""
     p = BY_NAME[name]
     fn, args = p.build(_meshes()[p.mesh])
     if not p.grad:
         return fn, args
     w = np.random.default_rng(7).standard_normal(jax.eval_shape(fn, *args).shape).astype(np.float32)
-    return jax.grad(lambda *a: jnp.sum(fn(*a) * w), argnums=p.wrt), args
+    return jax.grad(lambda *a: _loss(fn(*a), w), argnums=p.wrt), args
+
+
+def _loss(y, w):
+    return jnp.sum(y * w + y * y / 2)
 
 
 @functools.cache
@@ -108,11 +113,24 @@ def test_refused_whatever_the_layout_asked(name):
         assert PERMUTATION not in low.as_text()
 
 
+def test_backward_whose_forward_result_was_dropped_is_left_alone():
+    """sum(y * w) reads y only through its derivative: JAX drops the forward's result from the program, and the
+    backward holds the linear part of ops found nowhere else, so there is no forward to prove it from."""
+    p = BY_NAME["grad-fori-causal"]
+    fn, args = p.build(_meshes()[p.mesh])
+    w = np.ones(jax.eval_shape(fn, *args).shape, np.float32)
+    low = autofix_shardings(jax.grad(lambda *a: jnp.sum(fn(*a) * w), argnums=p.wrt), ring_reorder="zigzag",
+                            on_fix="ignore").lower(*args)
+    assert len(low.rings) == 2 and not any(r.applied for r in low.rings), describe(low)
+    assert any("whose result the program dropped" in r.why for r in low.rings), describe(low)
+    assert PERMUTATION not in low.as_text()
+
+
 def test_registry_covers_every_kind():
     assert len(PROGRAMS) == len(BY_NAME) >= 80
-    kinds = {"fori-", "scan-", "blockwise-", "vjp-", "nested-", "partial-", "refuse-", "@auto", "@cp8", "window8",
-             "window40", "alibi", "prefix20", "chunked", "segments", "sinks", "rope-table", "prefill-offset",
-             "guarded", "bidirectional"}
+    kinds = {"fori-", "scan-", "unrolled-", "blockwise-", "grad-", "vjp-", "nested-", "partial-", "refuse-", "@auto",
+             "@cp8", "window8", "window40", "alibi", "prefix20", "chunked", "segments", "sinks", "rope-table",
+             "prefill-offset", "guarded", "step0-reset", "bidirectional"}
     for kind in kinds:
         assert any(kind in name for name in BY_NAME), kind
 

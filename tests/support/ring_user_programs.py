@@ -298,11 +298,13 @@ def _registry() -> list[Program]:
     for mask in ("causal", "window8", "window40", "alibi", "prefix20", "chunked24", "sinks"):
         add(f"fori-{mask}", one_block(mask), "proved", BOTH if mask == "causal" else ZIGZAG)
     add("scan-causal", one_block("causal", loop="scan"), "proved", ZIGZAG)
+    add("unrolled-causal", one_block("causal", loop="unrolled"), "proved", ZIGZAG)
     add("fori-causal-heads", one_block("causal", heads=True), "proved", ZIGZAG)
     add("fori-causal-segments", one_block("causal", seg=True), "proved", ZIGZAG)
     add("fori-causal-rope-table", one_block("causal", rope=True), "proved", ZIGZAG)
     add("fori-causal-prefill-offset", one_block("causal", offset=True), "proved", ZIGZAG)
     add("fori-causal-guarded", one_block("causal", merge="guarded"), "proved", ZIGZAG)
+    add("fori-causal-step0-reset", one_block("causal", merge="reset"), "proved", ZIGZAG)
     add("fori-sinks-softmax-aux", one_block("sinks", sink_logit=True), "proved", ZIGZAG)
     add("fori-causal-softmax-aux", one_block("causal", sink_logit=True), "proved", ZIGZAG)
     add("fori-chunked16-block-diagonal", one_block("chunked16"), "proved", ZIGZAG)
@@ -315,6 +317,8 @@ def _registry() -> list[Program]:
     add("fori-chunked24-segments", one_block("chunked24", seg=True), "proved", ZIGZAG)
     add("fori-alibi-rope-table", one_block("alibi", rope=True), "proved", ZIGZAG)
     add("fori-window40-prefill-offset", one_block("window40", offset=True), "proved", ZIGZAG)
+    add("fori-sinks-step0-reset", one_block("sinks", merge="reset"), "proved", ZIGZAG)
+    add("unrolled-window40", one_block("window40", loop="unrolled"), "proved", ZIGZAG)
     add("fori-bidirectional", one_block("none"), "balanced", reason="balanced")
     add("fori-bidirectional-segments", one_block("none", seg=True), "balanced", reason="balanced")
     add("scan-bidirectional-heads", one_block("none", loop="scan", heads=True), "balanced", reason="balanced")
@@ -356,6 +360,27 @@ def _registry() -> list[Program]:
     add("two-layers-fori-window40", two_layers(one_block("window40")), "proved", ZIGZAG)
     add("psum-loss-blockwise-causal", psum_loss(blockwise("causal")), "rewritten", ZIGZAG)
 
+    # Training: plain autodiff (jax.grad through the ring's loops).
+    for name, build, expect in (
+            ("fori-causal", one_block("causal"), "proved"),
+            ("fori-window40", one_block("window40"), "proved"),
+            ("fori-alibi", one_block("alibi"), "proved"),
+            ("fori-causal-segments", one_block("causal", seg=True), "proved"),
+            ("fori-causal-rope-table", one_block("causal", rope=True), "proved"),
+            ("fori-causal-step0-reset", one_block("causal", merge="reset"), "proved"),
+            ("blockwise-causal", blockwise("causal"), "proved"),
+            ("blockwise-window40", blockwise("window40"), "proved"),
+            ("blockwise-causal-segments", blockwise("causal", seg=True), "proved")):
+        add(f"grad-{name}", build, expect, ZIGZAG, grad=True)
+    # (the defaults' tile count finds the backward's skips only through the residuals its forward hands it: the
+    # blockwise rings are proved, and left to the cost model)
+    add("grad-blockwise-causal@auto", blockwise("causal"), "proved", ZIGZAG, grad=True, mesh="auto")
+    add("grad-fori-causal@cp8", one_block("causal"), "proved", ZIGZAG, grad=True, mesh="cp8")
+    add("grad-nested-blockwise-causal", nested(blockwise("causal")), "proved", ZIGZAG, grad=True)
+    add("grad-nested-fori-causal@auto", nested(one_block("causal")), "proved", ZIGZAG, grad=True, mesh="auto")
+    add("grad-partial-blockwise-causal", partial_manual(blockwise("causal")), "proved", ZIGZAG, grad=True)
+
+    add("grad-nested-vjp-causal@auto", nested(vjp("causal")), "proved", ZIGZAG, grad=True, mesh="auto")
     # Training: custom_vjp kernels (forward and backward rings).
     for mask in ("causal", "window40", "alibi"):
         add(f"vjp-{mask}", vjp(mask), "proved", ZIGZAG, grad=True)
@@ -372,6 +397,10 @@ def _registry() -> list[Program]:
         add(f"refuse-{make.__name__.replace('_', '-')}", refusal(make), "refused", source=make)
     add("refuse-positions-left-behind", refusal(ur.positions_left_behind, positions=True), "refused",
         source=ur.positions_left_behind)
+    add("grad-refuse-attention-then-cumsum", refusal(ur.attention_then_cumsum), "refused", grad=True,
+        source=ur.attention_then_cumsum)
+    add("grad-refuse-coordinate-skip", refusal(ur.coordinate_skip), "refused", grad=True,
+        source=ur.coordinate_skip)
     return out
 
 

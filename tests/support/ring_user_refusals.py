@@ -317,5 +317,5 @@ def block_first_key_sink(cp: int):
 
 
 REFUSALS = (all_gather_concatenate, block_first_key_sink, all_gather_into_buffer, all_reduce_by_hops, attention_then_cumsum, sorted_keys, device_keyed_dropout,
-            coordinate_skip, block_end_skip, last_block_wins, decaying_merge,
+            hop_keyed_dropout, coordinate_skip, block_end_skip, ring_one_step_short, last_block_wins, decaying_merge,
             rope_by_local_index, reversed_tokens, causal_conv_before, hop_versus_coordinate_skip)

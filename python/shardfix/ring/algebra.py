@@ -172,7 +172,7 @@ def combine(engine: Engine, op, values: list[Data]) -> Data:
     if op.name == "stablehlo.multiply" and any(v.agg is None and engine.fns.constant(v.fn) == 0.0 for v in values):
         return _const_data(engine, 0.0, out)  # anything times zero, a running aggregate too (finite numbers)
     completed = [try_complete(engine, v) for v in values]
-    if any(v.agg is not None for v in completed):
+    if any(v.agg is not None for v in completed) or _rescaling(op, values):
         # merges see the aggregates as they are (a running max that just became complete is still the max the
         # softmax sums are rescaled to)
         return _aggregate_rule(engine, op, values, out)
@@ -192,6 +192,15 @@ def combine(engine: Engine, op, values: list[Data]) -> Data:
     elements = _combine_elements(engine, op, values, roles)
     fn = ew_fn(engine, op.name, _attrs(op), values)
     return canonical(Data(tuple(out), roles, tuple(axes.items()), fn, None, elements))
+
+
+def _rescaling(op, values: list[Data]) -> bool:
+    """scores - their running max, the max complete: still the rescaling a softmax sum is merged under (an unrolled
+    ring's last step completes the max before the last block's sum is rescaled to it)."""
+    if op.name != "stablehlo.subtract":
+        return False
+    x, m = values
+    return x.agg is None and m.agg is not None and m.agg.op == "max" and m.agg.score == x.fn
 
 
 def _combine_elements(engine: Engine, op, values: list[Data], roles) -> tuple:
@@ -238,6 +247,19 @@ def _const_data(engine: Engine, number: float, out) -> Data:
 
 def _is_const(engine: Engine, value: Data, number: float) -> bool:
     return value.agg is None and value.fn == engine.fns.intern(("const", repr(float(number))))
+
+
+def start_value(engine: Engine, value: Data, agg_value: Data) -> bool:
+    """`value` can be an aggregate's start (a floor of a running max, what a softmax sum starts from): the same
+    on every device and in every layout, so folded in the same way whatever the order of the blocks. A constant,
+    or data of replicated operands (attention-sink logits) that varies only along dims the aggregate doesn't
+    index tokens by."""
+    if value.agg is not None or not value.is_invariant or engine.fns.depends(value.fn):
+        return False
+    if engine.fns.constant(value.fn) is not None:
+        return True
+    return all(r == CONST or (r == FREE and d < len(agg_value.dims) and agg_value.dims[d] == FREE)
+               for d, r in enumerate(value.dims))
 
 
 def home_axis(value: Data) -> Axis | None:
@@ -367,6 +389,13 @@ def _aligned(engine: Engine, op, a: Data, b: Data) -> None:
 
 def _add(engine: Engine, op, values: list[Data]) -> Data:
     a, b = values
+    for p, q in ((a, b), (b, a)):
+        if p.agg is not None and q.agg is not None and p.agg.op == "sstart" and q.agg.op == "ssum" and \
+                p.agg.score == q.agg.score:
+            # a sum that starts from a start value: the sum, the start folded in once whatever the order
+            _aligned(engine, op, p, q)
+            _same_cov(engine, op, p.agg.shift_cov, q.agg.shift_cov, "adds softmax sums rescaled to different maxima")
+            return q
     if b.agg is None and _is_const(engine, b, 0.0):
         return a
     if a.agg is None and _is_const(engine, a, 0.0):
@@ -386,7 +415,7 @@ def _add(engine: Engine, op, values: list[Data]) -> Data:
 def _maximum(engine: Engine, op, values: list[Data]) -> Data:
     a, b = values
     for p, q in ((a, b), (b, a)):
-        if q.agg is None and p.agg is not None and p.agg.op == "max" and engine.fns.constant(q.fn) is not None:
+        if q.agg is None and p.agg is not None and p.agg.op == "max" and start_value(engine, q, p):
             return p  # a constant floor (the running max's start value) is part of the fold, in every order
     if a.agg is None or b.agg is None or a.agg.op != "max" or b.agg.op != "max" or a.agg.score != b.agg.score:
         engine.refuse("takes the maximum of different aggregates", op)
@@ -397,7 +426,7 @@ def _maximum(engine: Engine, op, values: list[Data]) -> Data:
 
 def _subtract(engine: Engine, op, values: list[Data]) -> Data:
     x, m = values
-    if x.agg is None and engine.fns.constant(x.fn) is not None and m.agg is not None and m.agg.op == "max":
+    if x.agg is None and m.agg is not None and m.agg.op == "max" and start_value(engine, x, m):
         # the running max before anything was folded in, minus the new one: a rescaling from nothing
         return with_agg(engine, m, Agg("mdiff", m.agg.home, 0, EMPTY, m.agg.score, m.agg.cov))
     if x.agg is None and m.agg is not None and m.agg.op == "max" and m.agg.score == x.fn:
@@ -452,6 +481,35 @@ def _select(engine: Engine, op, values: list[Data]) -> Data:
     engine.refuse("selects between partial aggregates", op)
 
 
+def reset_select(engine: Engine, loop: int, first: Data, later: Data) -> Data | None:
+    """select(first step of `loop`, first, later), as a step-0 reset writes it (`where(i == 0, fresh, merged)`):
+    `later`, whenever `later` at that step is `first`. At the first step the loop's carried aggregates have folded
+    in nothing, so `later` holds exactly the blocks `first` holds when `first` is `later` less what the loop
+    carries (the same fold of the same blocks), or when `first` is zero and `later` a sum or a rescaling from what
+    the loop carries alone (an empty sum; a rescaling from no maximum, which annihilates what it scales). A
+    function of the merge state, so the fold stays order-free. None: not such a select (the general rules decide)."""
+    if later.agg is None:
+        return None
+    if loop < 0:  # a discovery pass (loops.UNDECIDED): the pass with the loop's counter known decides
+        return later
+
+    def own(cov: Coverage) -> Coverage:
+        return Coverage(tuple(p for p in engine.canonical_cov(cov).parts
+                              if not (isinstance(p, CoverageVar) and p.name[2:].startswith(f"{loop}_"))))
+
+    x = later.agg
+    if first.agg is None:
+        if _is_const(engine, first, 0.0) and (x.op in SUM_LIKE or x.op == "shift") and not own(x.cov).parts:
+            return later
+        return None
+    y = first.agg
+    if (x.op, x.term, x.score, x.home) != (y.op, y.term, y.score, y.home) or first.dims != later.dims:
+        return None
+    if own(x.cov) != engine.canonical_cov(y.cov) or own(x.shift_cov) != own(y.shift_cov):
+        return None
+    return later
+
+
 def _finite_fn(engine: Engine, fn: int) -> int:
     return engine.fns.intern(("ew", "stablehlo.is_finite", "", (fn,)), engine.fns.depends(fn))
 
@@ -480,6 +538,11 @@ def _scale(engine: Engine, op, values: list[Data]) -> Data:
     s, t = (a, b) if a.agg is not None else (b, a)
     if op.name == "stablehlo.divide" and s is b:
         engine.refuse("divides by a partial aggregate", op)
+    if op.name == "stablehlo.multiply" and s.agg.op == "shift" and not engine.canonical_cov(s.agg.cov).parts \
+            and start_value(engine, t, s):
+        # a softmax sum's start value (1 for an attention sink's logit folded into the initial state) rescaled
+        # from the start maximum: a pseudo-token's term, the same in every layout, rescaled as the sum will be
+        return with_agg(engine, s, Agg("sstart", s.agg.home, 0, EMPTY, s.agg.score, s.agg.shift_cov))
     if s.agg.op not in SUM_LIKE and s.agg.op != "exp":
         engine.refuse("scales a running maximum", op)
     home = home_axis(s)

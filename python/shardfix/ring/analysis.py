@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from jaxlib.mlir import ir
 
 from ..ir import op_loc
-from ..ir.locations import innermost_loc
+from ..ir.locations import frames, innermost_loc
 from ..locations import SourceLoc, is_library_file
 from . import coverage as cov_ops
 from .symbolic import Aff, Coord, Node, Other, Pid, PidDiv, Scope, Var, bounds, gpos, map_sources, sourced_nodes
@@ -33,10 +33,19 @@ class Refusal(Exception):
         self.calls = calls
 
     def _locs(self) -> list[SourceLoc]:
-        """The op's place and those of the calls that led to it, innermost first."""
+        """The op's place and those of the calls that led to it, innermost first. Inside a called function, a
+        place counts only where its stack shares a user frame with the outermost call's (which sits in the ring
+        region, traced with this program): JAX traces a jitted helper once and keeps the first caller's
+        traceback, so a helper's op may carry another program's line."""
         if self.op is None:
             return []
-        return [op_loc(candidate) for candidate in (self.op,) + tuple(reversed(self.calls))]
+        chain = (self.op,) + tuple(reversed(self.calls))
+        if not self.calls:
+            return [op_loc(self.op)]
+        anchor = _user_frames(self.calls[0])
+        if len(anchor) < 2:  # no Python call stack to compare with (a module read from a file, say)
+            return [op_loc(c) for c in chain]
+        return [op_loc(c) for c in chain[:-1] if _user_frames(c) & anchor] + [op_loc(self.calls[0])]
 
     def user_loc(self) -> SourceLoc:
         """The first of those places in the user's own code (not JAX's, a library's or shardfix's); empty when
@@ -60,6 +69,10 @@ class Refusal(Exception):
         if inside and inside != where and is_library_file(inside.file):
             place += f" (in {inside})"
         return f"'{self.op.name}'{place} {self}"
+
+
+def _user_frames(op: ir.Operation) -> set:
+    return {(f.file, f.line) for f in frames(op.location).frames if f.file and not is_library_file(f.file)}
 
 
 @dataclass(frozen=True)
@@ -144,6 +157,8 @@ class Shared:
     meshes: dict = field(default_factory=dict)  # the module's sdy.mesh symbols, for collectives that name one
     blocks: dict = field(default_factory=dict)  # block -> its arguments, (op, results) pairs and returned values
     apply_rule: object = None  # rules.apply_rule, given by the analysis' caller: the rules build on this module
+    liveness: dict = field(default_factory=dict)  # (callee, results read) -> autodiff.Liveness of its body
+    rings: frozenset = frozenset()  # the module's ring regions (values between them may pass outer bodies)
 
     def block(self, block: ir.Block) -> tuple:
         """A block's arguments, its ops but the terminator each with its results, and the terminator's operands:
@@ -173,6 +188,7 @@ class State:
     directions: set = field(default_factory=set)  # +1 / -1: the ring directions seen
     carried: dict = field(default_factory=dict)  # id of a loop-carried placeholder -> (loop op, index)
     cov_alias: dict = field(default_factory=dict)  # coverage unknowns assumed equal (checked when solved)
+    loop_vars: dict = field(default_factory=dict)  # a loop's iteration variable -> id of the loop op
 
     @property
     def fns(self) -> FnTable:
@@ -182,10 +198,15 @@ class State:
 class Engine:
     """Interprets blocks over abstract values; rules.py supplies one rule per op."""
 
-    def __init__(self, state: State, scope: Scope):
+    def __init__(self, state: State, scope: Scope, liveness=None):
         self.state = state
         self.scope = scope
         self.env: dict = {}
+        # where only some results need proving (autodiff.Liveness): the ops of this body, its loops and branches
+        # to interpret, and the results of loops and branches only residuals read; None: everything
+        self.liveness = liveness
+        self.live = liveness.ops if liveness is not None else None
+        self.dead_slots = liveness.dead_slots if liveness is not None else {}
 
     # -- values --------------------------------------------------------------------------------------------------
 
@@ -235,10 +256,32 @@ class Engine:
         arguments, body, returned = self.state.shared.block(block)
         for arg, value in zip(arguments, args):
             env[arg] = value
+        live = self.live
         for op, results in body:
+            if live is not None and op not in live:
+                self._skip(op)
+                continue
             for result, value in zip(results, apply_rule(self, op)):
                 env[result] = value
         return [self.get(v) for v in returned]
+
+    def _skip(self, op: ir.Operation) -> None:
+        """An op only residuals depend on: not interpreted. Where it reads positions computed from the device
+        index, they are rewritten as any read of them is (the backward then sees the new layout's positions, as
+        the forward's results do)."""
+        from .autodiff import OPAQUE
+        nested = [op]
+        while nested:
+            current = nested.pop()
+            for index, value in enumerate(current.operands):
+                found = self.env.get(value)
+                if isinstance(found, Index) and _aff_has_coord(found.expr):
+                    self.resolve(found, current, index)
+            for region in current.regions:
+                for block in region.blocks:
+                    nested.extend(inner.operation for inner in block.operations)
+        for result in op.results:
+            self.env[result] = OPAQUE
 
     # -- calls ---------------------------------------------------------------------------------------------------
 
@@ -250,10 +293,23 @@ class Engine:
             self.refuse(f"calls @{callee_name} recursively", op)
         state = self.state
         here = tuple(state.call_ops) + (op,)
+        # Where only some of the call's results need proving, the callee is interpreted for those alone.
+        liveness, wanted = None, None
+        if self.liveness is not None:
+            wanted = self.liveness.live_results(op)
+            if len(wanted) < len(op.results):
+                from .autodiff import Liveness
+                liveness = state.shared.liveness.get((callee_name, wanted))
+                if liveness is None:
+                    liveness = state.shared.liveness[(callee_name, wanted)] = \
+                        Liveness(callee.regions[0].blocks[0], set(wanted))
+            else:
+                wanted = None
         # Arguments holding comparisons not yet read as numbers name the ops that built them, in this context: such
         # calls are analysed afresh each time.
         key = None if _sourced(args) else \
-            (callee_name, tuple((a, state.carried.get(id(a))) for a in args), _scope_key(self.scope), state.ring)
+            (callee_name, tuple((a, state.carried.get(id(a))) for a in args), _scope_key(self.scope), state.ring,
+             wanted)
         memo = None if key is None else state.shared.call_memo.get(key)
         if memo is not None:  # the same call analysed before: its results, and what it recorded, again
             results, rewrites, units, obligations, directions = memo
@@ -272,7 +328,7 @@ class Engine:
         state.calling.append(callee_name)
         state.call_ops.append(op)
         try:
-            inner = Engine(state, self.scope)
+            inner = Engine(state, self.scope, liveness)
             results = inner.run_block(callee.regions[0].blocks[0], args)
         finally:
             state.calling.pop()

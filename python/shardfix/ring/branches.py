@@ -8,7 +8,7 @@ orders skip the same pairs of units).
 
 from __future__ import annotations
 
-from .algebra import cov_prefix, covs_equal
+from .algebra import cov_prefix, covs_equal, start_value
 from .analysis import Engine
 from .symbolic import Aff, Node, bounds
 from .values import Agg, Cells, Coverage, CoverageVar, Data, Index
@@ -25,6 +25,10 @@ def branches(engine: Engine, op):
             chosen = value if 0 <= value < len(regions) else len(regions) - 1
         return engine.run_block(regions[chosen].blocks[0], [])
     per_branch = [engine.run_block(r.blocks[0], []) for r in regions]
+    dead = engine.dead_slots.get(op, ())
+    if dead:  # results only residuals read (autodiff.py): not compared
+        from .autodiff import OPAQUE
+        per_branch = [[OPAQUE if j in dead else v for j, v in enumerate(b)] for b in per_branch]
     if all(b == per_branch[0] for b in per_branch[1:]):
         return per_branch[0]
     if len(regions) != 2:
@@ -118,7 +122,7 @@ def _folded(engine: Engine, skip, compute) -> Coverage | None:
     c = compute.agg
     if skip.agg is None:
         # a constant start value (the identity, or a floor like -1e30 for a max): nothing folded in yet
-        if c.op in ("sum", "ssum", "max", "min") and engine.fns.constant(skip.fn) is not None and \
+        if c.op in ("sum", "ssum", "max", "min") and start_value(engine, skip, compute) and \
                 not any(isinstance(p, CoverageVar) for p in c.cov.parts):
             return c.cov
         return None

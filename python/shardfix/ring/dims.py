@@ -194,3 +194,54 @@ def readers(value: ir.Value) -> list:
             else:
                 found.append(owner)
     return found
+
+
+# Values between a ring region nested in an outer manual computation (a cp ring inside a dp shard_map) and a region
+# of another such computation pass through the outer computations' bodies: followed here, as through a layout
+# re-assertion, where the outer computation is not itself one of the `rings`.
+MANUAL = "sdy.manual_computation"
+
+
+def origin_across(value: ir.Value, rings: set) -> ir.Value:
+    """`origin`, continued out of an enclosing manual computation's body (its argument is its operand) and into
+    one whose result it is (its body's returned value), for computations not in `rings`."""
+    while True:
+        value = origin(value)
+        owner = value.owner
+        if isinstance(owner, ir.Block):
+            parent = owner.owner
+            parent = parent.operation if parent is not None and hasattr(parent, "operation") else parent
+            if parent is not None and parent.name == MANUAL and parent not in rings:
+                value = parent.operands[ir.BlockArgument(value).arg_number]
+                continue
+            return value
+        owner = owner.operation if hasattr(owner, "operation") else owner
+        if owner.name == MANUAL and owner not in rings:
+            terminator = list(owner.regions[0].blocks[0].operations)[-1].operation
+            value = terminator.operands[ir.OpResult(value).result_number]
+            continue
+        return value
+
+
+def readers_across(value: ir.Value, rings: set) -> list:
+    """`readers`, continued through enclosing manual computations not in `rings` (an outer body's return passes
+    the value to the computation's result, an outer computation's operand to its body's argument)."""
+    found, pending = [], [value]
+    while pending:
+        for use in pending.pop().uses:
+            owner = use.owner
+            owner = owner.operation if hasattr(owner, "operation") else owner
+            name = owner.name
+            if name in RESTATING:
+                pending.extend(owner.results)
+                continue
+            parent = owner.parent
+            parent = parent.operation if parent is not None and hasattr(parent, "operation") else parent
+            if name == "sdy.return" and parent is not None and parent.name == MANUAL and parent not in rings:
+                pending.append(parent.results[use.operand_number])
+                continue
+            if name == MANUAL and owner not in rings:
+                pending.append(owner.regions[0].blocks[0].arguments[use.operand_number])
+                continue
+            found.append(owner)
+    return found

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from jaxlib.mlir import ir
 
 from . import coverage as cov_ops
-from .algebra import agg_fn, cov_prefix, try_complete
+from .algebra import agg_fn, cov_prefix, start_value, try_complete
 from .analysis import Engine, Obligation, Refusal
 from .dims import shape
-from .symbolic import Aff, Node, Scope, Var
-from .values import CONST, EMPTY, Agg, Axis, Cells, Coverage, CoverageVar, Data, Index, Stack, Tok, canonical
+from .symbolic import Aff, Node, Scope, Var, sourced_nodes
+from .symbolic import Dim as SymDim
+from .values import CONST, EMPTY, FREE, Agg, Axis, Cells, Coverage, CoverageVar, Data, Index, Stack, Tok, canonical
 
 
 @dataclass(frozen=True)
@@ -42,8 +43,13 @@ class Written:
 
 
 def buffer_write(engine: Engine, op, buffer, update, starts: list[Aff]):
-    update = try_complete(engine, engine.as_data(update, op, 1))
     out = shape(op.results[0])
+    if isinstance(update, Index) and isinstance(buffer, Index) and next(sourced_nodes(update.expr), None) is None:
+        # integers (chunk indices, positions) a loop stacks stay integers: read back, they are the same numbers
+        written = _slice_written(engine, op, buffer, update, starts, out)
+        if written is not None:
+            return written
+    update = try_complete(engine, engine.as_data(update, op, 1))
     if tuple(update.shape) == tuple(out) and all(s == Aff() for s in starts):
         return update
     partial = [d for d in range(len(out)) if update.shape[d] != out[d]]
@@ -52,6 +58,41 @@ def buffer_write(engine: Engine, op, buffer, update, starts: list[Aff]):
         engine.refuse("writes part of a buffer other than one slice per iteration of the loop filling it", op)
     loop, index = slot
     return Written(loop, index, partial[0], starts[partial[0]], update, tuple(out))
+
+
+def _slice_written(engine: Engine, op, buffer, update, starts: list[Aff], out) -> "Written | None":
+    partial = [d for d in range(len(out)) if update.shape[d] != out[d]]
+    slot = engine.state.carried.get(id(buffer))
+    if slot is None or len(partial) != 1 or any(s != Aff() for d, s in enumerate(starts) if d != partial[0]):
+        return None
+    return Written(slot[0], slot[1], partial[0], starts[partial[0]], update, tuple(out))
+
+
+UNDECIDED = -1
+
+
+def first_iteration_loop(engine: Engine, cond: Index) -> int | None:
+    """The loop (its op's id) whose first iteration, and only that, `cond` holds at: a condition of that loop's
+    iteration variable alone (`i == 0` in a fori_loop body). None for any other condition."""
+    if cond.shape and any(n > 1 for n in cond.shape):
+        return None
+    atoms = cond.expr.free_atoms()
+    if any(isinstance(a, Var) and a in engine.state.unknown_vars for a in atoms):
+        return UNDECIDED  # a loop's discovery pass, its counter still unknown: the pass that follows decides
+    loop_vars = [a for a in atoms if isinstance(a, Var) and a in engine.state.loop_vars]
+    if len(loop_vars) != 1 or any(not isinstance(a, (Var, Node)) for a in atoms) or \
+            any(isinstance(a, Var) and a is not loop_vars[0] for a in atoms):
+        return None
+    k = loop_vars[0]
+    found = engine.scope.var_bounds.get(k)
+    if found is None or not found[0].is_const or not found[1].is_const or found[1].const - found[0].const > 256:
+        return None
+    lo, hi = int(found[0].const), int(found[1].const)
+    for value in range(lo, hi + 1):
+        fixed = cond.expr.substitute({k: Aff((), value)})
+        if not fixed.is_const or fixed.const != (1 if value == lo else 0):
+            return None
+    return engine.state.loop_vars[k]
 
 
 def substitute_value(value, mapping: dict):
@@ -159,6 +200,11 @@ def while_loop(engine: Engine, op):
     body = op.regions[1].blocks[0]
     terminator = list(body.operations)[-1].operation
     passthrough = [terminator.operands[i] == body.arguments[i] for i in range(len(inits))]
+    dead = engine.dead_slots.get(op, ())
+    if dead:  # slots only residuals read: carried uninterpreted, like values the loop passes through
+        from .autodiff import OPAQUE
+        inits = [OPAQUE if i in dead else v for i, v in enumerate(inits)]
+        passthrough = [p or i in dead for i, p in enumerate(passthrough)]
     counter = _counter(engine, op, inits, passthrough)
     if counter is not None and counter.trips == 0:
         return inits
@@ -167,7 +213,20 @@ def while_loop(engine: Engine, op):
         plan = _discover(engine, op, inits, passthrough, counter)
     finally:
         _restore(engine.state, saved)
-    return _analyse(engine, op, inits, passthrough, counter, plan)
+    for _ in range(len(inits) + 1):
+        saved = _snapshot(engine.state)
+        try:
+            return _analyse(engine, op, inits, passthrough, counter, plan)
+        except _MoreFree as more:  # data that follows no token changes after all: analysed as changing
+            _restore(engine.state, saved)
+            plan.free |= more.slots
+    engine.refuse("carries a value the analysis can't follow through a loop", op)
+
+
+class _MoreFree(Exception):
+    def __init__(self, slots: set):
+        super().__init__(str(slots))
+        self.slots = slots
 
 
 @dataclass
@@ -179,6 +238,7 @@ class _Plan:
     hop_steps: dict  # carried index -> per-axis ring steps
     widened: dict  # carried index -> (template Data, per-axis hop as a function of k)
     k: Var
+    free: set = None  # carried indices of data that follows no token, changed by anything (a PRNG key's rounds)
 
 
 def _snapshot(state):
@@ -195,6 +255,7 @@ def _discover(engine: Engine, op, inits, passthrough, counter) -> _Plan:
     """A first pass with everything that changes unknown: how each carried value changes per iteration."""
     body = op.regions[1].blocks[0]
     k = cov_ops.fresh_var("it")
+    engine.state.loop_vars[k] = id(op)
     placeholders, owned, index_steps = [], {}, {}
     for i, init in enumerate(inits):
         step = _constant_step(engine, op, inits, i) if isinstance(init, Index) else None
@@ -248,9 +309,25 @@ def _discover(engine: Engine, op, inits, passthrough, counter) -> _Plan:
     for i, ph in enumerate(placeholders):
         ret = returned[i]
         if i in owned and isinstance(ph, Data) and ph.agg is None and not ph.axes and isinstance(ret, Data) and \
-                ret.agg is not None and engine.fns.constant(ph.fn) is not None:
+                ret.agg is not None and start_value(engine, ph, ret):
             widened[i] = _template(engine, op, ret, steps, k, {v for vs in owned.values() for v in vs})
-    return _Plan(index_steps, hop_steps, widened, k)
+    free = {i for i in owned if _follows_no_token(placeholders[i]) and _follows_no_token(returned[i])
+            and returned[i].fn != placeholders[i].fn and returned[i].shape == placeholders[i].shape}
+    return _Plan(index_steps, hop_steps, widened, k, free)
+
+
+def _follows_no_token(value) -> bool:
+    """Data the reorder can't change: no tokens, no aggregate, no stacked buffer (loop data of the same shape on
+    every device and in every layout, like the rounds of a PRNG key)."""
+    return isinstance(value, Data) and not value.axes and value.agg is None and \
+        not any(isinstance(r, (Tok, Stack)) for r in value.dims) and not value.elements
+
+
+def _free_data(engine: Engine, op, i: int, init: Data, key: tuple) -> Data:
+    """Loop data that follows no token at an unknown iteration (or at the exit): a function of its own."""
+    dims = tuple(FREE if n > 1 else CONST for n in init.shape)
+    return Data(init.shape, dims, (), engine.fns.intern(("loop-data", id(op), i) + key,
+                                                        frozenset(a for a in key if isinstance(a, Var))))
 
 
 def _template(engine: Engine, op, ret: Data, steps: dict, k: Var, mine: set):
@@ -329,6 +406,8 @@ def _analyse(engine: Engine, op, inits, passthrough, counter, plan: _Plan):
         if isinstance(init, Index):
             placeholders.append(_register(engine, op, i, Index(init.shape, init.expr
                                                                + Aff.of(k).scale(plan.index_steps.get(i, 0)))))
+        elif i in plan.free:
+            placeholders.append(_register(engine, op, i, _free_data(engine, op, i, init, (k,))))
         elif i in plan.widened:
             template, axes = plan.widened[i]
             placeholders.append(_carried(engine, op, i, template.with_(axes=axes), _unknown_coverage(op, i, template)))
@@ -342,16 +421,39 @@ def _analyse(engine: Engine, op, inits, passthrough, counter, plan: _Plan):
     with _iterating(engine, k, counter):
         _check_condition(engine, op, placeholders, counter)
         returned = engine.run_block(body, placeholders)
-        solution = _solve(engine, op, placeholders, returned, changing, k)
+        for i in plan.free:
+            if not _follows_no_token(returned[i]) or returned[i].shape != placeholders[i].shape:
+                engine.refuse("changes loop-carried token data other than by an order-free merge", op)
+        more = {i for i in changing if i not in plan.free and _follows_no_token(placeholders[i])
+                and _follows_no_token(returned[i]) and returned[i].fn != placeholders[i].fn
+                and returned[i].shape == placeholders[i].shape}
+        if more:
+            raise _MoreFree(more)
+        solution = _solve(engine, op, placeholders, returned, [i for i in changing if i not in plan.free], k)
         _discharge(engine, solution, first_obligation)
     exits = []
     final = {k: Aff.of(trips)} if trips is not None else {}
     for i, init in enumerate(inits):
         if i not in changing:
             exits.append(init if passthrough[i] else Index((), Aff.of(counter.start + counter.step * trips)))
+        elif i in plan.free:
+            exits.append(_free_data(engine, op, i, init, ("exit",)))
         else:
             exits.append(_exit_value(engine, op, init, placeholders[i], returned[i], solution, k, trips, final))
+    _check_ring_steps(engine, op, plan, trips, exits)
     return exits
+
+
+def _check_ring_steps(engine: Engine, op, plan: _Plan, trips, exits) -> None:
+    """A loop that passes blocks around the ring for fewer steps than the ring has devices, leaving aggregates
+    short of blocks: tokens left behind (what the blocks that never arrive hold changes with the layout)."""
+    steps = {abs(d) for deltas in plan.hop_steps.values() for d in deltas if d}
+    cp = engine.ring.cp
+    if trips is None or not steps or trips * max(steps) >= cp:
+        return
+    if any(isinstance(v, Data) and v.agg is not None and v.agg.op in ("sum", "max", "min", "ssum") for v in exits):
+        engine.refuse(f"runs {trips} of the {cp} ring steps: the blocks of {cp - trips} device(s) never arrive, so "
+                      "its results leave their tokens out (and which tokens those are changes with the layout)", op)
 
 
 def _check_condition(engine: Engine, op, placeholders, counter) -> None:
@@ -484,6 +586,12 @@ def _filled(engine: Engine, op, written: Written, k: Var, trips: int) -> Data:
     if written.index != Aff.of(k).scale(size) or trips * size != written.shape[d]:
         engine.refuse("fills a buffer other than slice by slice in order, exactly once", op)
     update = written.update
+    if isinstance(update, Index):
+        if size != 1:
+            engine.refuse("fills a buffer with slices wider than one element", op)
+        # element j along d is the slice the iteration k = j wrote
+        expr = update.expr.substitute({SymDim(d): Aff()}).substitute({k: Aff.of(SymDim(d))})
+        return Index(written.shape, expr)
     if update.dims[d] != CONST or size != 1:
         engine.refuse("fills a buffer with slices wider than one element", op)
     varies = k in _value_atoms(update) or k in engine.fns.depends(update.fn)
@@ -529,4 +637,4 @@ def _as_token_dim(update: Data, d: int, k: Var) -> Data | None:
     return update.with_(axes=axes, dims=dims)
 
 
-__all__ = ["Written", "buffer_write", "substitute_value", "while_loop"]
+__all__ = ["Written", "buffer_write", "first_iteration_loop", "substitute_value", "while_loop"]

@@ -15,8 +15,9 @@ from jaxlib.mlir import ir
 
 from ..locations import SourceLoc
 from .analysis import Engine, Refusal, RingInfo, Shared, State
+from .autodiff import Liveness, paired_backwards
 from .detect import RingRegion, axis_strides, find_ring_regions, module_funcs, module_meshes
-from .dims import origin, readers, shape
+from .dims import origin_across, readers_across, shape
 from .memo import GroupMemo
 from .rules import apply_rule
 from .symbolic import Aff, Scope
@@ -54,11 +55,12 @@ def prove_rings(module: ir.Operation, analyse: bool = True, callers: dict[str, i
         if r.structure:
             verdicts[id(r.region)].why = "; ".join(r.structure)
     analysable = [r for r in regions if not r.structure]
-    groups = _groups(analysable)
+    rings = frozenset(r.region for r in regions)
+    groups = _groups(analysable, rings)
     # One naming of functions and one memo of analysed calls for the whole module: regions that call the same
     # functions with the same abstract operands (the layers of a model) are analysed once. Operands are named by
     # their place in their group, so equal names never meet across groups, which share no values.
-    shared = Shared(meshes=module_meshes(module), apply_rule=apply_rule)
+    shared = Shared(meshes=module_meshes(module), apply_rule=apply_rule, rings=rings)
     memo = GroupMemo(funcs) if analyse else None
     for index, group in enumerate(groups):
         for r in group:
@@ -78,7 +80,7 @@ def prove_rings(module: ir.Operation, analyse: bool = True, callers: dict[str, i
     return [verdicts[id(r.region)] for r in regions]
 
 
-def _groups(regions: list[RingRegion]) -> list[list[RingRegion]]:
+def _groups(regions: list[RingRegion], rings: frozenset) -> list[list[RingRegion]]:
     """Regions linked by values one passes to another directly, in program order (producers first)."""
     by_op = {r.region: r for r in regions}
     parent = {id(r.region): id(r.region) for r in regions}
@@ -91,7 +93,7 @@ def _groups(regions: list[RingRegion]) -> list[list[RingRegion]]:
 
     for r in regions:
         for operand in r.region.operands:
-            owner = origin(operand).owner
+            owner = origin_across(operand, rings).owner
             if not isinstance(owner, ir.Block) and owner in by_op:
                 parent[find(id(r.region))] = find(id(by_op[owner].region))
     grouped: dict[int, list] = {}
@@ -101,22 +103,121 @@ def _groups(regions: list[RingRegion]) -> list[list[RingRegion]]:
 
 
 def _prove_group(group: list[RingRegion], funcs, verdicts: dict, shared: Shared) -> None:
-    produced: dict = {}  # region result value -> abstract value (per-device values for the group's consumers)
     members = {r.region for r in group}
     try:
-        for place, r in enumerate(group):
-            _prove_region(r, place, funcs, verdicts[id(r.region)], produced, members, shared)
-    except _GroupRefusal as e:
-        for r in group:
-            v = verdicts[id(r.region)]
-            v.proved = False
-            v.why = e.refusal.describe(e.region.loc) if r is e.region else \
-                f"reordered together with the ring region at {e.region.loc or 'an unknown location'}, which is not " \
-                f"provably safe ({e.refusal.describe(e.region.loc)})"
-            v.loc = (e.refusal.user_loc() or r.loc) if r is e.region and e.refusal.op is not None else r.loc
-        return
+        _prove_members(group, funcs, verdicts, members, shared, frozenset())
+    except _GroupRefusal as first:
+        # JAX's transposes of the group's forward regions are proved from the forward (autodiff.py): only the
+        # forward's results need proving, not the residuals it hands them
+        backwards = paired_backwards(group, funcs, shared.rings) if len(group) > 1 else set()
+        e = first
+        if backwards:
+            try:
+                _prove_members(group, funcs, verdicts, members, shared, frozenset(backwards))
+                e = None
+            except _GroupRefusal as second:
+                e = second
+        if e is not None:
+            _refuse_group(group, verdicts, e)
+            return
     for r in group:
         verdicts[id(r.region)].proved = True
+
+
+def _prove_members(group: list[RingRegion], funcs, verdicts: dict, members: set, shared: Shared,
+                   backwards: frozenset) -> None:
+    produced: dict = {}  # region result value -> abstract value (per-device values for the group's consumers)
+    block = None
+    primal: list = []  # the proved results of forward regions whose transposes are in the group
+    forwarded: set = set()  # the operands of those forward regions (JAX hands some to the transposes as well)
+    for place, r in enumerate(group):
+        verdict = verdicts[id(r.region)] = Verdict(r, group=verdicts[id(r.region)].group)
+        if r.region in backwards:
+            _transposed_region(r, verdict, produced, members, block, shared.rings)
+            _match_cotangents(r, primal, forwarded, produced, shared.rings)
+        else:
+            residuals = _prove_region(r, place, funcs, verdict, produced, members, shared, backwards)
+            block = verdict.block
+            if backwards:
+                primal += [(r, j) for j in range(len(r.region.results)) if j not in residuals]
+                forwarded |= {origin_across(v, shared.rings) for v in r.region.operands}
+
+
+def _match_cotangents(r: RingRegion, primal: list, forwarded: set, produced: dict, rings: frozenset) -> None:
+    """The transpose differentiates the forward's results: each cotangent it reads must be that of a proved
+    result (same type and layout). A forward whose results the program dropped (a loss whose derivative doesn't
+    read them) leaves the transpose with the linear part of ops that are nowhere else in the program: nothing
+    about them is proved."""
+    available = list(primal)
+    ins = r.in_shardings()
+    for i, operand in enumerate(r.region.operands):
+        source = origin_across(operand, rings)
+        if source in produced or source in forwarded:
+            continue
+        match = next((p for p in available if str(p[0].region.results[p[1]].type) == str(operand.type)
+                      and str(p[0].out_shardings()[p[1]]) == str(ins[i])), None)
+        if match is None:
+            raise _GroupRefusal(Refusal(
+                f"differentiates a ring region whose result the program dropped (operand {i} is the cotangent of "
+                "a result read only through its derivative), so there is no forward to prove it from: use the "
+                "forward's result (return it, or let the loss read it), or give the kernel a custom_vjp",
+                r.region), r)
+        available.remove(match)
+
+
+def _refuse_group(group: list[RingRegion], verdicts: dict, e: "_GroupRefusal") -> None:
+    for r in group:
+        v = verdicts[id(r.region)]
+        v.proved = False
+        v.why = e.refusal.describe(e.region.loc) if r is e.region else \
+            f"reordered together with the ring region at {e.region.loc or 'an unknown location'}, which is not " \
+            f"provably safe ({e.refusal.describe(e.region.loc)})"
+        v.loc = (e.refusal.user_loc() or r.loc) if r is e.region and e.refusal.op is not None else r.loc
+
+
+def _transposed_region(r: RingRegion, verdict: Verdict, produced: dict, members: set, block: int | None,
+                       rings: frozenset) -> None:
+    """A transpose of the group's forward (autodiff.py): its sequence operands (cotangents, forward operands JAX
+    forwards) are permuted and its sequence results (cotangents of sequence operands) restored; residuals pass
+    in the forward's layout; anything else per-device is refused."""
+    body = r.region.regions[0].blocks[0]
+    local_shapes = [shape(a) for a in body.arguments]
+    seq_in, seq_out, length = {}, {}, None
+    for i, sharding in enumerate(r.in_shardings()):
+        if origin_across(r.region.operands[i], rings) in produced:
+            continue
+        kind = _classify(sharding, r.axis, local_shapes[i])
+        if kind is None:
+            continue
+        if kind[0] != "sequence":
+            raise _GroupRefusal(Refusal(f"operand {i} is a per-device value over the ring axis \"{r.axis}\" "
+                                        "that no reordered ring region produces", r.region), r)
+        dim = kind[1]
+        if block is not None and local_shapes[i][dim] != block:
+            raise _GroupRefusal(Refusal(f"has sequence operands of different lengths ({block} and "
+                                        f"{local_shapes[i][dim]} tokens a device)", r.region), r)
+        block = local_shapes[i][dim]
+        length = shape(r.region.operands[i])[dim]
+        seq_in[i] = dim
+    if block is None or not seq_in:
+        raise _GroupRefusal(Refusal(f"no operand is sharded on the ring axis \"{r.axis}\" along a sequence dim",
+                                    r.region), r)
+    for j, sharding in enumerate(r.out_shardings()):
+        local = _local_shape(r, j)
+        kind = _classify(sharding, r.axis, local)
+        if kind is None:
+            continue
+        result = r.region.results[j]
+        if kind[0] == "sequence" and local[kind[1]] == block:
+            seq_out[j] = kind[1]
+            continue
+        if any(reader not in members for reader in readers_across(result, rings)):
+            raise _GroupRefusal(Refusal(f"result {j} is a per-device value that ops outside the ring regions read",
+                                        r.region), r)
+        from .autodiff import OPAQUE
+        produced[result] = OPAQUE
+    verdict.block, verdict.length = block, length
+    verdict.sequence_operands, verdict.sequence_results = seq_in, seq_out
 
 
 def _ring_info(r: RingRegion, block: int) -> RingInfo:
@@ -126,13 +227,13 @@ def _ring_info(r: RingRegion, block: int) -> RingInfo:
 
 
 def _prove_region(r: RingRegion, place: int, funcs, verdict: Verdict, produced: dict, members: set,
-                  shared: Shared) -> None:
+                  shared: Shared, backwards: frozenset = frozenset()) -> set:
     body = r.region.regions[0].blocks[0]
     local_shapes = [shape(a) for a in body.arguments]
     ins, outs = r.in_shardings(), r.out_shardings()
     seq_in, block, length = {}, None, None
     for i, sharding in enumerate(ins):
-        if origin(r.region.operands[i]) in produced:
+        if origin_across(r.region.operands[i], shared.rings) in produced:
             continue  # a per-device value from a region of the group, in the layout this region will see
         kind = _classify(sharding, r.axis, local_shapes[i])
         if kind is not None and kind[0] == "sequence":
@@ -148,12 +249,16 @@ def _prove_region(r: RingRegion, place: int, funcs, verdict: Verdict, produced: 
                                     r.region), r)
     verdict.block, verdict.length, verdict.sequence_operands = block, length, seq_in
     state = State(_ring_info(r, block), funcs, shared)
-    engine = Engine(state, Scope(r.cp, {}))
+    # results only JAX's transposes read (residuals) need no proof: interpret what the others depend on
+    residuals = {j for j, result in enumerate(r.region.results)
+                 if all(reader in backwards for reader in readers_across(result, shared.rings))} if backwards else set()
+    liveness = Liveness(body, set(range(len(r.region.results))) - residuals) if residuals else None
+    engine = Engine(state, Scope(r.cp, {}), liveness)
     args = []
     for i, sharding in enumerate(ins):
         local = local_shapes[i]
         fn = state.fns.intern(("operand", place, i))
-        source = origin(r.region.operands[i])
+        source = origin_across(r.region.operands[i], shared.rings)
         if source in produced:
             args.append(produced[source])
         elif i in seq_in:
@@ -177,7 +282,8 @@ def _prove_region(r: RingRegion, place: int, funcs, verdict: Verdict, produced: 
                                     f"{error})", r.region), r) from None
     verdict.rewrites = list(state.rewrites.values())
     verdict.units = dict(state.units)
-    _check_results(r, engine, results, outs, verdict, produced, members)
+    _check_results(r, engine, results, outs, verdict, produced, members, residuals, shared.rings)
+    return residuals
 
 
 def _classify(sharding, axis: str, local) -> tuple | None:
@@ -195,11 +301,14 @@ def _classify(sharding, axis: str, local) -> tuple | None:
 
 
 def _check_results(r: RingRegion, engine: Engine, results: list, outs, verdict: Verdict, produced: dict,
-                   members: set) -> None:
+                   members: set, residuals: set, rings: frozenset) -> None:
     from .algebra import try_complete
     seq_out = {}
     for j, (value, sharding) in enumerate(zip(results, outs)):
         result = r.region.results[j]
+        if j in residuals:  # read by transposed regions only, in the layout this region makes them
+            produced[result] = value
+            continue
         if isinstance(value, Data):
             value = try_complete(engine, value)
         kind = _classify(sharding, r.axis, _local_shape(r, j))
@@ -217,12 +326,12 @@ def _check_results(r: RingRegion, engine: Engine, results: list, outs, verdict: 
             except _GroupRefusal:
                 # not the tokens of the dim the ring axis shards: a per-device value (the residuals JAX passes
                 # from a forward to its backward), if only the group's regions read it
-                if not result.uses or any(reader not in members for reader in readers(result)):
+                if not result.uses or any(reader not in members for reader in readers_across(result, rings)):
                     raise
         produced[result] = value
         if _layout_free(engine, value):
             continue  # the same on every layout: any reader sees what it saw before
-        for user in readers(result):
+        for user in readers_across(result, rings):
             if user not in members:
                 name = user.name if hasattr(user, "name") else "an op"
                 raise _GroupRefusal(Refusal(f"{where} is a per-device value that '{name}' outside the ring regions "

@@ -173,6 +173,12 @@ def elementwise(engine: Engine, op):
         if folded is not None:
             return [folded]
     data = [engine.as_data(x, op, i) for i, x in enumerate(ins)]
+    if op.name == "stablehlo.select" and isinstance(ins[0], Index):
+        loop = loops.first_iteration_loop(engine, ins[0])
+        if loop is not None:  # a merge state started afresh at a loop's first step
+            reset = algebra.reset_select(engine, loop, data[1], data[2])
+            if reset is not None:
+                return [reset]
     return [algebra.combine(engine, op, data)]
 
 
@@ -229,9 +235,15 @@ def _index_elementwise(engine: Engine, op, ins: list[Index]) -> Index | None:
 
 
 def _two_blocks(exprs: list[Aff]) -> bool:
-    """Whether the forms hold the ring coordinates of two different blocks between them."""
+    """Whether the forms hold the ring coordinates of two different blocks between them, or the positions of one
+    block's tokens along two different dims (q_pos[:, None] - k_pos[None, :] while the block held is this device's
+    own: a difference of positions, not of local indices, whatever block it is)."""
     coords = {atom for e in exprs for atom in e.atoms() if isinstance(atom, Coord)}
-    return len(coords) > 1
+    if len(coords) > 1:
+        return True
+    dims = [{a for a in e.atoms() if isinstance(a, Dim)} for e in exprs]
+    return len(coords) == 1 and len(exprs) == 2 and all(any(isinstance(a, Coord) for a in e.atoms()) for e in exprs) \
+        and all(dims) and dims[0].isdisjoint(dims[1])
 
 
 def _is_bool_type(value: ir.Value) -> bool:

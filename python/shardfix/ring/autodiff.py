@@ -1,0 +1,224 @@
+"""Backward rings that JAX's autodiff made from a forward ring: proved from the forward, not from their own ops.
+
+Under `jax.grad`, JAX splits a ring region F into a forward region (F's results, plus per-device residuals: the
+running maxima, masks and blocks each ring step saw) and a backward region B, the transpose of F's linearisation,
+which reads those residuals and the cotangents of F's results and returns the cotangents of F's operands.
+
+The reorder keeps the ring schedule and permutes tokens: where the forward is proved, with its position reads
+rewritten (F'), F'(P x) = P F(x) for every x. Differentiating, J_F'(P x) = P J_F(x) P^T, so the transpose at P x
+applied to P ct is P J_F(x)^T ct (and, for replicated operands, J_w F^T ct unchanged). B computes that transpose from
+the residuals F' hands it: positions are integers, which carry no tangent, so B with F''s residuals is the backward
+of F' as JAX builds it for any value of them, provided B computes no position of its own (it reads no device
+index). So B is rewritten by permuting its sequence operands (cotangents, and forward operands JAX forwards) and
+restoring its sequence results, with the residuals passed in the layout the forward made them: the order-dependent
+partial aggregates among them need no proof of their own; only the forward's results must be proved, over the ops
+they depend on (`Liveness`).
+
+Which region is such a transpose is read from JAX's provenance: its location's name is a `transpose(...)` of the
+name stack, it reads residuals of a forward region of its group, and each of its ops was made at a line (outside
+JAX) where an op of the forward was made (a transposed op keeps its primal op's traceback; a custom_vjp's
+backward, the user's or a library's, was made at its own lines and is proved from its ops instead). This trusts
+JAX's provenance: a program that passes a forward's per-device values to a region it names `transpose(...)`
+itself is taken at its word. Ties of a maximum are where JAX's derivative is a convention rather than a
+derivative; as with reassociation, the analysis reasons about the exact function.
+"""
+
+from __future__ import annotations
+
+import re
+
+from jaxlib.mlir import ir
+
+from ..ir.locations import innermost_loc
+from .detect import RingRegion
+from .dims import origin_across
+
+_NAME = re.compile(r'loc\("([^"]*)"')
+DEVICE_INDEX_OPS = ("stablehlo.partition_id", "stablehlo.replica_id")
+
+
+class Opaque:
+    """A value the analysis did not interpret: a result only a transposed region reads (a residual)."""
+
+    _instance = None
+
+    def __new__(cls):
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "residual"
+
+
+OPAQUE = Opaque()
+
+
+def _name(op: ir.Operation) -> str:
+    found = _NAME.search(str(op.location))
+    return found.group(1) if found else ""
+
+
+def is_transpose(r: RingRegion) -> bool:
+    """The region, or a manual computation it is nested in (a ring inside a dp shard_map), is named as JAX names
+    a transpose."""
+    op = r.region
+    while op is not None and op.name != "builtin.module":
+        if op.name == "sdy.manual_computation" and "transpose(" in _name(op):
+            return True
+        parent = op.parent
+        op = parent.operation if parent is not None and hasattr(parent, "operation") else parent
+    return False
+
+
+def _walk(op: ir.Operation, funcs: dict | None, seen: set, out: list) -> None:
+    """Every op nested in `op`, and in the functions it calls (each once) unless `funcs` is None."""
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.operations:
+                inner = inner.operation
+                out.append(inner)
+                if inner.name == "func.call" and funcs is not None:
+                    callee = ir.FlatSymbolRefAttr(inner.attributes["callee"]).value
+                    if callee not in seen and callee in funcs:
+                        seen.add(callee)
+                        _walk(funcs[callee], funcs, seen, out)
+                _walk(inner, funcs, seen, out)
+
+
+def _made_at(ops: list) -> set:
+    """Where each op was made: its innermost frame (a library's line too: a kernel's forward and a custom_vjp's
+    backward live there), except JAX's own (the machinery of transposition and loops)."""
+    out = set()
+    for op in ops:
+        loc = innermost_loc(op)
+        if loc.file and not _is_jax_file(loc.file):
+            out.add((loc.file, loc.line))
+    return out
+
+
+def _is_jax_file(path: str) -> bool:
+    parts = path.replace("\\", "/").split("/")
+    return "jax" in parts or "jaxlib" in parts
+
+
+def paired_backwards(group: list[RingRegion], funcs: dict, rings: frozenset) -> set:
+    """The regions of `group` that are JAX's transposes of its forward regions (see the module's docstring)."""
+    forwards = [r for r in group if not is_transpose(r)]
+    if not forwards:
+        return set()
+    # lines are read in the regions' own bodies: a function JAX traced once and cached (a jitted helper) keeps the
+    # traceback of the program that first traced it
+    forward_ops: list = []
+    for r in forwards:
+        _walk(r.region, None, set(), forward_ops)
+    forward_lines = _made_at(forward_ops)
+    forward_ops_set = {r.region for r in forwards}
+    out = set()
+    for r in group:
+        if not is_transpose(r):
+            continue
+        ops: list = []
+        _walk(r.region, funcs, set(), ops)
+        if any(op.name in DEVICE_INDEX_OPS for op in ops):
+            continue  # computes positions of its own: not rewritten, so not the backward of the rewritten forward
+        own: list = []
+        _walk(r.region, None, set(), own)
+        if not _made_at(own) <= forward_lines:
+            continue  # code of its own (a custom_vjp's backward): proved from its ops
+        sources = [origin_across(v, rings) for v in r.region.operands]
+        if not any(not isinstance(v.owner, ir.Block) and v.owner in forward_ops_set for v in sources):
+            continue
+        out.add(r.region)
+    return out
+
+
+class Liveness:
+    """The ops of a block (nested regions included; a call is one op, its callee gets a Liveness of its own for
+    the results read) that the terminator's operands at `live_results` depend on, and for each loop or branch the
+    results nothing live reads (dead slots)."""
+
+    def __init__(self, block: ir.Block, live_results: set[int]):
+        self.values: set = set()
+        self.ops: set = set()
+        self.dead_slots: dict = {}
+        terminator = list(block.operations)[-1].operation
+        for i in live_results:
+            self.values.add(terminator.operands[i])
+        _mark_block(block, self.values, self.ops, self.dead_slots, skip_terminator=True)
+
+    def live_results(self, op: ir.Operation) -> frozenset:
+        return frozenset(j for j, v in enumerate(op.results) if v in self.values)
+
+
+def _mark_block(block: ir.Block, live_values: set, live: set, dead_slots: dict, skip_terminator: bool) -> None:
+    ops = [op.operation for op in block.operations]
+    if skip_terminator:
+        ops = ops[:-1]
+    for op in reversed(ops):
+        results = list(op.results)
+        if results and not any(v in live_values for v in results):
+            continue
+        live.add(op)
+        if op.name == "stablehlo.while":
+            _mark_while(op, live_values, live, dead_slots)
+            continue
+        if op.name in ("stablehlo.case", "stablehlo.if"):
+            _mark_branches(op, live_values, live, dead_slots)
+            continue
+        live_values.update(op.operands)
+        for region in op.regions:
+            for inner in region.blocks:
+                _mark_all(inner, live_values, live)
+
+
+def _mark_all(block: ir.Block, live_values: set, live: set) -> None:
+    for op in block.operations:
+        op = op.operation
+        live.add(op)
+        live_values.update(op.operands)
+        for region in op.regions:
+            for inner in region.blocks:
+                _mark_all(inner, live_values, live)
+
+
+def _mark_branches(op: ir.Operation, live_values: set, live: set, dead_slots: dict) -> None:
+    """Each branch computes the case's live results; the selector is live."""
+    slots = {j for j, v in enumerate(op.results) if v in live_values}
+    live_values.update(op.operands)
+    for region in op.regions:
+        for block in region.blocks:
+            terminator = list(block.operations)[-1].operation
+            live.add(terminator)
+            live_values.update(terminator.operands[j] for j in slots)
+            _mark_block(block, live_values, live, dead_slots, skip_terminator=True)
+    dead = set(range(len(op.results))) - slots
+    if dead:
+        dead_slots[op] = dead
+
+
+def _mark_while(op: ir.Operation, live_values: set, live: set, dead_slots: dict) -> None:
+    cond, body = op.regions[0].blocks[0], op.regions[1].blocks[0]
+    slots = {j for j, v in enumerate(op.results) if v in live_values}
+    _mark_all(cond, live_values, live)  # loop control is always live
+    slots |= {j for j, a in enumerate(cond.arguments) if a in live_values}
+    terminator = list(body.operations)[-1].operation
+    while True:
+        inner_values = set(live_values)
+        inner_values.update(terminator.operands[j] for j in slots)
+        inner_live: set = set()
+        _mark_block(body, inner_values, inner_live, dead_slots, skip_terminator=True)
+        grown = slots | {j for j, a in enumerate(body.arguments) if a in inner_values}
+        if grown == slots:
+            break
+        slots = grown
+    live.add(terminator)
+    live |= inner_live
+    live_values |= inner_values
+    live_values.update(op.operands[j] for j in slots)
+    dead = set(range(len(op.results))) - slots
+    if dead:
+        dead_slots[op] = dead
+
+
+__all__ = ["OPAQUE", "Liveness", "is_transpose", "paired_backwards"]
