@@ -45,6 +45,8 @@ class Frame:
     line: int
     col: int
     function: str = ""
+    end_line: int = 0  # where the expression ends (` to [line]:col`), 0 when the location doesn't say
+    end_col: int = 0
 
 
 @dataclass(frozen=True)
@@ -155,12 +157,12 @@ def _read(r: _Reader, frames: list[Frame], names: list[str], function: str) -> N
             line = r.integer()
             r.expect(":")
             col = r.integer()
+            end_line = end_col = 0
             if r.accept("to"):
-                if not r.peek(":"):
-                    r.integer()
+                end_line = line if r.peek(":") else r.integer()
                 r.expect(":")
-                r.integer()
-            frames.append(Frame(text, line, col, function))
+                end_col = r.integer()
+            frames.append(Frame(text, line, col, function, end_line, end_col))
             return
         if r.accept("("):  # a name location around a child
             before = len(frames)

@@ -14,13 +14,17 @@ restoring its sequence results, with the residuals passed in the layout the forw
 partial aggregates among them need no proof of their own; only the forward's results must be proved, over the ops
 they depend on (`Liveness`).
 
-Which region is such a transpose is read from JAX's provenance: its location's name is a `transpose(...)` of the
-name stack, it reads residuals of a forward region of its group, and each of its ops was made at a line (outside
-JAX) where an op of the forward was made (a transposed op keeps its primal op's traceback; a custom_vjp's
-backward, the user's or a library's, was made at its own lines and is proved from its ops instead). This trusts
-JAX's provenance: a program that passes a forward's per-device values to a region it names `transpose(...)`
-itself is taken at its word. Ties of a maximum are where JAX's derivative is a convention rather than a
-derivative; as with reassociation, the analysis reasons about the exact function.
+The argument holds only for the part of F that is proved: B must be the transpose of the linearisation of the
+forward's *proved* results, not of something else the program computed there (a result of F read only through
+its derivative, a loss linear in it, is dropped from the forward by JAX, and its linear part lives in B alone; a
+value that only feeds residuals is not proved either). So which region is such a transpose is read from JAX's
+provenance, op by op: its location's name is a `transpose(...)` of the name stack, it reads residuals of a
+forward region of its group, and every op of its own carries the traceback (every frame outside JAX, with the
+columns of the expression) of an op that the forward's proved results depend on (a transposed op keeps its
+primal op's traceback; a custom_vjp's backward, the user's or a library's, was made at its own lines and is
+proved from its ops instead). This trusts JAX's provenance: a program that passes a forward's per-device values
+to a region it names `transpose(...)` itself is taken at its word. Ties of a maximum are where JAX's derivative
+is a convention rather than a derivative; as with reassociation, the analysis reasons about the exact function.
 """
 
 from __future__ import annotations
@@ -29,9 +33,9 @@ import re
 
 from jaxlib.mlir import ir
 
-from ..ir.locations import innermost_loc
+from ..ir.locations import frames
 from .detect import RingRegion
-from .dims import origin_across
+from .dims import origin_across, readers_across
 
 _NAME = re.compile(r'loc\("([^"]*)"')
 DEVICE_INDEX_OPS = ("stablehlo.partition_id", "stablehlo.replica_id")
@@ -86,15 +90,23 @@ def _walk(op: ir.Operation, funcs: dict | None, seen: set, out: list) -> None:
                 _walk(inner, funcs, seen, out)
 
 
-def _made_at(ops: list) -> set:
-    """Where each op was made: its innermost frame (a library's line too: a kernel's forward and a custom_vjp's
-    backward live there), except JAX's own (the machinery of transposition and loops)."""
-    out = set()
-    for op in ops:
-        loc = innermost_loc(op)
-        if loc.file and not _is_jax_file(loc.file):
-            out.add((loc.file, loc.line))
-    return out
+def _provenance(op: ir.Operation) -> tuple:
+    """Where an op was made, as precisely as its location says: the frames of its traceback outside JAX (file,
+    line and the columns of the expression), innermost first, a frame repeated by nested loops once; empty for
+    JAX's own machinery (the loop counters a transpose adds). A transposed op keeps its primal op's traceback."""
+    out: list = []
+    for f in frames(op.location).frames:
+        key = (f.file, f.line, f.col, f.end_line, f.end_col)
+        if not _is_jax_file(f.file) and (not out or out[-1] != key):
+            out.append(key)
+    return tuple(out)
+
+
+def _made_by(made: tuple, proved: set, prefixes: set) -> bool:
+    """Whether an op made at `made` is the transpose of a proved op: the same expression reached by the same
+    calls, one traceback a beginning of the other (JAX moves a loop's invariant primal computation out of the loop
+    it differentiates inside, or the other way round, which adds or drops the loop's own frames)."""
+    return made in prefixes or any(made[:n] in proved for n in range(1, len(made)))
 
 
 def _is_jax_file(path: str) -> bool:
@@ -102,30 +114,68 @@ def _is_jax_file(path: str) -> bool:
     return "jax" in parts or "jaxlib" in parts
 
 
+def _live_provenance(forward: RingRegion, live: set[int], funcs: dict, out: set, seen: set) -> None:
+    """The provenance of every op the forward region's results `live` depend on, in its body and, by the results
+    read, in the functions it calls."""
+    _live_block(forward.region.regions[0].blocks[0], frozenset(live), funcs, out, seen)
+
+
+def _live_block(block: ir.Block, live: frozenset, funcs: dict, out: set, seen: set) -> None:
+    liveness = Liveness(block, set(live))
+    for op in liveness.ops:
+        out.add(_provenance(op))
+        if op.name == "func.call":
+            callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
+            wanted = liveness.live_results(op)
+            if callee in funcs and (callee, wanted) not in seen:
+                seen.add((callee, wanted))
+                _live_block(funcs[callee].regions[0].blocks[0], wanted, funcs, out, seen)
+
+
+def _proved_results(forwards: list, transposes: list, rings: frozenset) -> list:
+    """(forward region, the results of it the proof covers): those read by anything but the transposes (the others
+    are residuals)."""
+    candidates = {r.region for r in transposes}
+    return [(r, {j for j, result in enumerate(r.region.results)
+                 if not all(reader in candidates for reader in readers_across(result, rings))}) for r in forwards]
+
+
+def dropped_forward(group: list[RingRegion], rings: frozenset) -> RingRegion | None:
+    """A transpose of the group whose forward regions hand it residuals only: the program reads the forward's
+    results only through their derivative (a loss linear in them), so JAX dropped them and nothing is there to
+    prove the transpose from."""
+    transposes = [r for r in group if is_transpose(r)]
+    forwards = [r for r in group if not is_transpose(r)]
+    if transposes and forwards and not any(live for _, live in _proved_results(forwards, transposes, rings)):
+        return transposes[0]
+    return None
+
+
 def paired_backwards(group: list[RingRegion], funcs: dict, rings: frozenset) -> set:
     """The regions of `group` that are JAX's transposes of its forward regions (see the module's docstring)."""
+    transposes = [r for r in group if is_transpose(r)]
     forwards = [r for r in group if not is_transpose(r)]
-    if not forwards:
+    if not forwards or not transposes:
         return set()
-    # lines are read in the regions' own bodies: a function JAX traced once and cached (a jitted helper) keeps the
-    # traceback of the program that first traced it
-    forward_ops: list = []
-    for r in forwards:
-        _walk(r.region, None, set(), forward_ops)
-    forward_lines = _made_at(forward_ops)
+    proved: set = set()
+    seen: set = set()
+    for r, live in _proved_results(forwards, transposes, rings):
+        if live:
+            _live_provenance(r, live, funcs, proved, seen)
     forward_ops_set = {r.region for r in forwards}
     out = set()
-    for r in group:
-        if not is_transpose(r):
-            continue
+    for r in transposes:
         ops: list = []
         _walk(r.region, funcs, set(), ops)
         if any(op.name in DEVICE_INDEX_OPS for op in ops):
             continue  # computes positions of its own: not rewritten, so not the backward of the rewritten forward
-        own: list = []
-        _walk(r.region, None, set(), own)
-        if not _made_at(own) <= forward_lines:
-            continue  # code of its own (a custom_vjp's backward): proved from its ops
+        # every op, in the functions it calls too (a loop's body is one where JAX outlines it); a function JAX
+        # traced once and cached (a jitted helper) keeps the traceback of the program that first traced it, so a
+        # transpose through one is not paired (it is proved from its ops)
+        prefixes = {key[:n] for key in proved for n in range(1, len(key) + 1)}
+        made = {_provenance(op) for op in ops} - {()}
+        if not all(_made_by(key, proved, prefixes) for key in made):
+            continue  # code of its own (a custom_vjp's backward), or the derivative of something not proved
         sources = [origin_across(v, rings) for v in r.region.operands]
         if not any(not isinstance(v.owner, ir.Block) and v.owner in forward_ops_set for v in sources):
             continue
@@ -221,4 +271,4 @@ def _mark_while(op: ir.Operation, live_values: set, live: set, dead_slots: dict)
         dead_slots[op] = dead
 
 
-__all__ = ["OPAQUE", "Liveness", "is_transpose", "paired_backwards"]
+__all__ = ["OPAQUE", "Liveness", "dropped_forward", "is_transpose", "paired_backwards"]

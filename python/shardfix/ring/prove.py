@@ -15,7 +15,10 @@ from jaxlib.mlir import ir
 
 from ..locations import SourceLoc
 from .analysis import Engine, Refusal, RingInfo, Shared, State
-from .autodiff import Liveness, paired_backwards
+from .autodiff import Liveness, dropped_forward, is_transpose, paired_backwards
+
+DROPPED = ("differentiates a ring region whose result the program dropped, so there is no forward to prove it from: "
+           "use the forward's result (return it, or let the loss read it), or give the kernel a custom_vjp")
 from .detect import RingRegion, axis_strides, find_ring_regions, module_funcs, module_meshes
 from .dims import origin_across, readers_across, shape
 from .memo import GroupMemo
@@ -117,11 +120,31 @@ def _prove_group(group: list[RingRegion], funcs, verdicts: dict, shared: Shared)
                 e = None
             except _GroupRefusal as second:
                 e = second
+        dropped = dropped_forward(group, shared.rings) if not backwards else None
+        if dropped is not None:
+            e = _GroupRefusal(Refusal(DROPPED, dropped.region), dropped)
+        elif e is not None and not backwards:
+            e = _forward_reason(group, funcs, verdicts, members, shared, e)
         if e is not None:
             _refuse_group(group, verdicts, e)
             return
     for r in group:
         verdicts[id(r.region)].proved = True
+
+
+def _forward_reason(group: list[RingRegion], funcs, verdicts: dict, members: set, shared: Shared,
+                    first: "_GroupRefusal") -> "_GroupRefusal":
+    """Why to refuse a group whose transposes could not be paired with its forward: the forward's own reason where
+    the forward is refused (what the user must change first; a transpose's ops are JAX's, not the user's), else the
+    first one found. The pairing is assumed here only to find that reason, never to accept anything."""
+    transposes = frozenset(r.region for r in group if is_transpose(r))
+    if not transposes or len(transposes) == len(group):
+        return first
+    try:
+        _prove_members(group, funcs, verdicts, members, shared, transposes)
+    except _GroupRefusal as forward:
+        return forward
+    return first
 
 
 def _prove_members(group: list[RingRegion], funcs, verdicts: dict, members: set, shared: Shared,
@@ -157,11 +180,8 @@ def _match_cotangents(r: RingRegion, primal: list, forwarded: set, produced: dic
         match = next((p for p in available if str(p[0].region.results[p[1]].type) == str(operand.type)
                       and str(p[0].out_shardings()[p[1]]) == str(ins[i])), None)
         if match is None:
-            raise _GroupRefusal(Refusal(
-                f"differentiates a ring region whose result the program dropped (operand {i} is the cotangent of "
-                "a result read only through its derivative), so there is no forward to prove it from: use the "
-                "forward's result (return it, or let the loss read it), or give the kernel a custom_vjp",
-                r.region), r)
+            raise _GroupRefusal(Refusal(f"{DROPPED} (operand {i} is the cotangent of a result read only through "
+                                        "its derivative)", r.region), r)
         available.remove(match)
 
 
