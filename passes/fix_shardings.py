@@ -35,7 +35,7 @@ class FixShardings(Pass):
     policy: Literal["auto", "subaxis", "prefix", "drop"] = "auto"
     target_mesh: str = ""  # 'dp=4,tp=2': retarget the module's mesh first
 
-    def apply(self, module: ir.Operation, ctx: PassContext) -> None:
+    def apply(self, module: ir.Operation, ctx: PassContext) -> int:
         target = ctx.target_mesh
         if self.target_mesh:
             try:
@@ -50,7 +50,7 @@ class FixShardings(Pass):
                 raise PassError(f"fix-shardings: {e}", e.loc) from None
             ctx.report.fixes.extend(Fix(self.name, *fields) for fields in fixes)
             inline = (original, target)
-        _Run(self, module, ctx, inline).run()
+        return _Run(self, module, ctx, inline).run() + (target is not None)
 
 
 class _Run:
@@ -104,7 +104,8 @@ class _Run:
 
     # -- the pass ----------------------------------------------------------------------------------------------
 
-    def run(self) -> None:
+    def run(self) -> int:
+        """How many changes were written."""
         found = walk_module(self.module)
         flagged = self._manual_to_repair(found)
         if found.problems or flagged:
@@ -115,6 +116,7 @@ class _Run:
         for op, name in found.edges:
             repair_edges(op, name, self.meshes, self.edits, self)
         self.edits.apply()
+        return self.edits.changed
 
     def _manual_to_repair(self, found) -> list[ir.Operation]:
         """Manual computations the site-by-site corrections can't repair: wrong counts, invalid manual axes, or a

@@ -17,6 +17,7 @@ replaces, so the module's locations are the original's. Pure: imports neither ML
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from . import mlir_text as mt
@@ -45,6 +46,26 @@ class Plan:
     prefix: str  # `sdy` renamed: `<prefix>.sharding`; held originals: `<prefix>.inherent.<name>`
     changes: int = 0  # renamed keys and held originals: what the parsed module must give back
     frozen_lines: set[int] = field(default_factory=set)  # lines of shardings kept as written for a collective
+
+
+_MESH = re.compile(r'sdy\.mesh @([\w$.-]+) = <\[([^\]]*)\]')
+_SHARDING = re.compile(r'<@([\w$.-]+), \[([^\]]*)\]([^>]*)>')
+_NAME = re.compile(r'"([^"]*)"')
+
+
+def looks_valid(text: str) -> bool:
+    """A quick look (regular expressions over the text) at what the sdy verifier most often rejects: every sharding
+    written as MLIR prints it, on a mesh the text defines, naming only that mesh's axes, each once, no sub-axes.
+    It only orders the attempts to load (a module whose strict parse fails is loaded leniently all the same)."""
+    if "<mesh<" in text:  # an inline mesh: not looked at here
+        return False
+    meshes = {name: set(_NAME.findall(axes)) for name, axes in _MESH.findall(text)}
+    for mesh, dims, rest in set(_SHARDING.findall(text)):
+        names = _NAME.findall(dims + rest)
+        if mesh not in meshes or not meshes[mesh].issuperset(names) or len(set(names)) != len(names) or \
+                ":(" in dims + rest:
+            return False
+    return True
 
 
 def quick_plan(text: str) -> Plan | None:
