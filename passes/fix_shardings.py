@@ -151,12 +151,11 @@ class _Run:
         if isinstance(outcome, CorrectionError):
             self.refuse(site.description, outcome, site.loc)
         new, reasons, changed = outcome
-        if site.frozen_by:
+        # A sharding an sdy collective checks keeps a mere indivisibility (changing it alone would break the
+        # collective). One the verifier rejects is repaired like any other: the verifier after the pass says whether
+        # the collective agrees with the repair (dropping an unknown axis often is what it expects).
+        if site.frozen_by and all(r.code in _DIVISIBILITY for r in reasons):
             if changed or any(r.code == KEPT_PADDING for r in reasons):
-                if any(r.code not in _DIVISIBILITY for r in reasons):
-                    self.refuse(site.description, CorrectionError(
-                        f"{'; '.join(r.detail for r in reasons)}; but the sdy collective {site.frozen_by} checks it, "
-                        f"so a repair would need the collective changed with it"), site.loc)
                 self.remark(f"{site.description} left as it is: the sdy collective {site.frozen_by} checks it, so "
                             f"changing it alone would break that ({'; '.join(r.detail for r in reasons)})", site.loc)
             return

@@ -131,7 +131,8 @@ def test_unloadable_module_is_a_located_error(ctx):
                                   '"sdy.mesh"() <{mesh = #sdy.mesh<["a"=2]>, sym_name = "mesh"}> : () -> ()',
                                   '#m = #sdy.mesh<["a"=2]>\n"sdy.mesh"() <{mesh = #m, sym_name = "mesh"}> : () -> ()'])
 def test_a_sharding_a_collective_reads_stays_as_written(ctx, mesh):
-    # A valid module loads as it is; an invalid sharding that an sdy collective checks can't be held aside.
+    # A valid module loads as it is; an invalid sharding that an sdy collective checks is held aside only where the
+    # collective verifies without it (here it gathers "a", which an operand without a sharding doesn't have).
     text = (f"{mesh}\nfunc.func @f(%1: tensor<8xf32> {{sdy.sharding = #sdy.sharding<@mesh, [{{\"a\"}}]>}}) "
             f"-> tensor<8xf32> {{\n"
             f"  %g = sdy.all_gather [{{\"a\"}}] %1 out_sharding=<@mesh, [{{}}]> : tensor<8xf32>\n"
@@ -143,7 +144,7 @@ def test_a_sharding_a_collective_reads_stays_as_written(ctx, mesh):
     assert e.value.diagnostics[0].render().startswith(f"t.mlir:{mesh.count(chr(10)) + 2}:")  # the function's line
     assert e.value.diagnostics[0].message.startswith(
         "fix-shardings can't repair this: a sharding that an sdy collective reads (or the collective's own) is wrong, "
-        "and fix-shardings keeps those as they are;")
+        "and no repair of the sharding alone makes the collective agree with it;")
 
 
 @pytest.mark.parametrize("string", ['<@mesh, [{\\"q\\"}]>', '{sdy.sharding = #sdy.sharding<@mesh, [{\\"q\\"}]>}'])

@@ -84,13 +84,15 @@ def quick_plan(text: str) -> Plan | None:
     return found
 
 
-def plan(text: str) -> Plan | None:
-    """The text to parse instead of `text`, or None when it doesn't lex as MLIR."""
+def plan(text: str, freeze: bool = True) -> Plan | None:
+    """The text to parse instead of `text`, or None when it doesn't lex as MLIR. `freeze`: what an sdy collective
+    checks stays as written; without, it is held aside like the rest (the collective then verifies against no
+    sharding on its operand, and after a repair against the repaired one)."""
     tokens = mt.tokenize(text)
     if any(t.kind == mt.ERROR for t in tokens):
         return None
     prefix = _prefix(text)
-    scan = _Scan(text, tokens, prefix)
+    scan = _Scan(text, tokens, prefix, freeze)
     scan.run()
     edits = sorted(scan.edits, key=lambda e: (e[0], e[1]))
     pieces, pos = [], 0
@@ -111,7 +113,7 @@ def _prefix(text: str) -> str:
 class _Scan:
     """One walk over the tokens, collecting the edits."""
 
-    def __init__(self, text: str, tokens: list[mt.Token], prefix: str):
+    def __init__(self, text: str, tokens: list[mt.Token], prefix: str, freeze: bool = True):
         self.text, self.tokens, self.prefix = text, tokens, prefix
         self.words = [text[t.start:t.end] for t in tokens]
         self.partner = mt.match_brackets(text, tokens)
@@ -122,7 +124,7 @@ class _Scan:
         self.aliases: dict[str, int] = {}  # `#name` -> the token its value starts at
         self.manual: list[tuple[int, frozenset[str]]] = []  # (body's last token, manual axes) around the scan
         self.function, self.function_token, self.results = 0, -1, ()
-        self.frozen = self._collective_names()
+        self.frozen = self._collective_names() if freeze else set()
 
     # -- tokens ----------------------------------------------------------------------------------------------------
 

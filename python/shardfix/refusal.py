@@ -28,7 +28,7 @@ _CAUSES: list[tuple[tuple[str, ...], str, str]] = [
       "'sdy.replicated_to_unreduced' op", "collective on operand"),
      "an sdy collective doesn't agree with the shardings around it",
      "the collective's axes and out_sharding consistent with its operand's sharding: fix-shardings never changes "
-     "a collective or a sharding one reads"),
+     "a collective, and repairs a sharding one reads only where the repair is what the collective expects"),
     (("axis size must be at least 1", "duplicate axis name", "device id", "total product of axis sizes",
       "sorted device ids", "Mesh not in symbol table"),
      "a mesh definition is invalid",
@@ -51,10 +51,9 @@ _CAUSES: list[tuple[tuple[str, ...], str, str]] = [
 _BYTECODE = ("the module is MLIR bytecode that doesn't verify, and bytecode is only read by verifying it",
              "the module as text (JAX: lowered.as_text()), where shardings the verifier rejects are held aside for "
              "repair")
-_COLLECTIVE = ("a sharding that an sdy collective reads (or the collective's own) is wrong, and fix-shardings keeps "
-               "those as they are",
-               "the sharding and the collective corrected together, by hand: changing one alone would break the "
-               "other")
+_COLLECTIVE = ("a sharding that an sdy collective reads (or the collective's own) is wrong, and no repair of the "
+               "sharding alone makes the collective agree with it",
+               "the sharding and the collective corrected together, by hand")
 
 
 def explain(diagnostics: list[Diagnostic], collective_lines: frozenset[int] = frozenset(),

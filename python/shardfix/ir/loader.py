@@ -63,19 +63,27 @@ def load_module(source: str | bytes, ctx: ir.Context, source_name: str = "-",
         module = None if quick_first else _quick(source, source_name)
         if module is not None:
             return module, True
-        changed = plan(source)
-        if changed is None or not changed.changes:  # nothing the verifier rejects could be held aside
-            raise LoadError(explain(strict, frozenset(changed.frozen_lines if changed else ()))) from None
-        try:
-            module = _parse_op(changed.text, source_name)
-        except ir.MLIRError as e:
-            found = diagnostics_of(e)
-            # a syntax error is the text's own, where it is written (not in an original held beside a placeholder)
-            verifier = found[0].message.startswith("'") or "' op " in found[0].message
-            raise LoadError(explain(found if verifier else strict, frozenset(changed.frozen_lines))) from None
-        if _put_back(module, changed.prefix + ".") != changed.changes:
-            raise LoadError(explain(strict, frozenset(changed.frozen_lines)))
-        return module, True
+        first: list[Diagnostic] | None = None  # the error of the plan that keeps what collectives read, reported
+        for freeze in (True, False):  # a sharding a collective reads is held aside too only if it must be
+            changed = plan(source, freeze)
+            frozen = frozenset(changed.frozen_lines if changed else ())
+            try:
+                if changed is None or not changed.changes:  # nothing the verifier rejects could be held aside
+                    raise LoadError(explain(strict, frozen))
+                module = _parse_op(changed.text, source_name)
+                if _put_back(module, changed.prefix + ".") != changed.changes:
+                    raise LoadError(explain(strict, frozen))
+                return module, True
+            except ir.MLIRError as e:
+                found = diagnostics_of(e)
+                # a syntax error is the text's own, where it is written (not in an original held beside a placeholder)
+                verifier = found[0].message.startswith("'") or "' op " in found[0].message
+                first = first or explain(found if verifier else strict, frozen)
+            except LoadError as e:
+                first = first or e.diagnostics
+            if not frozen:
+                break
+        raise LoadError(first or strict) from None
 
 
 def _quick(source: str, source_name: str) -> ir.Operation | None:
