@@ -4,6 +4,7 @@ MLIR's parser or verifier pointed to (its own message follows as a note). Pure: 
 from __future__ import annotations
 
 from .report import Diagnostic
+from .sharding import COLLECTIVES
 
 # (fragments of MLIR's message, any of which selects the entry; what is wrong; what a repair would need)
 _CAUSES: list[tuple[tuple[str, ...], str, str]] = [
@@ -23,9 +24,7 @@ _CAUSES: list[tuple[tuple[str, ...], str, str]] = [
       "block argument", "failed to infer returned types", "are incompatible with return type"),
      "the op's regions don't match its operands or results",
      "a body with one argument per operand and one result per result: a structural change, not a sharding"),
-    (("'sdy.all_gather' op", "'sdy.all_slice' op", "'sdy.all_to_all' op", "'sdy.collective_permute' op",
-      "'sdy.all_reduce' op", "'sdy.reduce_scatter' op", "'sdy.sharded_to_unreduced' op",
-      "'sdy.replicated_to_unreduced' op", "collective on operand"),
+    (tuple(f"'{name}' op" for name in sorted(COLLECTIVES)) + ("collective on operand",),
      "an sdy collective doesn't agree with the shardings around it",
      "the collective's axes and out_sharding consistent with its operand's sharding: fix-shardings never changes "
      "a collective, and repairs a sharding one reads only where the repair is what the collective expects"),

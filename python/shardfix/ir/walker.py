@@ -55,6 +55,7 @@ class ShardingSite:
         return shape_of(self.type)
 
 
+@functools.lru_cache(maxsize=4096)  # types are uniqued and few: a module's thousands of values share them
 def shape_of(type_: ir.Type | None) -> tuple[int | None, ...] | None:
     """A ranked shaped type's dims (None for a dynamic one); None for any other type."""
     shaped = None if type_ is None else type_.maybe_downcast()
