@@ -6,6 +6,7 @@ import pytest
 
 from shardfix.ir import LoadError, parse_module, source_loc, transform_shardings, walk_shardings
 from shardfix.ir.loader import load_module
+from shardfix.lenient import looks_valid
 from shardfix.sdy_syntax import parse_tensor_sharding
 
 HERE = os.path.dirname(__file__)
@@ -165,3 +166,15 @@ def test_source_loc_reads_jax_call_sites():
     assert str(source_loc(loc)) == "/home/u/model.py:9"
     assert str(source_loc('loc("x")')) == "x" and source_loc('loc("x")').name == "x"
     assert not source_loc("loc(unknown)")
+
+
+@pytest.mark.parametrize("sharding, looks", [('[{"a"}, {}]', True), ('[{"a"}, {}], replicated={"b"}', True),
+                                             ('[{"zz"}, {}]', False), ('[{"a", "a"}, {}]', False),
+                                             ('[{"a":(1)2}, {}]', False), ('[{}, {}], replicated={"zz"}', False)])
+def test_the_quick_look_before_a_large_strict_parse(sharding, looks):
+    # above 4 MiB it decides whether the strict parse comes first; wrong either way, the load only takes longer
+    text = (f'sdy.mesh @mesh = <["a"=2, "b"=2]>\nfunc.func @f(%x: tensor<8x8xf32> {{sdy.sharding = '
+            f'#sdy.sharding<@mesh, {sharding}>}}) -> tensor<8x8xf32> {{\n  return %x : tensor<8x8xf32>\n}}\n')
+    assert looks_valid(text) is looks
+    assert not looks_valid(text.replace("@mesh, [", "@other, ["))  # a mesh the text doesn't define
+    assert not looks_valid(text.replace("@mesh, [", 'mesh<["a"=2]>, ['))  # an inline mesh isn't looked at
