@@ -48,7 +48,9 @@ class Pass:
     # True for passes that repair shardings the sdy verifier rejects: a pipeline starting with one loads leniently.
     accepts_invalid_shardings: ClassVar[bool] = False
 
-    def apply(self, module, ctx: PassContext) -> None:
+    def apply(self, module, ctx: PassContext) -> int | None:
+        """Run on the module in place; how many changes it made, where the pass can say (0: the module is exactly
+        as it was, so the verifier needn't look at it again), else None."""
         raise NotImplementedError
 
     @classmethod

@@ -35,7 +35,7 @@ class FixShardings(Pass):
     policy: Literal["auto", "subaxis", "prefix", "drop"] = "auto"
     target_mesh: str = ""  # 'dp=4,tp=2': retarget the module's mesh first
 
-    def apply(self, module: ir.Operation, ctx: PassContext) -> None:
+    def apply(self, module: ir.Operation, ctx: PassContext) -> int:
         target = ctx.target_mesh
         if self.target_mesh:
             try:
@@ -50,7 +50,7 @@ class FixShardings(Pass):
                 raise PassError(f"fix-shardings: {e}", e.loc) from None
             ctx.report.fixes.extend(Fix(self.name, *fields) for fields in fixes)
             inline = (original, target)
-        _Run(self, module, ctx, inline).run()
+        return _Run(self, module, ctx, inline).run() + (target is not None)
 
 
 class _Run:
@@ -104,7 +104,8 @@ class _Run:
 
     # -- the pass ----------------------------------------------------------------------------------------------
 
-    def run(self) -> None:
+    def run(self) -> int:
+        """How many changes were written."""
         found = walk_module(self.module)
         flagged = self._manual_to_repair(found)
         if found.problems or flagged:
@@ -115,6 +116,7 @@ class _Run:
         for op, name in found.edges:
             repair_edges(op, name, self.meshes, self.edits, self)
         self.edits.apply()
+        return self.edits.changed
 
     def _manual_to_repair(self, found) -> list[ir.Operation]:
         """Manual computations the site-by-site corrections can't repair: wrong counts, invalid manual axes, or a
@@ -149,12 +151,11 @@ class _Run:
         if isinstance(outcome, CorrectionError):
             self.refuse(site.description, outcome, site.loc)
         new, reasons, changed = outcome
-        if site.frozen_by:
+        # A sharding an sdy collective checks keeps a mere indivisibility (changing it alone would break the
+        # collective). One the verifier rejects is repaired like any other: the verifier after the pass says whether
+        # the collective agrees with the repair (dropping an unknown axis often is what it expects).
+        if site.frozen_by and all(r.code in _DIVISIBILITY for r in reasons):
             if changed or any(r.code == KEPT_PADDING for r in reasons):
-                if any(r.code not in _DIVISIBILITY for r in reasons):
-                    self.refuse(site.description, CorrectionError(
-                        f"{'; '.join(r.detail for r in reasons)}; but the sdy collective {site.frozen_by} checks it, "
-                        f"so a repair would need the collective changed with it"), site.loc)
                 self.remark(f"{site.description} left as it is: the sdy collective {site.frozen_by} checks it, so "
                             f"changing it alone would break that ({'; '.join(r.detail for r in reasons)})", site.loc)
             return

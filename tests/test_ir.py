@@ -6,6 +6,7 @@ import pytest
 
 from shardfix.ir import LoadError, parse_module, source_loc, transform_shardings, walk_shardings
 from shardfix.ir.loader import load_module
+from shardfix.lenient import looks_valid
 from shardfix.sdy_syntax import parse_tensor_sharding
 
 HERE = os.path.dirname(__file__)
@@ -131,7 +132,8 @@ def test_unloadable_module_is_a_located_error(ctx):
                                   '"sdy.mesh"() <{mesh = #sdy.mesh<["a"=2]>, sym_name = "mesh"}> : () -> ()',
                                   '#m = #sdy.mesh<["a"=2]>\n"sdy.mesh"() <{mesh = #m, sym_name = "mesh"}> : () -> ()'])
 def test_a_sharding_a_collective_reads_stays_as_written(ctx, mesh):
-    # A valid module loads as it is; an invalid sharding that an sdy collective checks can't be held aside.
+    # A valid module loads as it is; an invalid sharding that an sdy collective checks is held aside only where the
+    # collective verifies without it (here it gathers "a", which an operand without a sharding doesn't have).
     text = (f"{mesh}\nfunc.func @f(%1: tensor<8xf32> {{sdy.sharding = #sdy.sharding<@mesh, [{{\"a\"}}]>}}) "
             f"-> tensor<8xf32> {{\n"
             f"  %g = sdy.all_gather [{{\"a\"}}] %1 out_sharding=<@mesh, [{{}}]> : tensor<8xf32>\n"
@@ -143,7 +145,7 @@ def test_a_sharding_a_collective_reads_stays_as_written(ctx, mesh):
     assert e.value.diagnostics[0].render().startswith(f"t.mlir:{mesh.count(chr(10)) + 2}:")  # the function's line
     assert e.value.diagnostics[0].message.startswith(
         "fix-shardings can't repair this: a sharding that an sdy collective reads (or the collective's own) is wrong, "
-        "and fix-shardings keeps those as they are;")
+        "and no repair of the sharding alone makes the collective agree with it;")
 
 
 @pytest.mark.parametrize("string", ['<@mesh, [{\\"q\\"}]>', '{sdy.sharding = #sdy.sharding<@mesh, [{\\"q\\"}]>}'])
@@ -164,3 +166,15 @@ def test_source_loc_reads_jax_call_sites():
     assert str(source_loc(loc)) == "/home/u/model.py:9"
     assert str(source_loc('loc("x")')) == "x" and source_loc('loc("x")').name == "x"
     assert not source_loc("loc(unknown)")
+
+
+@pytest.mark.parametrize("sharding, looks", [('[{"a"}, {}]', True), ('[{"a"}, {}], replicated={"b"}', True),
+                                             ('[{"zz"}, {}]', False), ('[{"a", "a"}, {}]', False),
+                                             ('[{"a":(1)2}, {}]', False), ('[{}, {}], replicated={"zz"}', False)])
+def test_the_quick_look_before_a_large_strict_parse(sharding, looks):
+    # above 4 MiB it decides whether the strict parse comes first; wrong either way, the load only takes longer
+    text = (f'sdy.mesh @mesh = <["a"=2, "b"=2]>\nfunc.func @f(%x: tensor<8x8xf32> {{sdy.sharding = '
+            f'#sdy.sharding<@mesh, {sharding}>}}) -> tensor<8x8xf32> {{\n  return %x : tensor<8x8xf32>\n}}\n')
+    assert looks_valid(text) is looks
+    assert not looks_valid(text.replace("@mesh, [", "@other, ["))  # a mesh the text doesn't define
+    assert not looks_valid(text.replace("@mesh, [", 'mesh<["a"=2]>, ['))  # an inline mesh isn't looked at

@@ -4,6 +4,7 @@ checkers aside), and checked on a fresh interpreter."""
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -113,3 +114,23 @@ def test_ir_passes_and_pipeline_load_nothing_of_the_jax_layer():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=environment)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "[]"
+
+
+def test_the_readme_layout_names_what_the_tree_holds():
+    # one line per module group: each path it names exists, and every top-level module of python/shardfix/ is named
+    # on a line of its own or listed as the pure core
+    layout = (ROOT / "README.md").read_text().split("## Layout", 1)[1]
+    block = layout.split("```\n", 2)[1]
+    named = set()
+    for line in block.splitlines():
+        head, _, rest = line.split()[0].partition("{")
+        inner, _, tail = rest.partition("}")
+        for path in [head + part + ("" if part.endswith((".py", ".pyi")) else tail) for part in inner.split(",")] \
+                if rest else [head]:
+            if "*" not in path:
+                assert (ROOT / path).exists(), line
+                named.add(Path(path).name)
+    core = re.search(r"not\s+named on a later line \(([^)]*)\)", layout)[1]
+    core = {name.strip() + ".py" for name in core.split(",")}
+    assert all((ROOT / "python" / "shardfix" / name).exists() for name in core)
+    assert {m.name for m in (ROOT / "python" / "shardfix").glob("*.py*")} <= named | core

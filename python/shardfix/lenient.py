@@ -17,6 +17,7 @@ replaces, so the module's locations are the original's. Pure: imports neither ML
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from . import mlir_text as mt
@@ -47,6 +48,29 @@ class Plan:
     frozen_lines: set[int] = field(default_factory=set)  # lines of shardings kept as written for a collective
 
 
+_MESH = re.compile(r'mesh(?: @([\w$.-]+) = <\[([^\]]*)\]|(<))')  # `sdy.mesh @m = <[...]`, or an inline `mesh<`
+_SHARDING = re.compile(r'<@([\w$.-]+), \[([^\]]*)\]([^>]*)>')
+_NAME = re.compile(r'"([^"]*)"')
+
+
+def looks_valid(text: str) -> bool:
+    """A quick look (regular expressions over the text) at what the sdy verifier most often rejects: every sharding
+    written as MLIR prints it, on a mesh the text defines, naming only that mesh's axes, each once, no sub-axes.
+    It only orders the attempts to load (a module whose strict parse fails is loaded leniently all the same)."""
+    meshes = {}
+    for name, axes, inline in _MESH.findall(text):  # one scan for both (a scan of 10 MiB costs milliseconds)
+        if inline:  # an inline mesh: not looked at here
+            return False
+        if name:
+            meshes[name] = set(_NAME.findall(axes))
+    for mesh, dims, rest in set(_SHARDING.findall(text)):
+        names = _NAME.findall(dims + rest)
+        if mesh not in meshes or not meshes[mesh].issuperset(names) or len(set(names)) != len(names) or \
+                ":(" in dims + rest:
+            return False
+    return True
+
+
 def quick_plan(text: str) -> Plan | None:
     """The keys renamed where they are written as MLIR prints them (`{sdy.sharding = ` or `, sdy.sharding = `), at
     the speed of str.replace: the plan for a module whose sdy ops verify as they are (the parse says whether they
@@ -63,13 +87,15 @@ def quick_plan(text: str) -> Plan | None:
     return found
 
 
-def plan(text: str) -> Plan | None:
-    """The text to parse instead of `text`, or None when it doesn't lex as MLIR."""
+def plan(text: str, freeze: bool = True) -> Plan | None:
+    """The text to parse instead of `text`, or None when it doesn't lex as MLIR. `freeze`: what an sdy collective
+    checks stays as written; without, it is held aside like the rest (the collective then verifies against no
+    sharding on its operand, and after a repair against the repaired one)."""
     tokens = mt.tokenize(text)
     if any(t.kind == mt.ERROR for t in tokens):
         return None
     prefix = _prefix(text)
-    scan = _Scan(text, tokens, prefix)
+    scan = _Scan(text, tokens, prefix, freeze)
     scan.run()
     edits = sorted(scan.edits, key=lambda e: (e[0], e[1]))
     pieces, pos = [], 0
@@ -90,7 +116,7 @@ def _prefix(text: str) -> str:
 class _Scan:
     """One walk over the tokens, collecting the edits."""
 
-    def __init__(self, text: str, tokens: list[mt.Token], prefix: str):
+    def __init__(self, text: str, tokens: list[mt.Token], prefix: str, freeze: bool = True):
         self.text, self.tokens, self.prefix = text, tokens, prefix
         self.words = [text[t.start:t.end] for t in tokens]
         self.partner = mt.match_brackets(text, tokens)
@@ -101,7 +127,7 @@ class _Scan:
         self.aliases: dict[str, int] = {}  # `#name` -> the token its value starts at
         self.manual: list[tuple[int, frozenset[str]]] = []  # (body's last token, manual axes) around the scan
         self.function, self.function_token, self.results = 0, -1, ()
-        self.frozen = self._collective_names()
+        self.frozen = self._collective_names() if freeze else set()
 
     # -- tokens ----------------------------------------------------------------------------------------------------
 

@@ -178,7 +178,7 @@ class OptMain:
             root = _explicit_root(chunk.text, ctx, name, pipeline) if args.no_implicit_module else None
             module, held = load_module(chunk.text, ctx, name, lenient=pipeline.loads_leniently)
             self.stderr.flush()
-            run_pipeline(module, pipeline, ctx, pass_ctx, explain_failures=held,
+            run_pipeline(module, pipeline, ctx, pass_ctx, explain_failures=held, verified=not held,
                          print_ir_before_all=args.mlir_print_ir_before_all,
                          print_ir_after_all=args.mlir_print_ir_after_all, timing=args.mlir_timing)
         except LoadError as e:

@@ -123,20 +123,24 @@ def _split_top_level(text: str, sep: str, offset: int):
 
 def build_pass_manager(pipeline: Pipeline, ctx: ir.Context, pass_ctx: PassContext, verify_each: bool = True,
                        print_ir_after_all: bool = False, timing: bool = False,
-                       print_ir_before_all: bool = False) -> passmanager.PassManager:
+                       print_ir_before_all: bool = False, verified: bool = False) -> passmanager.PassManager:
     """A PassManager for the pipeline; MLIR prints the module before (`print_ir_before_all`) and after every pass
-    (`print_ir_after_all`) and the time of each pass (`timing`, when the manager is deleted) to stderr."""
+    (`print_ir_after_all`) and the time of each pass (`timing`, when the manager is deleted) to stderr.
+    `verified`: the module verified as it is now; where every pass is one of ours, each is then followed by the
+    verifier only if it changed the module (MLIR's verifier would run after each, and costs about as much as
+    fix-shardings on a module it leaves alone)."""
+    only_ours = verify_each and verified and all(e.ours is not None for e in pipeline.elements)
     with ctx:
         pm = passmanager.PassManager("builtin.module")
         for element in pipeline.elements:
             if element.ours is not None:
-                pm.add(_runner(element.ours, pass_ctx), **_pass_names(element.ours))
+                pm.add(_runner(element.ours, pass_ctx, verify=only_ours), **_pass_names(element.ours))
                 continue
             try:
                 pm.add(element.text)
             except ValueError as e:
                 raise PipelineError(_mlir_pipeline_message(str(e), element.text), element.col) from None
-        pm.enable_verifier(verify_each)
+        pm.enable_verifier(verify_each and not only_ours)
         if print_ir_after_all or print_ir_before_all:
             pm.enable_ir_printing(print_before_all=print_ir_before_all, print_after_all=print_ir_after_all,
                                   print_module_scope=True)
@@ -152,7 +156,8 @@ def _pass_names(pass_: Pass) -> dict[str, str]:
     return {"name": type(pass_).__name__, "argument": pass_.name, "description": pass_.description}
 
 
-def _runner(pass_: Pass, pass_ctx: PassContext):
+def _runner(pass_: Pass, pass_ctx: PassContext, verify: bool = False):
+    """The pass as MLIR calls it; `verify`: then the verifier, unless the pass says it changed nothing."""
     def run(op, _external_pass) -> None:
         report = pass_ctx.report
         before = len(report.fixes), len(report.remarks), len(report.rings)
@@ -163,10 +168,12 @@ def _runner(pass_: Pass, pass_ctx: PassContext):
         collecting = gc.isenabled()
         gc.disable()
         try:
-            pass_.apply(op, pass_ctx)
+            changes = pass_.apply(op, pass_ctx)
         finally:
             if collecting:
                 gc.enable()
+        if verify and changes != 0:
+            op.verify()
         if logger.isEnabledFor(logging.INFO):
             _log_pass(pass_.name, time.perf_counter() - start, report, before)
     return run
@@ -198,14 +205,16 @@ def _mlir_pipeline_message(message: str, element: str) -> str:
 
 def run_pipeline(module: ir.Operation, pipeline: Pipeline, ctx: ir.Context, pass_ctx: PassContext,
                  verify_each: bool = True, explain_failures: bool = False, print_ir_after_all: bool = False,
-                 timing: bool = False, print_ir_before_all: bool = False) -> None:
+                 timing: bool = False, print_ir_before_all: bool = False, verified: bool = False) -> None:
     """Run the pipeline on the module in place; failures raise LoadError with located diagnostics. The result
-    is verified after every pass, or (verify_each=False, cheaper for long pipelines) once at the end.
+    is verified after every pass (`verified`: the module verified as it is, so after those that changed it), or
+    (verify_each=False, cheaper for long pipelines) once at the end.
     `explain_failures` (for a module loaded leniently, which held shardings the verifier rejects): a
     verifier error is said in shardfix's words, as what the repair couldn't do."""
     if not pipeline.elements:
         return
-    pm = build_pass_manager(pipeline, ctx, pass_ctx, verify_each, print_ir_after_all, timing, print_ir_before_all)
+    pm = build_pass_manager(pipeline, ctx, pass_ctx, verify_each, print_ir_after_all, timing, print_ir_before_all,
+                            verified)
     try:
         with ctx:
             pm.run(module)

@@ -4,6 +4,7 @@ MLIR's parser or verifier pointed to (its own message follows as a note). Pure: 
 from __future__ import annotations
 
 from .report import Diagnostic
+from .sharding import COLLECTIVES
 
 # (fragments of MLIR's message, any of which selects the entry; what is wrong; what a repair would need)
 _CAUSES: list[tuple[tuple[str, ...], str, str]] = [
@@ -23,12 +24,10 @@ _CAUSES: list[tuple[tuple[str, ...], str, str]] = [
       "block argument", "failed to infer returned types", "are incompatible with return type"),
      "the op's regions don't match its operands or results",
      "a body with one argument per operand and one result per result: a structural change, not a sharding"),
-    (("'sdy.all_gather' op", "'sdy.all_slice' op", "'sdy.all_to_all' op", "'sdy.collective_permute' op",
-      "'sdy.all_reduce' op", "'sdy.reduce_scatter' op", "'sdy.sharded_to_unreduced' op",
-      "'sdy.replicated_to_unreduced' op", "collective on operand"),
+    (tuple(f"'{name}' op" for name in sorted(COLLECTIVES)) + ("collective on operand",),
      "an sdy collective doesn't agree with the shardings around it",
      "the collective's axes and out_sharding consistent with its operand's sharding: fix-shardings never changes "
-     "a collective or a sharding one reads"),
+     "a collective, and repairs a sharding one reads only where the repair is what the collective expects"),
     (("axis size must be at least 1", "duplicate axis name", "device id", "total product of axis sizes",
       "sorted device ids", "Mesh not in symbol table"),
      "a mesh definition is invalid",
@@ -51,10 +50,9 @@ _CAUSES: list[tuple[tuple[str, ...], str, str]] = [
 _BYTECODE = ("the module is MLIR bytecode that doesn't verify, and bytecode is only read by verifying it",
              "the module as text (JAX: lowered.as_text()), where shardings the verifier rejects are held aside for "
              "repair")
-_COLLECTIVE = ("a sharding that an sdy collective reads (or the collective's own) is wrong, and fix-shardings keeps "
-               "those as they are",
-               "the sharding and the collective corrected together, by hand: changing one alone would break the "
-               "other")
+_COLLECTIVE = ("a sharding that an sdy collective reads (or the collective's own) is wrong, and no repair of the "
+               "sharding alone makes the collective agree with it",
+               "the sharding and the collective corrected together, by hand")
 
 
 def explain(diagnostics: list[Diagnostic], collective_lines: frozenset[int] = frozenset(),

@@ -22,7 +22,7 @@ from __future__ import annotations
 from jaxlib.mlir import ir
 
 from .. import mlir_text
-from ..lenient import INHERENT, KEYS, WRAP, plan, quick_plan
+from ..lenient import INHERENT, KEYS, WRAP, looks_valid, plan, quick_plan
 from ..refusal import explain
 from ..report import Diagnostic
 from .context import LoadError, diagnostics_of
@@ -44,8 +44,11 @@ def load_module(source: str | bytes, ctx: ir.Context, source_name: str = "-",
     with ctx:
         # MLIR's error for a function that doesn't verify prints all of it, which takes longer than the function (12 s
         # for a 10 MiB function against 0.7 s to parse it): above this size a lenient load tries the renamed keys
-        # before the strict parse
-        if lenient and isinstance(source, str) and len(source) > _QUICK_FIRST_BYTES:
+        # before the strict parse, unless a quick look finds nothing wrong (then the strict parse verifies the
+        # module once, and a pass that leaves it alone needn't verify it again)
+        quick_first = lenient and isinstance(source, str) and len(source) > _QUICK_FIRST_BYTES and \
+            not looks_valid(source)
+        if quick_first:
             module = _quick(source, source_name)
             if module is not None:
                 return module, True
@@ -57,22 +60,30 @@ def load_module(source: str | bytes, ctx: ir.Context, source_name: str = "-",
             if isinstance(source, bytes):
                 raise LoadError(explain(diagnostics_of(e), bytecode=True)) from None
             strict = diagnostics_of(e)
-        module = _quick(source, source_name) if len(source) <= _QUICK_FIRST_BYTES else None
+        module = None if quick_first else _quick(source, source_name)
         if module is not None:
             return module, True
-        changed = plan(source)
-        if changed is None or not changed.changes:  # nothing the verifier rejects could be held aside
-            raise LoadError(explain(strict, frozenset(changed.frozen_lines if changed else ()))) from None
-        try:
-            module = _parse_op(changed.text, source_name)
-        except ir.MLIRError as e:
-            found = diagnostics_of(e)
-            # a syntax error is the text's own, where it is written (not in an original held beside a placeholder)
-            verifier = found[0].message.startswith("'") or "' op " in found[0].message
-            raise LoadError(explain(found if verifier else strict, frozenset(changed.frozen_lines))) from None
-        if _put_back(module, changed.prefix + ".") != changed.changes:
-            raise LoadError(explain(strict, frozenset(changed.frozen_lines)))
-        return module, True
+        first: list[Diagnostic] | None = None  # the error of the plan that keeps what collectives read, reported
+        for freeze in (True, False):  # a sharding a collective reads is held aside too only if it must be
+            changed = plan(source, freeze)
+            frozen = frozenset(changed.frozen_lines if changed else ())
+            try:
+                if changed is None or not changed.changes:  # nothing the verifier rejects could be held aside
+                    raise LoadError(explain(strict, frozen))
+                module = _parse_op(changed.text, source_name)
+                if _put_back(module, changed.prefix + ".") != changed.changes:
+                    raise LoadError(explain(strict, frozen))
+                return module, True
+            except ir.MLIRError as e:
+                found = diagnostics_of(e)
+                # a syntax error is the text's own, where it is written (not in an original held beside a placeholder)
+                verifier = found[0].message.startswith("'") or "' op " in found[0].message
+                first = first or explain(found if verifier else strict, frozen)
+            except LoadError as e:
+                first = first or e.diagnostics
+            if not frozen:
+                break
+        raise LoadError(first or strict) from None
 
 
 def _quick(source: str, source_name: str) -> ir.Operation | None:

@@ -55,6 +55,7 @@ class ShardingSite:
         return shape_of(self.type)
 
 
+@functools.lru_cache(maxsize=4096)  # types are uniqued and few: a module's thousands of values share them
 def shape_of(type_: ir.Type | None) -> tuple[int | None, ...] | None:
     """A ranked shaped type's dims (None for a dynamic one); None for any other type."""
     shaped = None if type_ is None else type_.maybe_downcast()
@@ -65,6 +66,7 @@ def shape_of(type_: ir.Type | None) -> tuple[int | None, ...] | None:
     return tuple(None if shaped.is_dynamic_dim(i) else shaped.get_dim_size(i) for i in range(shaped.rank))
 
 
+@functools.lru_cache(maxsize=4096)
 def is_shardable(type_: ir.Type) -> bool:
     """Whether a value of this type can carry a sharding at all: not an unranked tensor, not a tuple of other than
     one element (the verifier's rules; a token or a scalar takes a rank-0 sharding)."""
@@ -158,15 +160,17 @@ class _Walk:
             self.found.terminators[op.parent.operation] = op
         elif name.startswith("sdy."):
             self.sdy_op(op, name)
-            self.debug_edges(op)
-        elif "sdy.sharding" in op.attributes:
-            self.sharded_op(op, name)
-            self.debug_edges(op)
+            self.debug_edges(op, op.attributes)
+        else:
+            attributes = op.attributes
+            if "sdy.sharding" in attributes:
+                self.sharded_op(op, name)
+                if len(attributes) > 1:  # most sharded ops hold nothing else
+                    self.debug_edges(op, attributes)
         return ir.WalkResult.ADVANCE
 
-    def debug_edges(self, op: ir.Operation) -> None:
+    def debug_edges(self, op: ir.Operation, attributes) -> None:
         """Propagation-edge debug attributes (they name axes too); looked for where shardings are."""
-        attributes = op.attributes
         for name in EDGE_ATTRS:
             if name in attributes:
                 self.found.edges.append((op, name))

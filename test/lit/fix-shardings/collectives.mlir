@@ -2,10 +2,11 @@
 // RUN: not %opt %s --split-input-file -p 'fix-shardings{policy=subaxis}' --report 2>&1 >/dev/null | FileCheck %s --check-prefix=STDERR
 // An sdy collective checks its out_sharding against its operand's sharding: fix-shardings leaves both as they
 // are, with a remark, and repairs the rest; the output verifies. A sharding a collective reads that the verifier
-// rejects can't be changed alone: a located refusal (its error comes first: chunks print their errors as they
-// run, the report at the end).
-// STDERR: collectives.mlir:35:8: error: fix-shardings can't repair this: a sharding that an sdy collective reads (or the collective's own) is wrong, and fix-shardings keeps those as they are; it would need the sharding and the collective corrected together, by hand: changing one alone would break the other
-// STDERR-NEXT: collectives.mlir:35:8: note: MLIR: 'stablehlo.add' op result - unknown axis name: "z"
+// rejects is repaired where the collective then agrees (collective-repair.mlir); here the all_gather gathers "y",
+// which the operand can't lose: a located refusal (its error comes first: chunks print their errors as they run,
+// the report at the end).
+// STDERR: collectives.mlir:36:8: error: fix-shardings can't repair this: a sharding that an sdy collective reads (or the collective's own) is wrong, and no repair of the sharding alone makes the collective agree with it; it would need the sharding and the collective corrected together, by hand
+// STDERR-NEXT: collectives.mlir:36:8: note: MLIR: 'stablehlo.add' op result - unknown axis name: "z"
 
 sdy.mesh @mesh = <["x"=4, "y"=2]>
 
