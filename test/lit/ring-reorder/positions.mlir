@@ -1,7 +1,7 @@
-// RUN: %opt %s --split-input-file -p ring-reorder | FileCheck %s --check-prefix=ZIGZAG
+// RUN: %opt %s --split-input-file -p 'ring-reorder{strategy=zigzag}' | FileCheck %s --check-prefix=ZIGZAG
 // RUN: %opt %s --split-input-file -p 'ring-reorder{strategy=striped}' | FileCheck %s --check-prefix=STRIPED
 // RUN: %opt %s --split-input-file -p 'ring-reorder{strategy=striped stripe=2}' | FileCheck %s --check-prefix=STRIPE2
-// RUN: %opt %s --split-input-file -p ring-reorder --report 2>&1 >/dev/null | FileCheck %s --check-prefix=REPORT-Z
+// RUN: %opt %s --split-input-file -p 'ring-reorder{strategy=zigzag}' --report 2>&1 >/dev/null | FileCheck %s --check-prefix=REPORT-Z
 // RUN: %opt %s --split-input-file -p 'ring-reorder{strategy=striped}' --report 2>&1 >/dev/null | FileCheck %s --check-prefix=REPORT-S
 // RUN: %opt %s --split-input-file -p 'ring-reorder{strategy=striped stripe=2}' --report 2>&1 >/dev/null | FileCheck %s --check-prefix=REPORT-S2
 // Positions computed from the device index, as JAX lowers `axis_index`: the kernel's global positions are

@@ -1,6 +1,6 @@
-// RUN: %opt %s --split-input-file --verify-diagnostics -p ring-reorder
-// RUN: %opt %s --split-input-file -p ring-reorder | FileCheck %s
-// RUN: %opt %s --split-input-file -p ring-reorder --report 2>&1 >/dev/null | FileCheck %s --check-prefix=REPORT
+// RUN: %opt %s --split-input-file --verify-diagnostics -p 'ring-reorder{strategy=zigzag}'
+// RUN: %opt %s --split-input-file -p 'ring-reorder{strategy=zigzag}' | FileCheck %s
+// RUN: %opt %s --split-input-file -p 'ring-reorder{strategy=zigzag}' --report 2>&1 >/dev/null | FileCheck %s --check-prefix=REPORT
 // RUN: %opt %s --split-input-file -p 'ring-reorder{strategy=striped stripe=4}' | FileCheck %s --check-prefix=STRIPED4
 // RUN: %opt %s --split-input-file -p 'ring-reorder{strategy=striped stripe=4}' --report 2>&1 >/dev/null | FileCheck %s --check-prefix=REPORT4
 // RUN: %opt %s --split-input-file -p 'ring-reorder{strategy=striped stripe=2}' --report 2>&1 >/dev/null | FileCheck %s --check-prefix=REPORT2
