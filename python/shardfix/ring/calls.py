@@ -110,11 +110,12 @@ class _Callee:
             keys = [hash(v) for v in operands]
             if op.name == "func.return":
                 return self._returns(operands, keys, dims)
+            if len(op.regions) and (op.name not in _SIMPLE_REGIONS or not _closed(op)):
+                # a region may read any value above it, not only the op's operands
+                raise Blocked("calls a function holding a region other than a reduction's")
             first = next((j for j, key in enumerate(keys) if key in dims), None)
             if first is None:
                 continue
-            if len(op.regions) and op.name not in _SIMPLE_REGIONS:
-                raise Blocked("calls a function holding a region that reads tokens")
             if op.name == "func.call":
                 motion = self.calls.motion(op, first, dims[keys[first]])
                 dim, operand_dims = motion.dim, motion.operands
@@ -165,8 +166,6 @@ class _Callee:
                 raise Blocked("calls a function that reads an argument in two sequence orders")
             return
         op = owner.operation
-        if len(op.regions) and op.name not in _SIMPLE_REGIONS:
-            raise Blocked("calls a function holding a region that reads tokens")
         needed = self.calls.carriers(op, dim) if op.name == "func.call" else carriers(op, dim)
         for j, d in needed.items():
             if not self._constant_along(op.operands[j], d):
@@ -194,6 +193,19 @@ class _Callee:
                     found = False
         self._constant[key] = found
         return found
+
+
+def _closed(op: ir.Operation) -> bool:
+    """Whether the ops in `op`'s regions read only values defined in those regions (a reduction's combine)."""
+    for region in op.regions:
+        for block in region.blocks:
+            inner = set(map(hash, block.arguments))
+            for nested in block.operations:
+                nested = nested.operation
+                if len(nested.regions) or any(hash(v) not in inner for v in nested.operands):
+                    return False
+                inner.update(map(hash, nested.results))
+    return True
 
 
 __all__ = ["CallMotion", "TokenwiseCalls"]

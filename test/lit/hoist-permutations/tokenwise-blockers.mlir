@@ -98,3 +98,32 @@ func.func private @add_position(%a: tensor<8x4xf32>) -> tensor<8x4xf32> {
   %r = stablehlo.add %a, %f : tensor<8x4xf32>
   return %r : tensor<8x4xf32>
 }
+
+// -----
+
+sdy.mesh @mesh = <["cp"=2]>
+
+// The callee reads the first token inside a branch (captured, not an operand): that depends on the order.
+func.func @callee_reads_one_token_in_a_branch(%x: tensor<8x4xf32>, %p: tensor<i1>) -> tensor<8x4xf32> {
+  // expected-remark @+1 {{ring-reorder: axis "cp", zigzag: applied}}
+  %r1 = sdy.manual_computation(%x) in_shardings=[<@mesh, [{"cp"}, {}]>] out_shardings=[<@mesh, [{"cp"}, {}]>] manual_axes={"cp"} (%lr1: tensor<4x4xf32>) {
+    %pr1 = "stablehlo.collective_permute"(%lr1) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, source_target_pairs = dense<[[0, 1], [1, 0]]> : tensor<2x2xi64>}> : (tensor<4x4xf32>) -> tensor<4x4xf32>
+    %sr1 = stablehlo.maximum %lr1, %pr1 : tensor<4x4xf32>
+    sdy.return %sr1 : tensor<4x4xf32>
+  } : (tensor<8x4xf32>) -> tensor<8x4xf32>
+  // expected-remark @+1 {{an inverse zigzag permutation stops at 'func.call' to '@add_first_token': it calls a function holding a region other than a reduction's}}
+  %c = call @add_first_token(%r1, %p) : (tensor<8x4xf32>, tensor<i1>) -> tensor<8x4xf32>
+  return %c : tensor<8x4xf32>
+}
+func.func private @add_first_token(%a: tensor<8x4xf32>, %p: tensor<i1>) -> tensor<8x4xf32> {
+  %first = "stablehlo.if"(%p) ({
+    %s = stablehlo.slice %a [0:1, 0:4] : (tensor<8x4xf32>) -> tensor<1x4xf32>
+    stablehlo.return %s : tensor<1x4xf32>
+  }, {
+    %z = stablehlo.constant dense<0.000000e+00> : tensor<1x4xf32>
+    stablehlo.return %z : tensor<1x4xf32>
+  }) : (tensor<i1>) -> tensor<1x4xf32>
+  %b = stablehlo.broadcast_in_dim %first, dims = [0, 1] : (tensor<1x4xf32>) -> tensor<8x4xf32>
+  %r = stablehlo.add %a, %b : tensor<8x4xf32>
+  return %r : tensor<8x4xf32>
+}
