@@ -754,6 +754,10 @@ def _moves_concatenate(op, operand: int, dim: int):
     return dim
 
 
+def _sorted_indices(op) -> bool:
+    return "indices_are_sorted" in op.attributes and ir.BoolAttr(op.attributes["indices_are_sorted"]).value
+
+
 def _batch_dims(value: ir.Value, vector_dim: int) -> list[int]:
     """The dims of a gather's or scatter's indices that index (all but the index vector dim)."""
     return [d for d in range(rank(value)) if d != vector_dim]
@@ -767,6 +771,8 @@ def _moves_gather(op, operand: int, dim: int):
     batch = _batch_dims(op.operands[1], numbers.index_vector_dim)
     if operand != 1 or dim not in batch or list(numbers.operand_batching_dims):
         raise Blocked("gathers along the sequence dim")
+    if _sorted_indices(op):
+        raise Blocked("gathers by indices promised sorted, which a permutation unsorts")
     offset = set(numbers.offset_dims)
     return [d for d in range(rank(op.results[0])) if d not in offset][batch.index(dim)]
 
@@ -777,9 +783,8 @@ def _scatter_pairs(op) -> tuple[list[int], list[int]]:
     unless permuting those pairs leaves the result as it is (one input, an order-free combine, no batching dims,
     indices not promised sorted)."""
     numbers = stablehlo.ScatterDimensionNumbers(op.attributes["scatter_dimension_numbers"])
-    sorted_ = "indices_are_sorted" in op.attributes and ir.BoolAttr(op.attributes["indices_are_sorted"]).value
     if len(op.operands) != 3 or list(numbers.input_batching_dims) or reducer(op) not in ORDER_FREE_REDUCERS \
-            or sorted_:
+            or _sorted_indices(op):
         raise Blocked("scatters in an order-sensitive way")
     window = set(numbers.update_window_dims)
     return (_batch_dims(op.operands[1], numbers.index_vector_dim),

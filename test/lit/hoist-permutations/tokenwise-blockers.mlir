@@ -127,3 +127,20 @@ func.func private @add_first_token(%a: tensor<8x4xf32>, %p: tensor<i1>) -> tenso
   %r = stablehlo.add %a, %b : tensor<8x4xf32>
   return %r : tensor<8x4xf32>
 }
+
+// -----
+
+sdy.mesh @mesh = <["cp"=2]>
+
+// Indices promised sorted would no longer be once permuted.
+func.func @lookup_by_sorted_ids(%table: tensor<5x4xf32>, %ids: tensor<8x1xi32>) -> tensor<8x4xf32> {
+  // expected-remark @+1 {{a zigzag permutation stops at 'stablehlo.gather': it does not carry the sequence dim through from one operand}}
+  %e = "stablehlo.gather"(%table, %ids) <{dimension_numbers = #stablehlo.gather<offset_dims = [1], collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = 1>, indices_are_sorted = true, slice_sizes = array<i64: 1, 4>}> : (tensor<5x4xf32>, tensor<8x1xi32>) -> tensor<8x4xf32>
+  // expected-remark @+1 {{ring-reorder: axis "cp", zigzag: applied}}
+  %r1 = sdy.manual_computation(%e) in_shardings=[<@mesh, [{"cp"}, {}]>] out_shardings=[<@mesh, [{"cp"}, {}]>] manual_axes={"cp"} (%lr1: tensor<4x4xf32>) {
+    %pr1 = "stablehlo.collective_permute"(%lr1) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, source_target_pairs = dense<[[0, 1], [1, 0]]> : tensor<2x2xi64>}> : (tensor<4x4xf32>) -> tensor<4x4xf32>
+    %sr1 = stablehlo.maximum %lr1, %pr1 : tensor<4x4xf32>
+    sdy.return %sr1 : tensor<4x4xf32>
+  } : (tensor<8x4xf32>) -> tensor<8x4xf32>
+  return %r1 : tensor<8x4xf32>
+}
