@@ -1,8 +1,9 @@
 """Moving sequence permutations across token-wise code: one permutation per program instead of two per layer.
 
 Between ring regions sit computations that treat every token alike along the sequence (elementwise ops, reductions
-and dot_generals over other dims, broadcasts, reshapes and transposes that keep the sequence dim whole, sharding
-constraints). They commute with a permutation of the sequence (the `moves` rules of rules.py say which op does and
+and dot_generals over other dims, broadcasts, reshapes and transposes that keep the sequence dim whole, slices, pads
+and concatenates of other dims, gathers by token ids, sharding constraints, calls of functions that do only such
+things: calls.py). They commute with a permutation of the sequence (the `moves` rules of rules.py say which op does and
 where the sequence dim goes), so such an op can run on permuted operands and give its result in permuted order.
 For each function body the pass decides which ops run in permuted order, then puts permutations only where an
 order is read that no value is in:
@@ -11,12 +12,14 @@ order is read that no value is in:
    in permuted order. A token-wise op reading such a value runs in permuted order: its other sequence operands are
    then read in permuted order too, and its results are at hand in permuted order in turn. A reduction over the
    sequence with an order-free body (a mean loss; a dot_general summing the tokens of two sides in the same order,
-   a layer's weight gradient) reads its operands permuted and gives what it gave before: nothing after it needs
+   a layer's weight gradient; a scatter-add of per-token rows by token id, an embedding's gradient) reads its
+   operands permuted and gives what it gave before: nothing after it needs
    restoring.
 2. Backward, in reverse program order (the forward permutations rise). A value read in permuted order (a ring
    region's operand, a sequence operand of an op of step 1) that nothing gives in that order is computed in
    permuted order by its own op, when that op is token-wise and everything that reads its results reads them
-   permuted; that op's operands are then read permuted in turn.
+   permuted; that op's operands are then read permuted in turn. A splat constant or an iota across another dim is
+   in every order already; an integer iota along the sequence (positions) is computed permuted beside it.
 3. The edits. Each reader gets the value in the order it reads: a value read permuted that no op gives so is
    permuted once, after its definition (at the function's input, say); a value computed in permuted order that
    something reads in contiguous order is permuted back once, after its definition. The module's own permutations
