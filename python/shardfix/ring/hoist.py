@@ -137,6 +137,9 @@ class Motion:
 # these) need no types read.
 _SAME_SHAPE = (ELEMENTWISE - {"stablehlo.select", "stablehlo.clamp"}) | {"sdy.sharding_constraint", "sdy.reshard"}
 
+# Ops that only say where their one operand lives; their result has its type (the verifier holds them to that).
+_WHERE_IT_LIVES = frozenset({"sdy.sharding_constraint", "sdy.reshard"})
+
 # Ops that never hold a region (their regions aren't asked for: the bindings build a list each time).
 _NO_REGIONS = _SAME_SHAPE | frozenset({
     "stablehlo.constant", "stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.transpose",
@@ -166,6 +169,7 @@ class Mover:
         self._orders: dict[tuple[int, int], Order] = {}
         self._fits: dict[tuple, bool] = {}
         self._rules: dict[tuple, object] = {}
+        self._signatures: dict[tuple, int] = {}
 
     def kind(self, kind: Kind) -> Kind:
         """The one Kind object equal to `kind` (Orders are looked up by their kind's identity)."""
@@ -215,15 +219,16 @@ class Mover:
             raise found
         return found
 
-    @staticmethod
-    def signature(op: ir.Operation, name: str, values: list) -> tuple:
-        """What the rules read of an op: its name, operand and result types, attributes (MLIR uniques types and
-        attributes, so equal ones are equal objects, cheap to hash), and the combine of a reduction's body (two
-        reductions alike but for their bodies aren't alike)."""
+    def signature(self, op: ir.Operation, name: str, values: list) -> int:
+        """A number for what the rules read of an op: its name, operand and result types, attributes (MLIR uniques
+        types and attributes, so equal ones are equal objects, cheap to hash), and the combine of a reduction's body
+        (two reductions alike but for their bodies aren't alike). A number, so that the several rule keys of an op
+        don't each hash all of that again."""
         attributes = op.attributes  # iterated, its names
         body = reducer(op) if name in ("stablehlo.reduce", "stablehlo.scatter") else None
-        return (name, tuple(v.type for v in values), tuple(r.type for r in op.results),
-                tuple((key, attributes[key]) for key in attributes), body)
+        whole = (name, tuple(v.type for v in values), tuple(r.type for r in op.results),
+                 tuple((key, attributes[key]) for key in attributes), body)
+        return self._signatures.setdefault(whole, len(self._signatures))
 
     @property
     def calls(self) -> TokenwiseCalls:
@@ -310,12 +315,29 @@ class _Body:
         """(Each op's operands are counted here too, for the edits: see `use_count`.)"""
         permuted, perms, names, count = self.permuted, self.perms, self.names, self.use_count
         same_shape = self._same_shape
+        read_order, read_count, reads, runs_permuted, own = (self.read_order, self.read_count, self.reads,
+                                                             self.runs_permuted, self.own)
         for place, op in enumerate(self.ops):
             values = list(op.operands)
             keys = [hash(v) for v in values]
             for key in keys:
                 count[key] = count.get(key, 0) + 1
             name = names[place]
+            if name in _WHERE_IT_LIVES:
+                # nearly half the ops between the rings on Explicit axes: one operand, a result of its type, so a
+                # permuted operand is read in its order and the result is at hand in it, with nothing to check
+                found = permuted.get(keys[0])
+                if found is not None:
+                    order, like, key = found[0], found[2], keys[0]
+                    read_order[(place, 0)] = order
+                    reads.append((place, 0, values[0], order, like, key))
+                    read_count[(key, order)] = read_count.get((key, order), 0) + 1
+                    runs_permuted.append(place)
+                    result = op.results[0]
+                    key = hash(result)
+                    permuted[key] = (order, result, like)
+                    own.add(key)
+                continue
             if name not in _NO_REGIONS and name != "sdy.manual_computation" and len(op.regions):
                 _count_nested(op, count)
             perm = perms.get(place)
