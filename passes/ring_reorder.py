@@ -5,7 +5,7 @@ kernels' position arithmetic for the new order; or wherever the user says so (mo
 Options: strategy=auto|zigzag|striped; stripe=N tokens a stripe for striped (0, the default: the smallest stripe
 that keeps whole every unit of tokens the kernel reads positions of, 1 when it reads none); mode=auto|force|off.
 
-strategy=auto (what @autofix_shardings and the plugin run by default) lets the kernel's cost pick: the tiles
+strategy=auto (the default, here as in @autofix_shardings and the plugin) lets the kernel's cost pick: the tiles
 each device computes at each ring step are counted from the kernel's own skip conditionals (ring/cost.py) as
 written and under every layout the proof allows (zigzag; striped with each stripe that keeps the kernel's units
 whole), and the layout with the shortest critical path (ties: zigzag) is applied only when it saves more tiles than
@@ -54,8 +54,8 @@ class RingReorder(Pass):
     name: ClassVar[str] = "ring-reorder"
     description: ClassVar[str] = "load-balance causal ring attention: reorder the sequence around ring regions"
 
-    # zigzag by default here (tools/opt pipelines keep their meaning); the decorator and the plugin ask for auto
-    strategy: Literal["auto", "zigzag", "striped"] = "zigzag"
+    # auto, as the decorator and the plugin run it: the layout the kernel's tile count picks, where it pays
+    strategy: Literal["auto", "zigzag", "striped"] = "auto"
     stripe: int = 0  # striped: tokens a stripe; 0: the smallest stripe the kernel's position units divide
     mode: Literal["auto", "force", "off"] = "auto"
 

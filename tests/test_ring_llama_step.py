@@ -3,7 +3,9 @@ value_and_grad, SGD) on jax.make_mesh's default axes, through `@autofix_sharding
 and with one JAX differentiates: every ring (forward and backward, every layer) is rewritten, and the loss and the
 updated parameters equal jax.jit's to 1e-5. The custom_vjp step runs with the defaults; the autodiff step's rings
 are proved under the defaults too, and rewritten with the layout asked (zigzag): its backward's skips read the
-chunk indices its forward hands it, which the defaults' tile count does not follow yet."""
+chunk indices its forward hands it, which the defaults' tile count does not follow yet. Either way the program
+permutes only its two sequence inputs (tokens, targets): every other permutation is hoisted through the layers and
+cancelled."""
 
 import functools
 
@@ -14,6 +16,7 @@ import pytest
 from shardfix import autofix_shardings
 from support import ring_llama
 
+PERMUTATION = "shardfix.sequence_permutation"
 FAST = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 LAYERS = 2
 
@@ -44,3 +47,18 @@ def test_autodiff_rings_proved_under_the_defaults():
     assert len(low.rings) == 2 * LAYERS, [r.why for r in low.rings]
     for r in low.rings:
         assert r.applied or not r.why.startswith("not provably safe"), r.why
+
+
+@pytest.mark.parametrize("kind", ["custom_vjp", "autodiff"])
+def test_one_permutation_per_sequence_input(kind):
+    """Hoisted across RoPE (halves of the feature dim sliced and concatenated, their transposes padded), the
+    positions (an iota, computed in the permuted order), the embedding's gather and its gradient's scatter-add,
+    SwiGLU and log_softmax (calls) and their transposes; the loss and the weight gradients sum over the tokens,
+    so no inverse is left at the outputs."""
+    _, args, low = setup(kind, LAYOUT[kind])
+    text = low.as_text()
+    assert text.count(PERMUTATION) == 2
+    tokens, targets = (f"%arg{len(jax.tree.leaves(args[0])) + i}" for i in range(2))
+    permuted = sorted(line.split("sdy.manual_computation(")[1].split(")")[0] for line in text.splitlines()
+                      if "sdy.manual_computation(" in line and "manual_axes" in line)
+    assert {tokens, targets} <= set(permuted), permuted

@@ -54,7 +54,7 @@ REFUSED = sorted(name for name, build in PROGRAMS.items()
 @pytest.mark.parametrize("name", REFUSED)
 def test_refusals_name_the_op_and_the_users_line(name):
     fn, args, _ = PROGRAMS[name](MESH)
-    _, report = patch_lowered(jax.jit(fn).lower(*args), "ring-reorder")
+    _, report = patch_lowered(jax.jit(fn).lower(*args), "ring-reorder{strategy=zigzag}")
     assert report.rings
     for d in report.rings:
         assert LOCATED.search(d.why), f"{name}: {d.why}"

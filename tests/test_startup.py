@@ -124,7 +124,7 @@ def test_the_shardfix_logger_says_each_pass_and_why_a_ring_was_left_alone(caplog
     source = open(os.path.join(ROOT, "test", "lit", "ring-reorder", "modes-and-idempotence.mlir"), "rb").read()
     with caplog.at_level(logging.DEBUG, logger="shardfix"):
         code = OptMain(stdout=io.StringIO(), stderr=io.StringIO(), stdin=io.BytesIO(source)).run(
-            ["-", "-p", "fix-shardings,ring-reorder"])
+            ["-", "-p", "fix-shardings,ring-reorder{strategy=zigzag}"])
     assert code == 0
     assert [type(h) for h in logging.getLogger("shardfix").handlers] == [logging.NullHandler]
     records = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "shardfix"]

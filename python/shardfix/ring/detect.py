@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -237,6 +238,9 @@ def axis_strides(mesh: Mesh) -> dict[str, int]:
     return out
 
 
+_SYMBOL = re.compile(r"@([A-Za-z0-9_$.\-]+)")  # a symbol reference, as the printer writes it
+
+
 class StructuralKeys:
     """Keys equal for ops that are the same program up to the names of the functions they call (the layers of a
     model, each its own shard_map with its own copies of the kernel's helpers). Each op and function is printed
@@ -245,6 +249,7 @@ class StructuralKeys:
     def __init__(self, funcs: dict[str, ir.Operation]):
         self.funcs = funcs
         self._keys: dict[str, str] = {}
+        self._digests: dict[str, str] = {}  # function name -> digest of its key
 
     def of_ring(self, ring: RingRegion) -> str:
         """The key of a ring region's op, kept on the region (the proof's memo and the layout's both ask)."""
@@ -268,16 +273,17 @@ class StructuralKeys:
         return found
 
     def _normalised(self, text: str, calling: set) -> str:
-        pieces = text.split("@")
-        out = [pieces[0]]
-        for piece in pieces[1:]:
-            end = 0
-            while end < len(piece) and (piece[end].isalnum() or piece[end] in "_$.-"):
-                end += 1
-            name = piece[:end]
-            if name in self.funcs:
-                out.append("@{" + hashlib.blake2b(self._function(name, calling).encode(), digest_size=16).hexdigest()
-                           + "}" + piece[end:])
-            else:
-                out.append("@" + piece)
-        return "".join(out)
+        funcs, digests = self.funcs, self._digests
+
+        def replace(match: re.Match) -> str:
+            name = match.group(1)
+            if name not in funcs:
+                return match.group(0)
+            digest = digests.get(name)
+            if digest is None:
+                digest = hashlib.blake2b(self._function(name, calling).encode(), digest_size=16).hexdigest()
+                if name not in calling:
+                    digests[name] = digest
+            return "@{" + digest + "}"
+
+        return _SYMBOL.sub(replace, text)

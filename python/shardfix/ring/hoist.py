@@ -1,8 +1,9 @@
 """Moving sequence permutations across token-wise code: one permutation per program instead of two per layer.
 
 Between ring regions sit computations that treat every token alike along the sequence (elementwise ops, reductions
-and dot_generals over other dims, broadcasts, reshapes and transposes that keep the sequence dim whole, sharding
-constraints). They commute with a permutation of the sequence (the `moves` rules of rules.py say which op does and
+and dot_generals over other dims, broadcasts, reshapes and transposes that keep the sequence dim whole, slices, pads
+and concatenates of other dims, gathers by token ids, sharding constraints, calls of functions that do only such
+things: calls.py). They commute with a permutation of the sequence (the `moves` rules of rules.py say which op does and
 where the sequence dim goes), so such an op can run on permuted operands and give its result in permuted order.
 For each function body the pass decides which ops run in permuted order, then puts permutations only where an
 order is read that no value is in:
@@ -11,12 +12,14 @@ order is read that no value is in:
    in permuted order. A token-wise op reading such a value runs in permuted order: its other sequence operands are
    then read in permuted order too, and its results are at hand in permuted order in turn. A reduction over the
    sequence with an order-free body (a mean loss; a dot_general summing the tokens of two sides in the same order,
-   a layer's weight gradient) reads its operands permuted and gives what it gave before: nothing after it needs
+   a layer's weight gradient; a scatter-add of per-token rows by token id, an embedding's gradient) reads its
+   operands permuted and gives what it gave before: nothing after it needs
    restoring.
 2. Backward, in reverse program order (the forward permutations rise). A value read in permuted order (a ring
    region's operand, a sequence operand of an op of step 1) that nothing gives in that order is computed in
    permuted order by its own op, when that op is token-wise and everything that reads its results reads them
-   permuted; that op's operands are then read permuted in turn.
+   permuted; that op's operands are then read permuted in turn. A splat constant or an iota across another dim is
+   in every order already; an integer iota along the sequence (positions) is computed permuted beside it.
 3. The edits. Each reader gets the value in the order it reads: a value read permuted that no op gives so is
    permuted once, after its definition (at the function's input, say); a value computed in permuted order that
    something reads in contiguous order is permuted back once, after its definition. The module's own permutations
@@ -39,10 +42,12 @@ from jaxlib.mlir.dialects import sdy
 from ..ir import manual_axes_of, module_meshes, sharding_from_attr, source_loc
 from ..locations import SourceLoc
 from ..sharding import AxisRef, DimSharding, Mesh, TensorSharding
+from .calls import CallMotion, TokenwiseCalls
 from .detect import module_funcs
-from .dims import ELEMENTWISE
+from .dims import ELEMENTWISE, is_integer, reducer
 from .dims import shape as _shape
 from .permutation import PERMUTATION_ATTR, Permutations
+from .positions import mapped_index
 from .rules import REDUCED, Blocked, carriers, moves, reduced_with
 
 
@@ -132,12 +137,19 @@ class Motion:
 # these) need no types read.
 _SAME_SHAPE = (ELEMENTWISE - {"stablehlo.select", "stablehlo.clamp"}) | {"sdy.sharding_constraint", "sdy.reshard"}
 
+# Ops that only say where their one operand lives; their result has its type (the verifier holds them to that).
+_WHERE_IT_LIVES = frozenset({"sdy.sharding_constraint", "sdy.reshard"})
+
 # Ops that never hold a region (their regions aren't asked for: the bindings build a list each time).
 _NO_REGIONS = _SAME_SHAPE | frozenset({
     "stablehlo.constant", "stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.transpose",
     "stablehlo.dot_general", "stablehlo.convert", "stablehlo.select", "stablehlo.slice", "stablehlo.concatenate",
+    "stablehlo.pad", "stablehlo.gather",
     "stablehlo.iota", "stablehlo.dynamic_slice", "stablehlo.dynamic_update_slice", "func.call", "func.return",
     "stablehlo.collective_permute", "stablehlo.custom_call", "stablehlo.clamp"})
+
+# Ops without operands that may give a value in permuted order as they are or beside them (`_computed_permuted`).
+_COMPUTED_PERMUTED = frozenset({"stablehlo.iota", "stablehlo.constant"})
 
 # Ops that read their operands in the order they are in: a ring region reads them as its own (its permutations
 # are the module's forward permutations), a function returns them to its caller.
@@ -152,12 +164,12 @@ class Mover:
         self.meshes: dict[str, Mesh] = module_meshes(module)
         self.motion = Motion([])
         self._said: set = set()
-        self._funcs: dict[str, ir.Operation] | None = None
-        self._elementwise: dict[str, bool] = {}
+        self._calls: TokenwiseCalls | None = None
         self._kinds: dict[Kind, Kind] = {}
         self._orders: dict[tuple[int, int], Order] = {}
         self._fits: dict[tuple, bool] = {}
         self._rules: dict[tuple, object] = {}
+        self._signatures: dict[tuple, int] = {}
 
     def kind(self, kind: Kind) -> Kind:
         """The one Kind object equal to `kind` (Orders are looked up by their kind's identity)."""
@@ -207,38 +219,33 @@ class Mover:
             raise found
         return found
 
-    @staticmethod
-    def signature(op: ir.Operation, name: str, values: list) -> tuple:
-        """What the rules read of an op: its name, operand and result types, attributes (MLIR uniques types and
-        attributes, so equal ones are equal objects, cheap to hash)."""
+    def signature(self, op: ir.Operation, name: str, values: list) -> int:
+        """A number for what the rules read of an op: its name, operand and result types, attributes (MLIR uniques
+        types and attributes, so equal ones are equal objects, cheap to hash), and the combine of a reduction's body
+        (two reductions alike but for their bodies aren't alike). A number, so that the several rule keys of an op
+        don't each hash all of that again."""
         attributes = op.attributes  # iterated, its names
-        return (name, tuple(v.type for v in values), tuple(r.type for r in op.results),
-                tuple((key, attributes[key]) for key in attributes))
+        body = reducer(op) if name in ("stablehlo.reduce", "stablehlo.scatter") else None
+        whole = (name, tuple(v.type for v in values), tuple(r.type for r in op.results),
+                 tuple((key, attributes[key]) for key in attributes), body)
+        return self._signatures.setdefault(whole, len(self._signatures))
 
-    def moves(self, op: ir.Operation, operand: int, dim: int, name: str):
-        if name == "func.call" and self._elementwise_call(op):
-            return dim
-        return moves(op, operand, dim)
+    @property
+    def calls(self) -> TokenwiseCalls:
+        if self._calls is None:
+            self._calls = TokenwiseCalls(module_funcs(self.module))
+        return self._calls
+
+    def call(self, op: ir.Operation, operand: int, dim: int) -> CallMotion:
+        """A call run with operand `operand` permuted along `dim` (see calls.py)."""
+        return self.calls.motion(op, operand, dim)
 
     def carriers(self, op: ir.Operation, dim: int, name: str) -> dict[int, int]:
-        if name in _SAME_SHAPE or name == "func.call" and self._elementwise_call(op):
+        if name in _SAME_SHAPE:
             return {i: dim for i in range(len(op.operands))}
+        if name == "func.call":
+            return self.calls.carriers(op, dim)
         return carriers(op, dim)
-
-    def _elementwise_call(self, op: ir.Operation) -> bool:
-        """A call of a function that is elementwise as a whole (jax.nn.silu, say, lowers to one): its arguments and
-        results of one type, and its body only elementwise ops on them and on splat constants (and broadcasts of
-        scalars, and the sharding constraints JAX puts after each op on Explicit axes), so every token of a result
-        is computed from the same token of the arguments."""
-        if not len(op.results) or any(v.type != op.results[0].type for v in list(op.operands) + list(op.results)):
-            return False
-        callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
-        if callee not in self._elementwise:
-            if self._funcs is None:
-                self._funcs = module_funcs(self.module)
-            func = self._funcs.get(callee)
-            self._elementwise[callee] = func is not None and _is_elementwise_body(func, op.results[0].type)
-        return self._elementwise[callee]
 
     def say(self, kind: Kind, inverse: bool, op: ir.Operation, why: Blocked) -> None:
         key = (kind, inverse, op.name, str(why), source_loc(op.location))
@@ -308,12 +315,29 @@ class _Body:
         """(Each op's operands are counted here too, for the edits: see `use_count`.)"""
         permuted, perms, names, count = self.permuted, self.perms, self.names, self.use_count
         same_shape = self._same_shape
+        read_order, read_count, reads, runs_permuted, own = (self.read_order, self.read_count, self.reads,
+                                                             self.runs_permuted, self.own)
         for place, op in enumerate(self.ops):
             values = list(op.operands)
             keys = [hash(v) for v in values]
             for key in keys:
                 count[key] = count.get(key, 0) + 1
             name = names[place]
+            if name in _WHERE_IT_LIVES:
+                # nearly half the ops between the rings on Explicit axes: one operand, a result of its type, so a
+                # permuted operand is read in its order and the result is at hand in it, with nothing to check
+                found = permuted.get(keys[0])
+                if found is not None:
+                    order, like, key = found[0], found[2], keys[0]
+                    read_order[(place, 0)] = order
+                    reads.append((place, 0, values[0], order, like, key))
+                    read_count[(key, order)] = read_count.get((key, order), 0) + 1
+                    runs_permuted.append(place)
+                    result = op.results[0]
+                    key = hash(result)
+                    permuted[key] = (order, result, like)
+                    own.add(key)
+                continue
             if name not in _NO_REGIONS and name != "sdy.manual_computation" and len(op.regions):
                 _count_nested(op, count)
             perm = perms.get(place)
@@ -340,11 +364,15 @@ class _Body:
             mover = self.mover
             try:
                 signature = mover.signature(op, name, values)
-                dim = mover.rule((signature, "moves", i, order.dim), lambda: mover.moves(op, i, order.dim, name))
-                operand_dims = ({i: order.dim, **mover.rule((signature, "reduced", i, order.dim),
-                                                            lambda: reduced_with(op, i, order.dim))}
-                                if dim == REDUCED else
-                                mover.rule((signature, "carriers", dim), lambda: mover.carriers(op, dim, name)))
+                if name == "func.call":  # the operands the callee needs permuted with this one
+                    motion = mover.rule((signature, "call", i, order.dim), lambda: mover.call(op, i, order.dim))
+                    dim, operand_dims = motion.dim, motion.operands
+                else:
+                    dim = mover.rule((signature, "moves", i, order.dim), lambda: moves(op, i, order.dim))
+                    operand_dims = ({i: order.dim, **mover.rule((signature, "reduced", i, order.dim),
+                                                                lambda: reduced_with(op, i, order.dim))}
+                                    if dim == REDUCED else
+                                    mover.rule((signature, "carriers", dim), lambda: mover.carriers(op, dim, name)))
                 if dim != REDUCED and not all(self.mover.fits(r.type, self.mover.order(order.kind, dim))
                                               for r in op.results):
                     raise Blocked("changes the sequence length")  # its result couldn't be put back in order
@@ -403,7 +431,11 @@ class _Body:
             place = -heapq.heappop(self.heap)
             op = self.ops[place]
             for value, order, like in self.needs.pop(place, ()):
-                if self._in(value, order) is None and self._all_reads_permuted(place, order):
+                if self._in(value, order) is not None:
+                    continue
+                if self.names[place] in _COMPUTED_PERMUTED:
+                    self._computed_permuted(op, value, order, like)
+                elif self._all_reads_permuted(place, order):
                     name, mover = self.names[place], self.mover
                     try:
                         operand_dims = mover.rule((mover.signature(op, name, list(op.operands)), "carriers",
@@ -413,6 +445,27 @@ class _Body:
                         continue
                     if self._read_permuted(place, op, operand_dims, order.kind, like, inverse=False):
                         self._run_permuted(place, order, like)
+
+    def _computed_permuted(self, op: ir.Operation, value: ir.Value, order: Order, like: Perm) -> None:
+        """A value no operand makes, asked for in permuted order: a splat constant, or an iota across another dim,
+        is that already; an integer iota along the sequence dim (the positions RoPE reads) is computed in permuted
+        order beside it, each position mapped to the token that sits there (what ring-reorder's position rewrite
+        computes), for the readers that read it permuted. Else a permutation of it will be built."""
+        key = hash(value)
+        if key in self.permuted:
+            return  # in another order already
+        holder = None
+        if op.name == "stablehlo.constant":
+            holder = value if ir.DenseElementsAttr(op.attributes["value"]).is_splat else None
+        elif ir.IntegerAttr(op.attributes["iota_dimension"]).value != order.dim:
+            holder = value
+        elif is_integer(value):
+            kind = order.kind
+            cp = dict(self.mover.meshes[kind.mesh_name].axes)[kind.axis]
+            with ir.InsertionPoint.after(op), op.location:
+                holder = mapped_index(value, 1, kind.strategy, kind.stripe, cp, kind.length // cp)
+        if holder is not None:
+            self.permuted[key] = (order, holder, like)
 
     def _read_permuted(self, place: int, op: ir.Operation, operand_dims: dict[int, int], kind: Kind, like: Perm,
                        inverse: bool, keys: list[int] | None = None, values: list | None = None) -> bool:
@@ -486,7 +539,7 @@ class _Body:
         key = hash(value)
         perm = self.forwards.get((key, order))
         if perm is None:
-            source = self._restored(value) if key in self.permuted and self.permuted[key][1] == value else value
+            source = self._restored(value) if key in self.own else value
             perm = self._build(source, order, like, inverse=False)
             self.forwards[(key, order)] = perm
         elif self.perm_place.get(id(perm), -1) > reader:
@@ -590,34 +643,6 @@ def _count_nested(op: ir.Operation, count: dict[int, int]) -> None:
                     count[key] = count.get(key, 0) + 1
                 if inner.name != "sdy.manual_computation" and len(inner.regions):
                     _count_nested(inner, count)
-
-
-def _is_elementwise_body(func: ir.Operation, whole: ir.Type) -> bool:
-    blocks = func.regions[0].blocks
-    if len(blocks) != 1:
-        return False
-    for opview in blocks[0].operations:
-        op = opview.operation
-        if op.name == "func.return":
-            pass
-        elif op.name == "stablehlo.constant":
-            if not ir.DenseElementsAttr(op.attributes["value"]).is_splat:
-                return False
-        elif op.name == "stablehlo.broadcast_in_dim":
-            if ir.ShapedType(op.operands[0].type).rank != 0:
-                return False
-        elif op.name in ("sdy.sharding_constraint", "sdy.reshard"):  # where values sit (Explicit axes: each op's)
-            shape = ir.ShapedType(op.operands[0].type).shape
-            if shape and shape != ir.ShapedType(whole).shape:
-                return False
-        elif op.name not in ELEMENTWISE or op.regions and len(op.regions) or len(op.results) != 1 \
-                or op.results[0].type != whole and ir.ShapedType(op.results[0].type).shape != ir.ShapedType(whole).shape:
-            return False
-        else:
-            for value in op.operands:
-                if ir.ShapedType(value.type).shape != ir.ShapedType(whole).shape:
-                    return False
-    return True
 
 
 def _derive_sharding(like: Perm, like_shape: list[int], shape: list[int], dim: int, mesh: Mesh) -> TensorSharding:

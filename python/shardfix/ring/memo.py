@@ -67,11 +67,13 @@ class GroupMemo:
         old_holder, new_holder = old.region, new.region
         moved_calls = []
         for call in calls:
-            new_call = self._at(new_holder, self._place(old_holder, call))
+            # once both chains reach the same function (the layers share the kernel), ops stay where they are
+            new_call = call if old_holder is new_holder else self._at(new_holder, self._place(old_holder, call))
             moved_calls.append(new_call)
             old_holder = self.funcs[ir.FlatSymbolRefAttr(call.attributes["callee"]).value]
             new_holder = self.funcs[ir.FlatSymbolRefAttr(new_call.attributes["callee"]).value]
-        return {"op": self._at(new_holder, self._place(old_holder, op)), "calls": tuple(moved_calls)}
+        moved = op if old_holder is new_holder else self._at(new_holder, self._place(old_holder, op))
+        return {"op": moved, "calls": tuple(moved_calls)}
 
     def _order(self, holder: ir.Operation) -> tuple[list, dict]:
         found = self._orders.get(id(holder))

@@ -36,17 +36,18 @@ class Layout:
 def apply_rewrites(module: ir.Operation, plans: list[tuple[list[Rewrite], Layout]],
                    callers: dict[str, int] | None = None) -> int:
     """Rewrite the recorded reads of each region (its rewrites, the layout it is reordered to). Reads in the
-    region's body are rewritten in place; a function holding reads is rewritten in a copy made for the calls that
-    asked for exactly those reads, so its other callers (regions left as they are, other layouts, other
-    arguments) keep the original; copies are shared between calls that ask for the same. Originals no call
-    reaches any more are erased. Returns how many reads were rewritten. `callers`: how many func.call ops name
-    each function before the rewrite, if known (else the module is walked to count them)."""
+    region's body are rewritten in place, and so are those of a private function that only this region's call
+    reaches (a layer's own copy of its kernel's helpers); any other function holding reads is rewritten in a copy
+    made for the calls that asked for exactly those reads, so its other callers (regions left as they are, other
+    layouts, other arguments) keep the original; copies are shared between calls that ask for the same. Originals
+    no call reaches any more are erased. Returns how many reads were rewritten. `callers`: how many func.call ops
+    name each function before the rewrite, if known (else the module is walked to count them)."""
     specializer = _Specializer(module, callers)
     done = 0
     for rewrites, layout in plans:
         here = [r for r in rewrites if not r.calls]
         for rewrite in sorted(here, key=lambda r: (str(r.op.location), r.operand)):
-            _rewrite_operand(rewrite.op, rewrite.operand, rewrite.unit, layout)
+            _rewrite_operand(rewrite.op, rewrite.operand, rewrite.unit, layout, specializer.consts)
         done += len(here)
         for call, below in _by_first_call([r for r in rewrites if r.calls]).items():
             specializer.redirect(call, below, layout)
@@ -63,10 +64,11 @@ def _by_first_call(rewrites: list[Rewrite]) -> dict:
     return grouped
 
 
-def _rewrite_operand(op: ir.Operation, operand: int, unit: int, layout: Layout) -> None:
+def _rewrite_operand(op: ir.Operation, operand: int, unit: int, layout: Layout, consts: dict) -> None:
     value = op.operands[operand]
     with ir.InsertionPoint(op), op.location:
-        op.operands[operand] = mapped_index(value, unit, layout.strategy, layout.stripe, layout.cp, layout.block)
+        op.operands[operand] = mapped_index(value, unit, layout.strategy, layout.stripe, layout.cp, layout.block,
+                                            (consts, op.operation.block))
 
 
 class _Specializer:
@@ -75,6 +77,7 @@ class _Specializer:
     def __init__(self, module: ir.Operation, callers: dict[str, int] | None = None):
         self.module = module
         self.callers = callers  # func.call ops naming each function, before any redirect (None: unknown)
+        self.consts: dict = {}  # the splat constants the rewrites share, by (block, type, number)
         self.table = ir.SymbolTable(module)
         self.copies: dict = {}  # (function name, reads, layout) -> name of the copy
         self.indexes: dict = {}  # function name -> {op: its place in a pre-order walk}
@@ -83,11 +86,35 @@ class _Specializer:
 
     def redirect(self, call: ir.Operation, rewrites: list[Rewrite], layout: Layout, in_copy: bool = False) -> None:
         name = ir.FlatSymbolRefAttr(call.attributes["callee"]).value
+        if not in_copy and self._only_call(name):
+            self._rewrite_in_place(name, rewrites, layout)
+            return
         new_name = self.copy(name, rewrites, layout)
         call.attributes["callee"] = ir.FlatSymbolRefAttr.get(new_name)
         self.redirected.add(name)
         if not in_copy:  # a call the module had (a copy's calls are counted in the copy)
             self.moved.append((name, new_name))
+
+    def _only_call(self, name: str) -> bool:
+        """Whether a call in an original body (a region's, or a function's rewritten in place) is the only call
+        of private function `name` the module has. Copies only ever repeat calls of their originals, so such a
+        function is never reached through a copy, and no other caller sees it rewritten."""
+        if self.callers is None:
+            self.callers = _count_calls(self.module, {})
+        if self.callers.get(name) != 1:
+            return False
+        func = self.table[name]
+        return "sym_visibility" in func.attributes and \
+            ir.StringAttr(func.attributes["sym_visibility"]).value == "private"
+
+    def _rewrite_in_place(self, name: str, rewrites: list[Rewrite], layout: Layout) -> None:
+        """The rewrites (relative to function `name`, which only the call being rewritten reaches) applied to the
+        function itself, in their order (the analysis's, the same for the same input)."""
+        for r in rewrites:
+            if not r.calls:
+                _rewrite_operand(r.op, r.operand, r.unit, layout, self.consts)
+        for call, below in _by_first_call([r for r in rewrites if r.calls]).items():
+            self.redirect(call, below, layout)
 
     def copy(self, name: str, rewrites: list[Rewrite], layout: Layout) -> str:
         """The copy of function `name` with `rewrites` (relative to it) applied."""
@@ -107,7 +134,7 @@ class _Specializer:
         ops = _preorder(clone)  # the copy's ops, in the same places as the original's
         here = [r for r in rewrites if not r.calls]
         for r in sorted(here, key=lambda r: (index[r.op], r.operand)):
-            _rewrite_operand(ops[index[r.op]], r.operand, r.unit, layout)
+            _rewrite_operand(ops[index[r.op]], r.operand, r.unit, layout, self.consts)
         for call, below in _by_first_call([r for r in rewrites if r.calls]).items():
             self.redirect(ops[index[call]], below, layout, in_copy=True)
         return new_name
@@ -174,10 +201,13 @@ def _preorder(op: ir.Operation) -> list:
     return found
 
 
-def mapped_index(value: ir.Value, unit: int, strategy: str, stripe: int, cp: int, block: int) -> ir.Value:
-    """New ops computing, from a contiguous-layout unit index `value`, the unit's index in the new order."""
+def mapped_index(value: ir.Value, unit: int, strategy: str, stripe: int, cp: int, block: int,
+                 shared: tuple[dict, ir.Block] | None = None) -> ir.Value:
+    """New ops computing, from a contiguous-layout unit index `value`, the unit's index in the new order (at the
+    current insertion point). `shared`: a cache of splat constants and the block the new ops go in; constants
+    then go at the block's start, once per type and number, for every rewrite in that block."""
     n = block // unit
-    build = _Builder(value)
+    build = _Builder(value, shared)
     c = build.div(value, n)
     j = build.rem(value, n)
     if strategy == "zigzag":
@@ -192,10 +222,22 @@ def mapped_index(value: ir.Value, unit: int, strategy: str, stripe: int, cp: int
 class _Builder:
     """Integer arithmetic on tensors of one type, with splat constants."""
 
-    def __init__(self, like: ir.Value):
+    def __init__(self, like: ir.Value, shared: tuple[dict, ir.Block] | None = None):
         self.type = ir.RankedTensorType(like.type)
+        self.shared = shared
 
     def const(self, number: int) -> ir.Value:
+        if self.shared is None:
+            return self._const(number)
+        cache, block = self.shared
+        key = (block, self.type, number)
+        found = cache.get(key)
+        if found is None:
+            with ir.InsertionPoint.at_block_begin(block):
+                found = cache[key] = self._const(number)
+        return found
+
+    def _const(self, number: int) -> ir.Value:
         element = self.type.element_type
         width = ir.IntegerType(element).width
         unsigned = ir.IntegerType(element).is_unsigned

@@ -746,9 +746,77 @@ def _carries_dot(op, dim: int) -> dict[int, int]:
     return found
 
 
+@moves_rule("stablehlo.slice", "stablehlo.pad")
+def _moves_whole_dim(op, operand: int, dim: int):
+    """A slice or pad that leaves the sequence dim whole treats its tokens alike (RoPE's halves of the feature
+    dim, and their transpose, a pad of the feature dim)."""
+    keys = (("start_indices", "limit_indices", "strides") if op.name == "stablehlo.slice" else
+            ("edge_padding_low", "edge_padding_high", "interior_padding"))
+    low, high, step = (ints(op.attributes[k])[dim] for k in keys)
+    whole = (low, high, step) == ((0, shape(op.operands[0])[dim], 1) if op.name == "stablehlo.slice" else (0, 0, 0))
+    if operand != 0 or not whole:
+        raise Blocked("slices or pads the sequence dim")
+    return dim
+
+
+@moves_rule("stablehlo.concatenate")
+def _moves_concatenate(op, operand: int, dim: int):
+    if dim == ir.IntegerAttr(op.attributes["dimension"]).value:
+        raise Blocked("concatenates along the sequence dim")
+    return dim
+
+
+def _sorted_indices(op) -> bool:
+    return "indices_are_sorted" in op.attributes and ir.BoolAttr(op.attributes["indices_are_sorted"]).value
+
+
+def _batch_dims(value: ir.Value, vector_dim: int) -> list[int]:
+    """The dims of a gather's or scatter's indices that index (all but the index vector dim)."""
+    return [d for d in range(rank(value)) if d != vector_dim]
+
+
+@moves_rule("stablehlo.gather")
+def _moves_gather(op, operand: int, dim: int):
+    """Rows of a table picked by indices: each result row is a function of its index alone, so the result follows
+    the indices' tokens (an embedding lookup)."""
+    numbers = stablehlo.GatherDimensionNumbers(op.attributes["dimension_numbers"])
+    batch = _batch_dims(op.operands[1], numbers.index_vector_dim)
+    if operand != 1 or dim not in batch or list(numbers.operand_batching_dims):
+        raise Blocked("gathers along the sequence dim")
+    if _sorted_indices(op):
+        raise Blocked("gathers by indices promised sorted, which a permutation unsorts")
+    offset = set(numbers.offset_dims)
+    return [d for d in range(rank(op.results[0])) if d not in offset][batch.index(dim)]
+
+
+def _scatter_pairs(op) -> tuple[list[int], list[int]]:
+    """A scatter whose indices and updates run over tokens alike (the embedding's gradient, a scatter-add of
+    per-token rows by token id): the indices' batch dims and the updates' scatter dims, paired in order; Blocked
+    unless permuting those pairs leaves the result as it is (one input, an order-free combine, no batching dims,
+    indices not promised sorted)."""
+    numbers = stablehlo.ScatterDimensionNumbers(op.attributes["scatter_dimension_numbers"])
+    if len(op.operands) != 3 or list(numbers.input_batching_dims) or reducer(op) not in ORDER_FREE_REDUCERS \
+            or _sorted_indices(op):
+        raise Blocked("scatters in an order-sensitive way")
+    window = set(numbers.update_window_dims)
+    return (_batch_dims(op.operands[1], numbers.index_vector_dim),
+            [d for d in range(rank(op.operands[2])) if d not in window])
+
+
+@moves_rule("stablehlo.scatter")
+def _moves_scatter(op, operand: int, dim: int):
+    indices, updates = _scatter_pairs(op)
+    if (operand, dim) not in [(1, d) for d in indices] + [(2, d) for d in updates]:
+        raise Blocked("scatters along the sequence dim")
+    return REDUCED
+
+
 def reduced_with(op: ir.Operation, operand: int, dim: int) -> dict[int, int]:
     """Where `moves` says REDUCED: the other operands' dims reduced together with dim `dim` of operand `operand`,
     which must then be in the same order."""
+    if op.name == "stablehlo.scatter":
+        indices, updates = _scatter_pairs(op)
+        return {2: updates[indices.index(dim)]} if operand == 1 else {1: indices[updates.index(dim)]}
     if op.name != "stablehlo.dot_general":
         return {}
     numbers = dot_dims(op)

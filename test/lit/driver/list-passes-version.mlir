@@ -5,5 +5,5 @@
 // CHECK-NEXT: policy=auto|subaxis|prefix|drop (default: 'auto')
 // CHECK-NEXT: target-mesh=str (default: '')
 // CHECK: ring-reorder:
-// CHECK-NEXT: strategy=auto|zigzag|striped (default: 'zigzag')
+// CHECK-NEXT: strategy=auto|zigzag|striped (default: 'auto')
 // VERSION: shardfix-opt 0.1.0 (jax {{0\.1[0-2]\.[0-9.]+}}, jaxlib {{0\.1[0-2]\.[0-9.]+}})

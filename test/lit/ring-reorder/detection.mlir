@@ -1,5 +1,5 @@
-// RUN: %opt %s --split-input-file --verify-diagnostics -p ring-reorder
-// RUN: %opt %s --split-input-file -p ring-reorder | FileCheck %s
+// RUN: %opt %s --split-input-file --verify-diagnostics -p 'ring-reorder{strategy=zigzag}'
+// RUN: %opt %s --split-input-file -p 'ring-reorder{strategy=zigzag}' | FileCheck %s
 // Which regions hold a ring, and how its steps are counted: collective_permutes one step along one mesh axis in
 // either direction, found directly in the region, inside counted loops (a stablehlo.while from fori_loop / scan)
 // and in called functions, in full- and partial-manual regions. Every body here is proved (a ring total-sum: each

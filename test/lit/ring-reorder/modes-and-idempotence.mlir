@@ -1,7 +1,7 @@
 // RUN: %opt %s > %t.plain.mlir
 // RUN: %opt %s -p 'ring-reorder{mode=off}' > %t.off.mlir
 // RUN: diff %t.plain.mlir %t.off.mlir
-// RUN: %opt %s -p ring-reorder --report 2>&1 >/dev/null | FileCheck %s --check-prefix=AUTO
+// RUN: %opt %s -p 'ring-reorder{strategy=zigzag}' --report 2>&1 >/dev/null | FileCheck %s --check-prefix=AUTO
 // RUN: %opt %s -p 'ring-reorder{mode=force}' --report 2>&1 >/dev/null | FileCheck %s --check-prefix=FORCE
 // RUN: %opt %s -p 'ring-reorder{mode=force}' > %t.once.mlir
 // RUN: FileCheck %s --check-prefix=FORCE-IR < %t.once.mlir
@@ -9,8 +9,8 @@
 // RUN: diff %t.once.mlir %t.twice.mlir
 // RUN: %opt %t.once.mlir -p 'ring-reorder{mode=force}' --report 2>&1 >/dev/null | FileCheck %s --check-prefix=AGAIN
 // RUN: %opt %t.once.mlir -p 'ring-reorder{strategy=striped}' --report 2>&1 >/dev/null | FileCheck %s --check-prefix=AGAIN-STRIPED
-// RUN: %opt %s -p ring-reorder > %t.auto.mlir
-// RUN: %opt %t.auto.mlir -p ring-reorder > %t.auto2.mlir
+// RUN: %opt %s -p 'ring-reorder{strategy=zigzag}' > %t.auto.mlir
+// RUN: %opt %t.auto.mlir -p 'ring-reorder{strategy=zigzag}' > %t.auto2.mlir
 // RUN: diff %t.auto.mlir %t.auto2.mlir
 // mode=off leaves everything alone; mode=auto reorders only what the analysis proves (the total-sum, not the region
 // that adds the device index to the tokens); mode=force reorders both, the device-index one although it reads the

@@ -1,7 +1,7 @@
-// RUN: %opt %s --split-input-file -p ring-reorder | FileCheck %s --check-prefix=ZIGZAG
+// RUN: %opt %s --split-input-file -p 'ring-reorder{strategy=zigzag}' | FileCheck %s --check-prefix=ZIGZAG
 // RUN: %opt %s --split-input-file -p 'ring-reorder{strategy=striped}' | FileCheck %s --check-prefix=STRIPED
 // RUN: %opt %s --split-input-file -p 'ring-reorder{strategy=striped stripe=2}' | FileCheck %s --check-prefix=STRIPE2
-// RUN: %opt %s --split-input-file -p ring-reorder --report 2>&1 >/dev/null | FileCheck %s --check-prefix=REPORT-Z
+// RUN: %opt %s --split-input-file -p 'ring-reorder{strategy=zigzag}' --report 2>&1 >/dev/null | FileCheck %s --check-prefix=REPORT-Z
 // RUN: %opt %s --split-input-file -p 'ring-reorder{strategy=striped}' --report 2>&1 >/dev/null | FileCheck %s --check-prefix=REPORT-S
 // RUN: %opt %s --split-input-file -p 'ring-reorder{strategy=striped stripe=2}' --report 2>&1 >/dev/null | FileCheck %s --check-prefix=REPORT-S2
 // Positions computed from the device index, as JAX lowers `axis_index`: the kernel's global positions are
@@ -9,7 +9,8 @@
 // visiting at ring step s, in the loop body's @closed_call, through jnp's floor-mod @remainder). They are right only
 // for the contiguous layout; the analysis recognises them as c * n + j (ring coordinate c, n = 8 units of one token
 // a device, local unit j) and the pass rewrites the one op that reads them (the causal mask's compare GE, both
-// operands) to read the unit's position in the new order instead. The map sits right before the compare:
+// operands) to read the unit's position in the new order instead. The map sits right before the compare (its splat
+// constants once per block and number, at the block's start):
 //   zigzag (n/2 = 4):     c = v div 8, j = v rem 8, select(j < 4, c*4 + j, (2*4-1)*4 - c*4 + (j - 4))
 //   striped, stripe s:    m = s units a stripe, ((j div m)*cp + c)*m + (j rem m)
 // and q, k, v (sequence-sharded) are permuted, the result is restored. The second case (hand-written) shares the
@@ -51,7 +52,11 @@
 // ZIGZAG-NOT:  shardfix.sequence_permutation
 // The key positions are still ((me - s) mod 4) * 8 + iota; the compare reads both through the zigzag map.
 // ZIGZAG-LABEL: func.func private @closed_call
-// ZIGZAG:        %[[KSTART:.*]] = stablehlo.multiply %{{.*}}, %c_1 : tensor<i32>
+// ZIGZAG-DAG:    %[[TOP:.*]] = stablehlo.constant dense<28> : tensor<i32>
+// ZIGZAG-DAG:    %[[TOPB:.*]] = stablehlo.broadcast_in_dim %[[TOP]], dims = [] : (tensor<i32>) -> tensor<1x8x8xi32>
+// ZIGZAG-DAG:    %[[HALF:.*]] = stablehlo.constant dense<4> : tensor<i32>
+// ZIGZAG-DAG:    %[[HALFB:.*]] = stablehlo.broadcast_in_dim %[[HALF]], dims = [] : (tensor<i32>) -> tensor<1x8x8xi32>
+// ZIGZAG:        %[[KSTART:.*]] = stablehlo.multiply %{{.*}}, %{{.*}} : tensor<i32>
 // ZIGZAG-NEXT:   %[[IOTA:.*]] = stablehlo.iota dim = 0 : tensor<8xi32>
 // ZIGZAG-NEXT:   %[[KB:.*]] = stablehlo.broadcast_in_dim %[[KSTART]], dims = [] : (tensor<i32>) -> tensor<8xi32>
 // ZIGZAG-NEXT:   %[[KPOS:.*]] = stablehlo.add %[[KB]], %[[IOTA]] : tensor<8xi32>
@@ -61,56 +66,28 @@
 // ZIGZAG-NEXT:   %[[QV:.*]] = stablehlo.broadcast_in_dim %[[QB]], dims = [0, 1, 2] : (tensor<1x8x1xi32>) -> tensor<1x8x8xi32>
 // ZIGZAG-NEXT:   %[[KV:.*]] = stablehlo.broadcast_in_dim %[[KB2]], dims = [0, 1, 2] : (tensor<1x1x8xi32>) -> tensor<1x8x8xi32>
 // Query positions: c = v div 8, j = v rem 8.
-// ZIGZAG-NEXT:   %[[N1:.*]] = stablehlo.constant dense<8> : tensor<i32>
-// ZIGZAG-NEXT:   %[[N1B:.*]] = stablehlo.broadcast_in_dim %[[N1]], dims = [] : (tensor<i32>) -> tensor<1x8x8xi32>
-// ZIGZAG-NEXT:   %[[QC:.*]] = stablehlo.divide %[[QV]], %[[N1B]] : tensor<1x8x8xi32>
-// ZIGZAG-NEXT:   %[[N2:.*]] = stablehlo.constant dense<8> : tensor<i32>
-// ZIGZAG-NEXT:   %[[N2B:.*]] = stablehlo.broadcast_in_dim %[[N2]], dims = [] : (tensor<i32>) -> tensor<1x8x8xi32>
-// ZIGZAG-NEXT:   %[[QJ:.*]] = stablehlo.remainder %[[QV]], %[[N2B]] : tensor<1x8x8xi32>
+// ZIGZAG-NEXT:   %[[QC:.*]] = stablehlo.divide %[[QV]], %{{.*}} : tensor<1x8x8xi32>
+// ZIGZAG-NEXT:   %[[QJ:.*]] = stablehlo.remainder %[[QV]], %{{.*}} : tensor<1x8x8xi32>
 // First half: c*4 + j.
-// ZIGZAG-NEXT:   %[[H1:.*]] = stablehlo.constant dense<4> : tensor<i32>
-// ZIGZAG-NEXT:   %[[H1B:.*]] = stablehlo.broadcast_in_dim %[[H1]], dims = [] : (tensor<i32>) -> tensor<1x8x8xi32>
-// ZIGZAG-NEXT:   %[[QC4:.*]] = stablehlo.multiply %[[QC]], %[[H1B]] : tensor<1x8x8xi32>
+// ZIGZAG-NEXT:   %[[QC4:.*]] = stablehlo.multiply %[[QC]], %{{.*}} : tensor<1x8x8xi32>
 // ZIGZAG-NEXT:   %[[QLO:.*]] = stablehlo.add %[[QC4]], %[[QJ]] : tensor<1x8x8xi32>
 // Second half: (2cp-1)*4 - c*4 + (j - 4) = 28 - c*4 + (j - 4).
-// ZIGZAG-NEXT:   %[[H2:.*]] = stablehlo.constant dense<4> : tensor<i32>
-// ZIGZAG-NEXT:   %[[H2B:.*]] = stablehlo.broadcast_in_dim %[[H2]], dims = [] : (tensor<i32>) -> tensor<1x8x8xi32>
-// ZIGZAG-NEXT:   %[[QC4B:.*]] = stablehlo.multiply %[[QC]], %[[H2B]] : tensor<1x8x8xi32>
-// ZIGZAG-NEXT:   %[[TOP:.*]] = stablehlo.constant dense<28> : tensor<i32>
-// ZIGZAG-NEXT:   %[[TOPB:.*]] = stablehlo.broadcast_in_dim %[[TOP]], dims = [] : (tensor<i32>) -> tensor<1x8x8xi32>
+// ZIGZAG-NEXT:   %[[QC4B:.*]] = stablehlo.multiply %[[QC]], %{{.*}} : tensor<1x8x8xi32>
 // ZIGZAG-NEXT:   %[[MIRROR:.*]] = stablehlo.subtract %[[TOPB]], %[[QC4B]] : tensor<1x8x8xi32>
-// ZIGZAG-NEXT:   %[[H3:.*]] = stablehlo.constant dense<4> : tensor<i32>
-// ZIGZAG-NEXT:   %[[H3B:.*]] = stablehlo.broadcast_in_dim %[[H3]], dims = [] : (tensor<i32>) -> tensor<1x8x8xi32>
-// ZIGZAG-NEXT:   %[[QJ4:.*]] = stablehlo.subtract %[[QJ]], %[[H3B]] : tensor<1x8x8xi32>
+// ZIGZAG-NEXT:   %[[QJ4:.*]] = stablehlo.subtract %[[QJ]], %{{.*}} : tensor<1x8x8xi32>
 // ZIGZAG-NEXT:   %[[QHI:.*]] = stablehlo.add %[[MIRROR]], %[[QJ4]] : tensor<1x8x8xi32>
-// ZIGZAG-NEXT:   %[[H4:.*]] = stablehlo.constant dense<4> : tensor<i32>
-// ZIGZAG-NEXT:   %[[H4B:.*]] = stablehlo.broadcast_in_dim %[[H4]], dims = [] : (tensor<i32>) -> tensor<1x8x8xi32>
-// ZIGZAG-NEXT:   %[[QFIRST:.*]] = stablehlo.compare LT, %[[QJ]], %[[H4B]] : (tensor<1x8x8xi32>, tensor<1x8x8xi32>) -> tensor<1x8x8xi1>
+// ZIGZAG-NEXT:   %[[QFIRST:.*]] = stablehlo.compare LT, %[[QJ]], %[[HALFB]] : (tensor<1x8x8xi32>, tensor<1x8x8xi32>) -> tensor<1x8x8xi1>
 // ZIGZAG-NEXT:   %[[QNEW:.*]] = stablehlo.select %[[QFIRST]], %[[QLO]], %[[QHI]] : tensor<1x8x8xi1>, tensor<1x8x8xi32>
 // Key positions: the same map.
-// ZIGZAG-NEXT:   stablehlo.constant dense<8> : tensor<i32>
-// ZIGZAG-NEXT:   stablehlo.broadcast_in_dim
 // ZIGZAG-NEXT:   %[[KC:.*]] = stablehlo.divide %[[KV]], %{{.*}} : tensor<1x8x8xi32>
-// ZIGZAG-NEXT:   stablehlo.constant dense<8> : tensor<i32>
-// ZIGZAG-NEXT:   stablehlo.broadcast_in_dim
 // ZIGZAG-NEXT:   %[[KJ:.*]] = stablehlo.remainder %[[KV]], %{{.*}} : tensor<1x8x8xi32>
-// ZIGZAG-NEXT:   stablehlo.constant dense<4> : tensor<i32>
-// ZIGZAG-NEXT:   stablehlo.broadcast_in_dim
 // ZIGZAG-NEXT:   %[[KC4:.*]] = stablehlo.multiply %[[KC]], %{{.*}} : tensor<1x8x8xi32>
 // ZIGZAG-NEXT:   %[[KLO:.*]] = stablehlo.add %[[KC4]], %[[KJ]] : tensor<1x8x8xi32>
-// ZIGZAG-NEXT:   stablehlo.constant dense<4> : tensor<i32>
-// ZIGZAG-NEXT:   stablehlo.broadcast_in_dim
 // ZIGZAG-NEXT:   %[[KC4B:.*]] = stablehlo.multiply %[[KC]], %{{.*}} : tensor<1x8x8xi32>
-// ZIGZAG-NEXT:   stablehlo.constant dense<28> : tensor<i32>
-// ZIGZAG-NEXT:   stablehlo.broadcast_in_dim
 // ZIGZAG-NEXT:   %[[KMIRROR:.*]] = stablehlo.subtract %{{.*}}, %[[KC4B]] : tensor<1x8x8xi32>
-// ZIGZAG-NEXT:   stablehlo.constant dense<4> : tensor<i32>
-// ZIGZAG-NEXT:   stablehlo.broadcast_in_dim
 // ZIGZAG-NEXT:   %[[KJ4:.*]] = stablehlo.subtract %[[KJ]], %{{.*}} : tensor<1x8x8xi32>
 // ZIGZAG-NEXT:   %[[KHI:.*]] = stablehlo.add %[[KMIRROR]], %[[KJ4]] : tensor<1x8x8xi32>
-// ZIGZAG-NEXT:   stablehlo.constant dense<4> : tensor<i32>
-// ZIGZAG-NEXT:   stablehlo.broadcast_in_dim
-// ZIGZAG-NEXT:   %[[KFIRST:.*]] = stablehlo.compare LT, %[[KJ]], %{{.*}} : (tensor<1x8x8xi32>, tensor<1x8x8xi32>) -> tensor<1x8x8xi1>
+// ZIGZAG-NEXT:   %[[KFIRST:.*]] = stablehlo.compare LT, %[[KJ]], %[[HALFB]] : (tensor<1x8x8xi32>, tensor<1x8x8xi32>) -> tensor<1x8x8xi1>
 // ZIGZAG-NEXT:   %[[KNEW:.*]] = stablehlo.select %[[KFIRST]], %[[KLO]], %[[KHI]] : tensor<1x8x8xi1>, tensor<1x8x8xi32>
 // ZIGZAG-NEXT:   %[[MASK:.*]] = stablehlo.compare GE, %[[QNEW]], %[[KNEW]], SIGNED : (tensor<1x8x8xi32>, tensor<1x8x8xi32>) -> tensor<1x8x8xi1>
 // ZIGZAG-NEXT:   %[[NEG:.*]] = stablehlo.constant dense<-1.000000e+30> : tensor<f32>
@@ -128,31 +105,15 @@
 // STRIPED-LABEL: func.func private @closed_call
 // STRIPED:        %[[QV:.*]] = stablehlo.broadcast_in_dim %{{.*}}, dims = [0, 1, 2] : (tensor<1x8x1xi32>) -> tensor<1x8x8xi32>
 // STRIPED-NEXT:   %[[KV:.*]] = stablehlo.broadcast_in_dim %{{.*}}, dims = [0, 1, 2] : (tensor<1x1x8xi32>) -> tensor<1x8x8xi32>
-// STRIPED-NEXT:   %[[N1:.*]] = stablehlo.constant dense<8> : tensor<i32>
-// STRIPED-NEXT:   %[[N1B:.*]] = stablehlo.broadcast_in_dim %[[N1]], dims = [] : (tensor<i32>) -> tensor<1x8x8xi32>
-// STRIPED-NEXT:   %[[QC:.*]] = stablehlo.divide %[[QV]], %[[N1B]] : tensor<1x8x8xi32>
-// STRIPED-NEXT:   %[[N2:.*]] = stablehlo.constant dense<8> : tensor<i32>
-// STRIPED-NEXT:   %[[N2B:.*]] = stablehlo.broadcast_in_dim %[[N2]], dims = [] : (tensor<i32>) -> tensor<1x8x8xi32>
-// STRIPED-NEXT:   %[[QJ:.*]] = stablehlo.remainder %[[QV]], %[[N2B]] : tensor<1x8x8xi32>
-// STRIPED-NEXT:   %[[CP:.*]] = stablehlo.constant dense<4> : tensor<i32>
-// STRIPED-NEXT:   %[[CPB:.*]] = stablehlo.broadcast_in_dim %[[CP]], dims = [] : (tensor<i32>) -> tensor<1x8x8xi32>
-// STRIPED-NEXT:   %[[QJ4:.*]] = stablehlo.multiply %[[QJ]], %[[CPB]] : tensor<1x8x8xi32>
+// STRIPED-NEXT:   %[[QC:.*]] = stablehlo.divide %[[QV]], %{{.*}} : tensor<1x8x8xi32>
+// STRIPED-NEXT:   %[[QJ:.*]] = stablehlo.remainder %[[QV]], %{{.*}} : tensor<1x8x8xi32>
+// STRIPED-NEXT:   %[[QJ4:.*]] = stablehlo.multiply %[[QJ]], %{{.*}} : tensor<1x8x8xi32>
 // STRIPED-NEXT:   %[[QU:.*]] = stablehlo.add %[[QJ4]], %[[QC]] : tensor<1x8x8xi32>
-// STRIPED-NEXT:   %[[Z:.*]] = stablehlo.constant dense<0> : tensor<i32>
-// STRIPED-NEXT:   %[[ZB:.*]] = stablehlo.broadcast_in_dim %[[Z]], dims = [] : (tensor<i32>) -> tensor<1x8x8xi32>
-// STRIPED-NEXT:   %[[QNEW:.*]] = stablehlo.add %[[QU]], %[[ZB]] : tensor<1x8x8xi32>
-// STRIPED-NEXT:   stablehlo.constant dense<8> : tensor<i32>
-// STRIPED-NEXT:   stablehlo.broadcast_in_dim
+// STRIPED-NEXT:   %[[QNEW:.*]] = stablehlo.add %[[QU]], %{{.*}} : tensor<1x8x8xi32>
 // STRIPED-NEXT:   %[[KC:.*]] = stablehlo.divide %[[KV]], %{{.*}} : tensor<1x8x8xi32>
-// STRIPED-NEXT:   stablehlo.constant dense<8> : tensor<i32>
-// STRIPED-NEXT:   stablehlo.broadcast_in_dim
 // STRIPED-NEXT:   %[[KJ:.*]] = stablehlo.remainder %[[KV]], %{{.*}} : tensor<1x8x8xi32>
-// STRIPED-NEXT:   stablehlo.constant dense<4> : tensor<i32>
-// STRIPED-NEXT:   stablehlo.broadcast_in_dim
 // STRIPED-NEXT:   %[[KJ4:.*]] = stablehlo.multiply %[[KJ]], %{{.*}} : tensor<1x8x8xi32>
 // STRIPED-NEXT:   %[[KU:.*]] = stablehlo.add %[[KJ4]], %[[KC]] : tensor<1x8x8xi32>
-// STRIPED-NEXT:   stablehlo.constant dense<0> : tensor<i32>
-// STRIPED-NEXT:   stablehlo.broadcast_in_dim
 // STRIPED-NEXT:   %[[KNEW:.*]] = stablehlo.add %[[KU]], %{{.*}} : tensor<1x8x8xi32>
 // STRIPED-NEXT:   stablehlo.compare GE, %[[QNEW]], %[[KNEW]], SIGNED : (tensor<1x8x8xi32>, tensor<1x8x8xi32>) -> tensor<1x8x8xi1>
 
@@ -161,44 +122,20 @@
 // STRIPE2-LABEL: func.func private @closed_call
 // STRIPE2:        %[[QV:.*]] = stablehlo.broadcast_in_dim %{{.*}}, dims = [0, 1, 2] : (tensor<1x8x1xi32>) -> tensor<1x8x8xi32>
 // STRIPE2-NEXT:   %[[KV:.*]] = stablehlo.broadcast_in_dim %{{.*}}, dims = [0, 1, 2] : (tensor<1x1x8xi32>) -> tensor<1x8x8xi32>
-// STRIPE2-NEXT:   stablehlo.constant dense<8> : tensor<i32>
-// STRIPE2-NEXT:   stablehlo.broadcast_in_dim
 // STRIPE2-NEXT:   %[[QC:.*]] = stablehlo.divide %[[QV]], %{{.*}} : tensor<1x8x8xi32>
-// STRIPE2-NEXT:   stablehlo.constant dense<8> : tensor<i32>
-// STRIPE2-NEXT:   stablehlo.broadcast_in_dim
 // STRIPE2-NEXT:   %[[QJ:.*]] = stablehlo.remainder %[[QV]], %{{.*}} : tensor<1x8x8xi32>
-// STRIPE2-NEXT:   stablehlo.constant dense<2> : tensor<i32>
-// STRIPE2-NEXT:   stablehlo.broadcast_in_dim
 // STRIPE2-NEXT:   %[[QS:.*]] = stablehlo.divide %[[QJ]], %{{.*}} : tensor<1x8x8xi32>
-// STRIPE2-NEXT:   stablehlo.constant dense<4> : tensor<i32>
-// STRIPE2-NEXT:   stablehlo.broadcast_in_dim
 // STRIPE2-NEXT:   %[[QS4:.*]] = stablehlo.multiply %[[QS]], %{{.*}} : tensor<1x8x8xi32>
 // STRIPE2-NEXT:   %[[QSC:.*]] = stablehlo.add %[[QS4]], %[[QC]] : tensor<1x8x8xi32>
-// STRIPE2-NEXT:   stablehlo.constant dense<2> : tensor<i32>
-// STRIPE2-NEXT:   stablehlo.broadcast_in_dim
 // STRIPE2-NEXT:   %[[QT:.*]] = stablehlo.multiply %[[QSC]], %{{.*}} : tensor<1x8x8xi32>
-// STRIPE2-NEXT:   stablehlo.constant dense<2> : tensor<i32>
-// STRIPE2-NEXT:   stablehlo.broadcast_in_dim
 // STRIPE2-NEXT:   %[[QM:.*]] = stablehlo.remainder %[[QJ]], %{{.*}} : tensor<1x8x8xi32>
 // STRIPE2-NEXT:   %[[QNEW:.*]] = stablehlo.add %[[QT]], %[[QM]] : tensor<1x8x8xi32>
-// STRIPE2-NEXT:   stablehlo.constant dense<8> : tensor<i32>
-// STRIPE2-NEXT:   stablehlo.broadcast_in_dim
 // STRIPE2-NEXT:   %[[KC:.*]] = stablehlo.divide %[[KV]], %{{.*}} : tensor<1x8x8xi32>
-// STRIPE2-NEXT:   stablehlo.constant dense<8> : tensor<i32>
-// STRIPE2-NEXT:   stablehlo.broadcast_in_dim
 // STRIPE2-NEXT:   %[[KJ:.*]] = stablehlo.remainder %[[KV]], %{{.*}} : tensor<1x8x8xi32>
-// STRIPE2-NEXT:   stablehlo.constant dense<2> : tensor<i32>
-// STRIPE2-NEXT:   stablehlo.broadcast_in_dim
 // STRIPE2-NEXT:   %[[KS:.*]] = stablehlo.divide %[[KJ]], %{{.*}} : tensor<1x8x8xi32>
-// STRIPE2-NEXT:   stablehlo.constant dense<4> : tensor<i32>
-// STRIPE2-NEXT:   stablehlo.broadcast_in_dim
 // STRIPE2-NEXT:   %[[KS4:.*]] = stablehlo.multiply %[[KS]], %{{.*}} : tensor<1x8x8xi32>
 // STRIPE2-NEXT:   %[[KSC:.*]] = stablehlo.add %[[KS4]], %[[KC]] : tensor<1x8x8xi32>
-// STRIPE2-NEXT:   stablehlo.constant dense<2> : tensor<i32>
-// STRIPE2-NEXT:   stablehlo.broadcast_in_dim
 // STRIPE2-NEXT:   %[[KT:.*]] = stablehlo.multiply %[[KSC]], %{{.*}} : tensor<1x8x8xi32>
-// STRIPE2-NEXT:   stablehlo.constant dense<2> : tensor<i32>
-// STRIPE2-NEXT:   stablehlo.broadcast_in_dim
 // STRIPE2-NEXT:   %[[KM:.*]] = stablehlo.remainder %[[KJ]], %{{.*}} : tensor<1x8x8xi32>
 // STRIPE2-NEXT:   %[[KNEW:.*]] = stablehlo.add %[[KT]], %[[KM]] : tensor<1x8x8xi32>
 // STRIPE2-NEXT:   stablehlo.compare GE, %[[QNEW]], %[[KNEW]], SIGNED : (tensor<1x8x8xi32>, tensor<1x8x8xi32>) -> tensor<1x8x8xi1>
@@ -346,28 +283,14 @@ module @jit_body attributes {mhlo.num_partitions = 4 : i32, mhlo.num_replicas = 
 // ZIGZAG-LABEL: func.func private @first_six_{{[a-z0-9_]+}}(
 // ZIGZAG:         %[[POS:.*]] = stablehlo.add %{{.*}}, %{{.*}} : tensor<4x8xi32>
 // ZIGZAG-NEXT:    %[[SIX:.*]] = stablehlo.constant dense<6> : tensor<4x8xi32>
-// ZIGZAG-NEXT:    stablehlo.constant dense<4> : tensor<i32>
-// ZIGZAG-NEXT:    stablehlo.broadcast_in_dim
 // ZIGZAG-NEXT:    %[[C:.*]] = stablehlo.divide %[[POS]], %{{.*}} : tensor<4x8xi32>
-// ZIGZAG-NEXT:    stablehlo.constant dense<4> : tensor<i32>
-// ZIGZAG-NEXT:    stablehlo.broadcast_in_dim
 // ZIGZAG-NEXT:    %[[J:.*]] = stablehlo.remainder %[[POS]], %{{.*}} : tensor<4x8xi32>
-// ZIGZAG-NEXT:    stablehlo.constant dense<2> : tensor<i32>
-// ZIGZAG-NEXT:    stablehlo.broadcast_in_dim
 // ZIGZAG-NEXT:    %[[C2:.*]] = stablehlo.multiply %[[C]], %{{.*}} : tensor<4x8xi32>
 // ZIGZAG-NEXT:    %[[LO:.*]] = stablehlo.add %[[C2]], %[[J]] : tensor<4x8xi32>
-// ZIGZAG-NEXT:    stablehlo.constant dense<2> : tensor<i32>
-// ZIGZAG-NEXT:    stablehlo.broadcast_in_dim
 // ZIGZAG-NEXT:    %[[C2B:.*]] = stablehlo.multiply %[[C]], %{{.*}} : tensor<4x8xi32>
-// ZIGZAG-NEXT:    stablehlo.constant dense<14> : tensor<i32>
-// ZIGZAG-NEXT:    stablehlo.broadcast_in_dim
 // ZIGZAG-NEXT:    %[[M:.*]] = stablehlo.subtract %{{.*}}, %[[C2B]] : tensor<4x8xi32>
-// ZIGZAG-NEXT:    stablehlo.constant dense<2> : tensor<i32>
-// ZIGZAG-NEXT:    stablehlo.broadcast_in_dim
 // ZIGZAG-NEXT:    %[[J2:.*]] = stablehlo.subtract %[[J]], %{{.*}} : tensor<4x8xi32>
 // ZIGZAG-NEXT:    %[[HI:.*]] = stablehlo.add %[[M]], %[[J2]] : tensor<4x8xi32>
-// ZIGZAG-NEXT:    stablehlo.constant dense<2> : tensor<i32>
-// ZIGZAG-NEXT:    stablehlo.broadcast_in_dim
 // ZIGZAG-NEXT:    %[[FIRST:.*]] = stablehlo.compare LT, %[[J]], %{{.*}} : (tensor<4x8xi32>, tensor<4x8xi32>) -> tensor<4x8xi1>
 // ZIGZAG-NEXT:    %[[NEW:.*]] = stablehlo.select %[[FIRST]], %[[LO]], %[[HI]] : tensor<4x8xi1>, tensor<4x8xi32>
 // ZIGZAG-NEXT:    %{{.*}} = stablehlo.compare LT, %[[NEW]], %[[SIX]], SIGNED : (tensor<4x8xi32>, tensor<4x8xi32>) -> tensor<4x8xi1>

@@ -1,6 +1,6 @@
-// RUN: %opt %s --split-input-file --verify-diagnostics -p ring-reorder
-// RUN: %opt %s --split-input-file -p ring-reorder | FileCheck %s
-// RUN: %opt %s --split-input-file -p ring-reorder --report 2>&1 >/dev/null | FileCheck %s --check-prefix=REPORT
+// RUN: %opt %s --split-input-file --verify-diagnostics -p 'ring-reorder{strategy=zigzag}'
+// RUN: %opt %s --split-input-file -p 'ring-reorder{strategy=zigzag}' | FileCheck %s
+// RUN: %opt %s --split-input-file -p 'ring-reorder{strategy=zigzag}' --report 2>&1 >/dev/null | FileCheck %s --check-prefix=REPORT
 // RUN: %opt %s --split-input-file -p 'ring-reorder{strategy=striped stripe=4}' | FileCheck %s --check-prefix=STRIPED4
 // RUN: %opt %s --split-input-file -p 'ring-reorder{strategy=striped stripe=4}' --report 2>&1 >/dev/null | FileCheck %s --check-prefix=REPORT4
 // RUN: %opt %s --split-input-file -p 'ring-reorder{strategy=striped stripe=2}' --report 2>&1 >/dev/null | FileCheck %s --check-prefix=REPORT2
@@ -32,38 +32,24 @@
 // CHECK-NEXT:    %[[KOFF:.*]] = stablehlo.multiply %arg8, %{{.*}} : tensor<i32>
 // CHECK-NEXT:    %[[KFIRST:.*]] = stablehlo.add %[[KBASE]], %[[KOFF]] : tensor<i32>
 // CHECK:         %[[QLAST:.*]] = stablehlo.subtract %{{.*}}, %{{.*}} : tensor<i32>
-// CHECK-NEXT:    stablehlo.constant dense<16> : tensor<i32>
 // CHECK-NEXT:    %[[QC:.*]] = stablehlo.divide %[[QLAST]], %{{.*}} : tensor<i32>
-// CHECK-NEXT:    stablehlo.constant dense<16> : tensor<i32>
 // CHECK-NEXT:    %[[QJ:.*]] = stablehlo.remainder %[[QLAST]], %{{.*}} : tensor<i32>
-// CHECK-NEXT:    stablehlo.constant dense<8> : tensor<i32>
 // CHECK-NEXT:    %[[QC8:.*]] = stablehlo.multiply %[[QC]], %{{.*}} : tensor<i32>
 // CHECK-NEXT:    %[[QLO:.*]] = stablehlo.add %[[QC8]], %[[QJ]] : tensor<i32>
-// CHECK-NEXT:    stablehlo.constant dense<8> : tensor<i32>
 // CHECK-NEXT:    %[[QC8B:.*]] = stablehlo.multiply %[[QC]], %{{.*}} : tensor<i32>
-// CHECK-NEXT:    %[[TOP:.*]] = stablehlo.constant dense<56> : tensor<i32>
-// CHECK-NEXT:    %[[QM:.*]] = stablehlo.subtract %[[TOP]], %[[QC8B]] : tensor<i32>
-// CHECK-NEXT:    stablehlo.constant dense<8> : tensor<i32>
+// CHECK-NEXT:    %[[QM:.*]] = stablehlo.subtract %{{.*}}, %[[QC8B]] : tensor<i32>
 // CHECK-NEXT:    %[[QJ8:.*]] = stablehlo.subtract %[[QJ]], %{{.*}} : tensor<i32>
 // CHECK-NEXT:    %[[QHI:.*]] = stablehlo.add %[[QM]], %[[QJ8]] : tensor<i32>
-// CHECK-NEXT:    stablehlo.constant dense<8> : tensor<i32>
 // CHECK-NEXT:    %[[QLOW:.*]] = stablehlo.compare LT, %[[QJ]], %{{.*}} : (tensor<i32>, tensor<i32>) -> tensor<i1>
 // CHECK-NEXT:    %[[QNEW:.*]] = stablehlo.select %[[QLOW]], %[[QLO]], %[[QHI]] : tensor<i1>, tensor<i32>
-// CHECK-NEXT:    stablehlo.constant dense<16> : tensor<i32>
 // CHECK-NEXT:    %[[KC:.*]] = stablehlo.divide %[[KFIRST]], %{{.*}} : tensor<i32>
-// CHECK-NEXT:    stablehlo.constant dense<16> : tensor<i32>
 // CHECK-NEXT:    %[[KJ:.*]] = stablehlo.remainder %[[KFIRST]], %{{.*}} : tensor<i32>
-// CHECK-NEXT:    stablehlo.constant dense<8> : tensor<i32>
 // CHECK-NEXT:    %[[KC8:.*]] = stablehlo.multiply %[[KC]], %{{.*}} : tensor<i32>
 // CHECK-NEXT:    %[[KLO:.*]] = stablehlo.add %[[KC8]], %[[KJ]] : tensor<i32>
-// CHECK-NEXT:    stablehlo.constant dense<8> : tensor<i32>
 // CHECK-NEXT:    %[[KC8B:.*]] = stablehlo.multiply %[[KC]], %{{.*}} : tensor<i32>
-// CHECK-NEXT:    %[[KTOP:.*]] = stablehlo.constant dense<56> : tensor<i32>
-// CHECK-NEXT:    %[[KM:.*]] = stablehlo.subtract %[[KTOP]], %[[KC8B]] : tensor<i32>
-// CHECK-NEXT:    stablehlo.constant dense<8> : tensor<i32>
+// CHECK-NEXT:    %[[KM:.*]] = stablehlo.subtract %{{.*}}, %[[KC8B]] : tensor<i32>
 // CHECK-NEXT:    %[[KJ8:.*]] = stablehlo.subtract %[[KJ]], %{{.*}} : tensor<i32>
 // CHECK-NEXT:    %[[KHI:.*]] = stablehlo.add %[[KM]], %[[KJ8]] : tensor<i32>
-// CHECK-NEXT:    stablehlo.constant dense<8> : tensor<i32>
 // CHECK-NEXT:    %[[KLOW:.*]] = stablehlo.compare LT, %[[KJ]], %{{.*}} : (tensor<i32>, tensor<i32>) -> tensor<i1>
 // CHECK-NEXT:    %[[KNEW:.*]] = stablehlo.select %[[KLOW]], %[[KLO]], %[[KHI]] : tensor<i1>, tensor<i32>
 // CHECK-NEXT:    %[[LIVE:.*]] = stablehlo.compare GE, %[[QNEW]], %[[KNEW]], SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
@@ -74,32 +60,20 @@
 // STRIPED4:       } {shardfix.ring_reorder = "striped{stripe=4}"}
 // STRIPED4-LABEL: func.func private @closed_call_1{{[_a-z0-9]*}}(
 // STRIPED4:         %[[QLAST:.*]] = stablehlo.subtract %{{.*}}, %{{.*}} : tensor<i32>
-// STRIPED4-NEXT:    stablehlo.constant dense<16> : tensor<i32>
 // STRIPED4-NEXT:    %[[QC:.*]] = stablehlo.divide %[[QLAST]], %{{.*}} : tensor<i32>
-// STRIPED4-NEXT:    stablehlo.constant dense<16> : tensor<i32>
 // STRIPED4-NEXT:    %[[QJ:.*]] = stablehlo.remainder %[[QLAST]], %{{.*}} : tensor<i32>
-// STRIPED4-NEXT:    stablehlo.constant dense<4> : tensor<i32>
 // STRIPED4-NEXT:    %[[QS:.*]] = stablehlo.divide %[[QJ]], %{{.*}} : tensor<i32>
-// STRIPED4-NEXT:    stablehlo.constant dense<4> : tensor<i32>
 // STRIPED4-NEXT:    %[[QS4:.*]] = stablehlo.multiply %[[QS]], %{{.*}} : tensor<i32>
 // STRIPED4-NEXT:    %[[QSC:.*]] = stablehlo.add %[[QS4]], %[[QC]] : tensor<i32>
-// STRIPED4-NEXT:    stablehlo.constant dense<4> : tensor<i32>
 // STRIPED4-NEXT:    %[[QT:.*]] = stablehlo.multiply %[[QSC]], %{{.*}} : tensor<i32>
-// STRIPED4-NEXT:    stablehlo.constant dense<4> : tensor<i32>
 // STRIPED4-NEXT:    %[[QR:.*]] = stablehlo.remainder %[[QJ]], %{{.*}} : tensor<i32>
 // STRIPED4-NEXT:    %[[QNEW:.*]] = stablehlo.add %[[QT]], %[[QR]] : tensor<i32>
-// STRIPED4-NEXT:    stablehlo.constant dense<16> : tensor<i32>
 // STRIPED4-NEXT:    %[[KC:.*]] = stablehlo.divide %{{.*}}, %{{.*}} : tensor<i32>
-// STRIPED4-NEXT:    stablehlo.constant dense<16> : tensor<i32>
 // STRIPED4-NEXT:    %[[KJ:.*]] = stablehlo.remainder %{{.*}}, %{{.*}} : tensor<i32>
-// STRIPED4-NEXT:    stablehlo.constant dense<4> : tensor<i32>
 // STRIPED4-NEXT:    %[[KS:.*]] = stablehlo.divide %[[KJ]], %{{.*}} : tensor<i32>
-// STRIPED4-NEXT:    stablehlo.constant dense<4> : tensor<i32>
 // STRIPED4-NEXT:    %[[KS4:.*]] = stablehlo.multiply %[[KS]], %{{.*}} : tensor<i32>
 // STRIPED4-NEXT:    %[[KSC:.*]] = stablehlo.add %[[KS4]], %[[KC]] : tensor<i32>
-// STRIPED4-NEXT:    stablehlo.constant dense<4> : tensor<i32>
 // STRIPED4-NEXT:    %[[KT:.*]] = stablehlo.multiply %[[KSC]], %{{.*}} : tensor<i32>
-// STRIPED4-NEXT:    stablehlo.constant dense<4> : tensor<i32>
 // STRIPED4-NEXT:    %[[KR:.*]] = stablehlo.remainder %[[KJ]], %{{.*}} : tensor<i32>
 // STRIPED4-NEXT:    %[[KNEW:.*]] = stablehlo.add %[[KT]], %[[KR]] : tensor<i32>
 // STRIPED4-NEXT:    %[[LIVE:.*]] = stablehlo.compare GE, %[[QNEW]], %[[KNEW]], SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>

@@ -1,4 +1,4 @@
-// RUN: %opt %s --split-input-file -p ring-reorder | FileCheck %s
+// RUN: %opt %s --split-input-file -p 'ring-reorder{strategy=zigzag}' | FileCheck %s
 // RUN: %opt %s --split-input-file -p 'ring-reorder{strategy=zigzag}' --report 2>&1 >/dev/null | FileCheck %s --check-prefix=REPORT
 // Zigzag around a ring region the analysis proves: the ring total-sum. Each device reduces its block over the
 // sequence, the partial sums go three steps around the ring (cp=4) and are added up (a function of all tokens,
