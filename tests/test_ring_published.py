@@ -68,9 +68,12 @@ def cited_line(why: str) -> str | None:
     return SOURCE[int(m.group(1)) - 1] if m else None
 
 
-def assert_refused(p: rp.Published, low):
+def assert_refused(p: rp.Published, low, strategy: str = "auto"):
     """Every ring left alone as not provably safe, naming an op; the first reason cites the program's line."""
     assert low.rings, "no ring found"
+    if strategy == "striped" and all(not r.applied and "is not a multiple of cp*cp*stripe" in r.why
+                                     for r in low.rings):
+        return  # no stripe keeps whole the units the kernel reads: left alone before any proof
     for r in low.rings:
         assert not r.applied and r.why.startswith("not provably safe"), describe(low)
         assert OP.search(r.why), r.why
@@ -110,7 +113,7 @@ def test_decision_for_a_forced_layout(name, strategy):
     if p.forced:
         assert low.rings and all(r.applied and r.strategy.startswith(strategy) for r in low.rings), describe(low)
     else:
-        assert_refused(p, low)
+        assert_refused(p, low, strategy)
 
 
 @pytest.mark.parametrize("name", [n for n, grad in CASES if grad])

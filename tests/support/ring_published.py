@@ -495,6 +495,66 @@ def ejkernel_pallas_ring_online(cp: int, *, offset: bool = False, window: int | 
     return body
 
 
+def rolled_ring(cp: int, *, direction: int = 1, source_step: int = -1, block_skip: bool = False,
+                 row_sums: bool = False, dropout: bool = False, bidirectional: bool = False):
+    """ejkernel-online-rolled (the Pallas ring's algorithm as a user adapts it: a rolled scan, the source from the
+    step, online softmax, global positions) with one change each, as users write them:
+    - `direction`: the ring turns the other way (k, v sent down), and `source_step` the sign of the step in the
+      source coordinate `(device_idx + source_step * i) % cp` (-direction is right; +direction is a kernel whose
+      mask follows the other blocks than the ones it holds, still a program jax.jit computes);
+    - `block_skip`: a block is skipped with lax.cond when its first key comes after the block's last query
+      (ring-flash-attention's `step <= rank`, written with positions);
+    - `row_sums`: the kernel also returns, a device, the sum of its softmax denominators (a per-device statistic,
+      sharded like the devices, which depends on which tokens a device holds);
+    - `dropout`: attention dropout with a key folded with the device index and the step (Liu et al.'s attn_pdrop);
+    - `bidirectional`: k, v travel both ways, two blocks merged a step for cp/2 steps and the block opposite."""
+
+    def body(q, k, v):
+        device_idx = lax.axis_index("cp")
+        b, n, d = q.shape
+        base = jnp.arange(n, dtype=jnp.int32)
+        q_pos = device_idx * n + base
+
+        def merge(state, kb, vb, src, i):
+            k_pos = src * n + base
+            mask = q_pos[:, None] >= k_pos[None, :]
+            if dropout:
+                key = jax.random.fold_in(jax.random.fold_in(jax.random.key(0), device_idx), i)
+                mask &= jax.random.bernoulli(key, 0.9, (n, n))
+            if not block_skip:
+                return online_merge(state, q, kb, vb, mask)
+            live = device_idx * n + n - 1 >= src * n
+            return lax.cond(live, lambda st: online_merge(st, q, kb, vb, mask), lambda st: st, state)
+
+        zero = jnp.zeros_like(q[..., 0])
+        state = (jnp.zeros_like(q), zero + NEG, zero)
+        if bidirectional:
+            def step2(i, carry):
+                state, ku, vu, kd, vd = carry
+                state = merge(state, ku, vu, (device_idx - i) % cp, i)
+                state = merge(state, kd, vd, (device_idx + i) % cp, i)
+                return state, shift(ku, cp), shift(vu, cp), shift(kd, cp, -1), shift(vd, cp, -1)
+
+            state = merge(state, k, v, device_idx, 0)
+            start = (state, shift(k, cp), shift(v, cp), shift(k, cp, -1), shift(v, cp, -1))
+            state, ku, vu, _, _ = lax.fori_loop(1, cp // 2, step2, start)
+            state = merge(state, ku, vu, (device_idx - cp // 2) % cp, cp // 2)
+        else:
+            def step(carry, i):
+                state, kc, vc = carry
+                state = merge(state, kc, vc, (device_idx + source_step * i) % cp, i)
+                return (state, shift(kc, cp, direction), shift(vc, cp, direction)), None
+
+            (state, _, _), _ = lax.scan(step, (state, k, v), xs=jnp.arange(cp))
+        acc, _, l = state
+        out = acc / l[..., None]
+        if row_sums:
+            return out, l.sum(axis=1, keepdims=True)
+        return out
+
+    return body
+
+
 def flash_attn_jax_ring_online(cp: int):
     """nshepperd/flash_attn_jax's ring as above (lax.scan, the block's coordinate k_ix travelling with k and v
     through ppermute), its causal mask taken from the global positions `k_ix * n + arange(n)` of the block held
@@ -611,6 +671,14 @@ def layout_ring(positions, order):
         perm = order(cp)
         args = tuple(_put(m, np.asarray(x)[:, perm], SEQ) for x in qkv(m))
         return shard_map(m, online_softmax_ring(cp, positions(cp)), (SEQ,) * 3, SEQ), args
+
+    return build
+
+
+def two_outputs(make, **kw):
+    def build(m):
+        body = make(m.shape["cp"], **kw)
+        return shard_map(m, body, (SEQ,) * 3, (SEQ, P("dp", "cp"))), qkv(m)
 
     return build
 
@@ -759,4 +827,22 @@ PROGRAMS = [
     Published("flash-attn-jax-ring-online", "flash-attn-jax-ring-causal, travelling k_ix positions, online softmax",
               attention(flash_attn_jax_ring_online), flash_attn_jax_ring_online, "refused", grad=True,
               at='lax.scan(f, init, None, cp)', why='loop-carried integer other than by a constant step'),
+    Published("rolled-ring-down", "ejkernel-online-rolled, the ring turning the other way",
+              attention(rolled_ring, direction=-1, source_step=1), rolled_ring, "balanced", forced=True,
+              grad=True),
+    Published("rolled-ring-mismatched-source", "ejkernel-online-rolled sending down, sources computed as if up",
+              attention(rolled_ring, direction=-1, source_step=-1), rolled_ring, "refused",
+              at="s = jnp.where(mask, s, NEG)", why="combines data of different tokens"),
+    Published("rolled-ring-block-skip", "ejkernel-online-rolled, future blocks skipped by lax.cond on positions",
+              attention(rolled_ring, block_skip=True), rolled_ring, "refused",
+              at="return lax.cond(live,", why="reads a whole 16-token block as one run of positions"),
+    Published("rolled-ring-row-sums", "ejkernel-online-rolled, also returning a device's softmax denominators",
+              two_outputs(rolled_ring, row_sums=True), rolled_ring, "refused",
+              at="", why="result 1 is a per-device value"),
+    Published("rolled-ring-dropout", "ejkernel-online-rolled with dropout keyed by the device (Liu's attn_pdrop)",
+              attention(rolled_ring, dropout=True), rolled_ring, "refused",
+              at="key = jax.random.fold_in(", why="other than by an order-free merge"),
+    Published("rolled-ring-bidirectional", "ejkernel-online-rolled, k and v travelling both ways",
+              attention(rolled_ring, bidirectional=True), rolled_ring, "refused", grad=True,
+              at="return acc * corr[..., None] +", why="adds two different aggregates"),
 ]
