@@ -26,8 +26,9 @@ BY_NAME = {p.name: p for p in rp.PROGRAMS}
 OP = re.compile(r"'(stablehlo|func|sdy|chlo)\.[a-z_]+'")
 SOURCE = open(rp.__file__).read().split("\n")
 FAST = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
-# Programs whose rings a forced layout rewrites are also run on Auto axes, with two that must be refused.
-ON_AUTO = [p.name for p in rp.PROGRAMS if p.forced] + ["docs-all-reduce-ring", "ring-flash-attn-causal"]
+# Also run on Auto axes: programs the pass rewrites, and two it must refuse.
+ON_AUTO = ["ejkernel-online-rolled", "rolled-ring-down", "rolled-ring-t5-bias", "liu-blockwise",
+           "docs-all-reduce-ring", "ring-flash-attn-causal"]
 
 
 @functools.cache
@@ -162,7 +163,8 @@ def _dense(q, k, v, causal: bool):
 PORTS = {"ring-flash-attn-causal": (True, None), "ring-flash-attn-full": (False, None),
          "ring-flash-attn-zigzag": (True, rp.zigzag_order), "flash-attn-jax-ring-causal": (True, None),
          "ejkernel-pallas-ring-causal": (True, None), "ejkernel-online-rolled": (True, None),
-         "striped-attention": (True, rp.striped_order), "te-load-balanced-ring": (True, rp.zigzag_order)}
+         "striped-attention": (True, rp.striped_order), "te-load-balanced-ring": (True, rp.zigzag_order),
+         "liu-blockwise": (True, None), "rolled-ring-down": (True, None), "rolled-ring-bidirectional": (True, None)}
 
 
 def test_the_ports_compute_attention():

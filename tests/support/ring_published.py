@@ -449,6 +449,17 @@ def online_merge(state, q, k, v, mask):
     return acc * corr[..., None] + jnp.einsum("bqk,bkd->bqd", p, v), m_new, l * corr + p.sum(-1)
 
 
+def online_merge_biased(state, q, k, v, mask, bias):
+    """online_merge with a bias (ALiBi, relative position buckets) added to the scores."""
+    acc, m, l = state
+    s = jnp.einsum("bqd,bkd->bqk", q, k) * (q.shape[-1] ** -0.5) + bias
+    s = jnp.where(mask, s, NEG)
+    m_new = jnp.maximum(m, s.max(-1))
+    p = jnp.exp(s - m_new[..., None])
+    corr = jnp.exp(m - m_new)
+    return acc * corr[..., None] + jnp.einsum("bqk,bkd->bqd", p, v), m_new, l * corr + p.sum(-1)
+
+
 def ejkernel_pallas_ring_online(cp: int, *, offset: bool = False, window: int | None = None, sinks: bool = False,
                                 unroll: bool = True, carried: bool = True, init_from_q: bool = False):
     """ejkernel's Pallas TPU ring attention as above with the merge its splash kernel performs inside (online
@@ -496,7 +507,8 @@ def ejkernel_pallas_ring_online(cp: int, *, offset: bool = False, window: int | 
 
 
 def rolled_ring(cp: int, *, direction: int = 1, source_step: int = -1, block_skip: bool = False,
-                 row_sums: bool = False, dropout: bool = False, bidirectional: bool = False):
+                 row_sums: bool = False, dropout: bool = False, bidirectional: bool = False,
+                 mask_fn: Callable | None = None, bias_fn: Callable | None = None, source_fn: Callable | None = None):
     """ejkernel-online-rolled (the Pallas ring's algorithm as a user adapts it: a rolled scan, the source from the
     step, online softmax, global positions) with one change each, as users write them:
     - `direction`: the ring turns the other way (k, v sent down), and `source_step` the sign of the step in the
@@ -507,7 +519,9 @@ def rolled_ring(cp: int, *, direction: int = 1, source_step: int = -1, block_ski
     - `row_sums`: the kernel also returns, a device, the sum of its softmax denominators (a per-device statistic,
       sharded like the devices, which depends on which tokens a device holds);
     - `dropout`: attention dropout with a key folded with the device index and the step (Liu et al.'s attn_pdrop);
-    - `bidirectional`: k, v travel both ways, two blocks merged a step for cp/2 steps and the block opposite."""
+    - `bidirectional`: k, v travel both ways, two blocks merged a step for cp/2 steps and the block opposite;
+    - `mask_fn(q_pos, k_pos)` / `bias_fn(q_pos, k_pos)`: another mask, or a bias added to the scores, from the
+      [n, n] global positions; `source_fn(device_idx, i)`: the source coordinate spelled another way."""
 
     def body(q, k, v):
         device_idx = lax.axis_index("cp")
@@ -517,7 +531,10 @@ def rolled_ring(cp: int, *, direction: int = 1, source_step: int = -1, block_ski
 
         def merge(state, kb, vb, src, i):
             k_pos = src * n + base
-            mask = q_pos[:, None] >= k_pos[None, :]
+            qp, kp = q_pos[:, None], k_pos[None, :]
+            mask = qp >= kp if mask_fn is None else mask_fn(qp, kp)
+            if bias_fn is not None:
+                return online_merge_biased(state, q, kb, vb, mask, bias_fn(qp, kp))
             if dropout:
                 key = jax.random.fold_in(jax.random.fold_in(jax.random.key(0), device_idx), i)
                 mask &= jax.random.bernoulli(key, 0.9, (n, n))
@@ -542,7 +559,8 @@ def rolled_ring(cp: int, *, direction: int = 1, source_step: int = -1, block_ski
         else:
             def step(carry, i):
                 state, kc, vc = carry
-                state = merge(state, kc, vc, (device_idx + source_step * i) % cp, i)
+                src = (device_idx + source_step * i) % cp if source_fn is None else source_fn(device_idx, i)
+                state = merge(state, kc, vc, src, i)
                 return (state, shift(kc, cp, direction), shift(vc, cp, direction)), None
 
             (state, _, _), _ = lax.scan(step, (state, k, v), xs=jnp.arange(cp))
@@ -553,6 +571,90 @@ def rolled_ring(cp: int, *, direction: int = 1, source_step: int = -1, block_ski
         return out
 
     return body
+
+
+def blockwise_ring(cp: int, chunk: int, *, skip: str = "liu"):
+    """Liu et al.'s blockwise RingAttention (ringattention_jax: `_ring_attention_fwd` / `_blockwise_attention_fwd`)
+    in our words: a fori_loop over ring steps; in each, a lax.scan over query chunks and an inner lax.scan over
+    key chunks, a chunk pair computed or skipped with lax.cond on `below_or_on_diag` of the global chunk indices
+    (`axis_index * (n // chunk) + chunk counter`), the mask from `chunk index * chunk + iota`, online softmax.
+    `skip`: "liu" (last query of the chunk against the first key), "strict" (chunk indices compared with `>`:
+    diagonal pairs skipped too, a different program, whose first rows see no key, that jax.jit computes all the
+    same), "coords" (the skip decided by ring coordinates and local chunk counters, as flash_attn_jax's switch
+    does by blocks: right for contiguous tokens only)."""
+
+    def live(qc, kc, me, src, qi, ki):
+        if skip == "strict":
+            return qc > kc
+        if skip == "coords":
+            return (me > src) | ((me == src) & (qi >= ki))
+        return (qc + 1) * chunk - 1 >= kc * chunk
+
+    def body(q, k, v):
+        me = lax.axis_index("cp")
+        b, n, d = q.shape
+        nc = n // chunk
+        split = lambda x: jnp.moveaxis(x.reshape(b, nc, chunk, d), 1, 0)
+        iota = jnp.arange(chunk)
+
+        def hop(i, carry):
+            acc, m, l, k, v = carry
+            src = (me - i) % cp
+            ks, vs = split(k), split(v)
+
+            def q_chunk(_, xs):
+                qb, a, mb, lb, qi = xs
+                qc = me * nc + qi
+
+                def k_chunk(state, ys):
+                    kb, vb, ki = ys
+                    kc = src * nc + ki
+                    mask = (qc * chunk + iota)[:, None] >= (kc * chunk + iota)[None, :]
+                    return lax.cond(live(qc, kc, me, src, qi, ki), lambda st: online_merge(st, qb, kb, vb, mask),
+                                    lambda st: st, state), None
+
+                (a, mb, lb), _ = lax.scan(k_chunk, (a, mb, lb), (ks, vs, jnp.arange(nc)))
+                return None, (a, mb, lb)
+
+            _, (a, mb, lb) = lax.scan(q_chunk, None, (split(q), split(acc), mb_split(m), mb_split(l), jnp.arange(nc)))
+            join = lambda x: jnp.moveaxis(x, 0, 1).reshape((b, n) + x.shape[3:])
+            return join(a), join(mb), join(lb), shift(k, cp), shift(v, cp)
+
+        def mb_split(x):
+            return jnp.moveaxis(x.reshape(b, nc, chunk), 1, 0)
+
+        zero = jnp.zeros_like(q[..., 0])
+        acc, _, l, _, _ = lax.fori_loop(0, cp, hop, (jnp.zeros_like(q), zero + NEG, zero, k, v))
+        return acc / l[..., None]
+
+    return body
+
+
+def t5_relative_bucket(relative_position, num_buckets: int = 8, max_distance: int = 32):
+    """T5's causal relative-position bucket (Raffel et al.; flax / t5x `_relative_position_bucket`,
+    bidirectional=False): exact buckets for small distances, logarithmic ones beyond."""
+    n = jnp.maximum(-relative_position, 0)
+    max_exact = num_buckets // 2
+    large = max_exact + (jnp.log(n.astype(jnp.float32) / max_exact + 1e-6) / np.log(max_distance / max_exact)
+                         * (num_buckets - max_exact)).astype(jnp.int32)
+    return jnp.where(n < max_exact, n, jnp.minimum(large, num_buckets - 1))
+
+
+T5_TABLE = np.linspace(-1.0, 1.0, 8, dtype=np.float32)  # a learned per-bucket bias, replicated
+
+
+def t5_bias(qp, kp):
+    return jnp.asarray(T5_TABLE)[t5_relative_bucket(kp - qp)]
+
+
+def alibi_bias(qp, kp):
+    """ALiBi (Press et al.): a per-head slope times the distance; one head here."""
+    return -0.25 * (qp - kp).astype(jnp.float32)
+
+
+def chunked_local(qp, kp):
+    """Llama 4's chunked local attention: causal within chunks of 12 tokens."""
+    return (qp >= kp) & (qp // 12 == kp // 12)
 
 
 def flash_attn_jax_ring_online(cp: int):
@@ -845,4 +947,18 @@ PROGRAMS = [
     Published("rolled-ring-bidirectional", "ejkernel-online-rolled, k and v travelling both ways",
               attention(rolled_ring, bidirectional=True), rolled_ring, "refused", grad=True,
               at="return acc * corr[..., None] +", why="adds two different aggregates"),
+    Published("liu-blockwise", "Liu et al. blockwise RingAttention (ringattention_jax), chunk 4, causal skip",
+              attention(blockwise_ring, chunk=4), blockwise_ring, "rewritten", forced=True, grad=True),
+    Published("liu-blockwise-strict", "liu-blockwise skipping diagonal chunk pairs too (`>`)",
+              attention(blockwise_ring, chunk=4, skip="strict"), blockwise_ring, "rewritten", forced=True),
+    Published("liu-blockwise-coords", "liu-blockwise, the skip decided by ring coordinates and chunk counters",
+              attention(blockwise_ring, chunk=4, skip="coords"), blockwise_ring, "refused",
+              at="return lax.cond(live(qc, kc, me, src, qi, ki),", why="reads positions outside the two units"),
+    Published("rolled-ring-t5-bias", "ejkernel-online-rolled with T5's relative position bucket bias",
+              attention(rolled_ring, bias_fn=t5_bias), (rolled_ring, t5_relative_bucket), "balanced",
+              forced=True, grad=True),
+    Published("rolled-ring-alibi", "ejkernel-online-rolled with ALiBi",
+              attention(rolled_ring, bias_fn=alibi_bias), (rolled_ring, alibi_bias), "balanced", forced=True),
+    Published("rolled-ring-chunked-local", "ejkernel-online-rolled with Llama 4's chunked local mask",
+              attention(rolled_ring, mask_fn=chunked_local), (rolled_ring, chunked_local), "balanced", forced=True),
 ]
