@@ -27,7 +27,7 @@ OP = re.compile(r"'(stablehlo|func|sdy|chlo)\.[a-z_]+'")
 SOURCE = open(rp.__file__).read().split("\n")
 FAST = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 # Also run on Auto axes: programs the pass rewrites, and two it must refuse.
-ON_AUTO = ["ejkernel-online-rolled", "rolled-ring-down", "rolled-ring-t5-bias", "liu-blockwise",
+ON_AUTO = ["ejkernel-online-rolled", "rolled-ring-t5-bias", "liu-blockwise", "flash-attn-jax-vjp",
            "docs-all-reduce-ring", "ring-flash-attn-causal"]
 
 

@@ -630,6 +630,64 @@ def blockwise_ring(cp: int, chunk: int, *, skip: str = "liu"):
     return body
 
 
+def vjp_ring(cp: int):
+    """flash_attn_jax's ring attention as a jax.custom_vjp (`ring_fwd` / `ring_bwd`), masks from global positions
+    instead of its coordinate switch: the forward merges blocks by online softmax and saves (q, k, v, o, lse);
+    the backward runs the ring again, each step ppermuting (dk, dv) and (k, v) together, adding the block's
+    dq locally and its dk, dv to the accumulators that travel with their block; after cp steps one more
+    ppermute brings dk, dv home."""
+
+    def positions(c, n):
+        return c * n + jnp.arange(n)
+
+    def forward(q, k, v):
+        me = lax.axis_index("cp")
+        n = q.shape[1]
+
+        def step(i, carry):
+            state, k, v = carry
+            mask = positions(me, n)[:, None] >= positions((me - i) % cp, n)[None, :]
+            return online_merge(state, q, k, v, mask), shift(k, cp), shift(v, cp)
+
+        zero = jnp.zeros_like(q[..., 0])
+        (acc, m, l), _, _ = lax.fori_loop(0, cp, step, ((jnp.zeros_like(q), zero + NEG, zero), k, v))
+        return acc / l[..., None], m + jnp.log(l)
+
+    @jax.custom_vjp
+    def attend(q, k, v):
+        return forward(q, k, v)[0]
+
+    def fwd(q, k, v):
+        o, lse = forward(q, k, v)
+        return o, (q, k, v, o, lse)
+
+    def bwd(res, do):
+        q, k, v, o, lse = res
+        me = lax.axis_index("cp")
+        n = q.shape[1]
+        scale = q.shape[-1] ** -0.5
+        delta = jnp.sum(do * o, axis=-1)
+
+        def step(i, carry):
+            k2, v2, dk2, dv2, dq = carry
+            dk_next, dv_next = shift(dk2, cp), shift(dv2, cp)
+            k_next, v_next = shift(k2, cp), shift(v2, cp)
+            mask = positions(me, n)[:, None] >= positions((me - i) % cp, n)[None, :]
+            s = jnp.einsum("bqd,bkd->bqk", q, k2) * scale
+            p = jnp.where(mask, jnp.exp(s - lse[..., None]), 0.0)
+            dv_blk = jnp.einsum("bqk,bqd->bkd", p, do)
+            ds = p * (jnp.einsum("bqd,bkd->bqk", do, v2) - delta[..., None])
+            dq = dq + jnp.einsum("bqk,bkd->bqd", ds, k2) * scale
+            dk_blk = jnp.einsum("bqk,bqd->bkd", ds, q) * scale
+            return k_next, v_next, shift(dk2 + dk_blk, cp), shift(dv2 + dv_blk, cp), dq
+
+        _, _, dk, dv, dq = lax.fori_loop(0, cp, step, (k, v, jnp.zeros_like(k), jnp.zeros_like(v), jnp.zeros_like(q)))
+        return dq, dk, dv
+
+    attend.defvjp(fwd, bwd)
+    return attend
+
+
 def t5_relative_bucket(relative_position, num_buckets: int = 8, max_distance: int = 32):
     """T5's causal relative-position bucket (Raffel et al.; flax / t5x `_relative_position_bucket`,
     bidirectional=False): exact buckets for small distances, logarithmic ones beyond."""
@@ -961,4 +1019,6 @@ PROGRAMS = [
               attention(rolled_ring, bias_fn=alibi_bias), (rolled_ring, alibi_bias), "balanced", forced=True),
     Published("rolled-ring-chunked-local", "ejkernel-online-rolled with Llama 4's chunked local mask",
               attention(rolled_ring, mask_fn=chunked_local), (rolled_ring, chunked_local), "balanced", forced=True),
+    Published("flash-attn-jax-vjp", "nshepperd/flash_attn_jax ring_fwd/ring_bwd custom_vjp, position masks",
+              attention(vjp_ring), vjp_ring, "balanced", forced=True, grad=True),
 ]
