@@ -1022,3 +1022,26 @@ PROGRAMS = [
     Published("flash-attn-jax-vjp", "nshepperd/flash_attn_jax ring_fwd/ring_bwd custom_vjp, position masks",
               attention(vjp_ring), vjp_ring, "balanced", forced=True, grad=True),
 ]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The blockwise ring inside the model code around it (on Auto axes: Explicit axes reject these sequence slices):
+# what hoist-permutations must not move a sequence permutation across.
+
+
+def _shift_right(y):
+    """RWKV's token shift / a width-2 causal convolution's tap (Mamba, Griffin): each token sees its predecessor."""
+    return jnp.pad(y, ((0, 0), (1, 0), (0, 0)))[:, :-1]
+
+
+def around_ring(m):
+    """{name: fn(q, k, v)} of model code around liu-blockwise, and the arguments."""
+    ring, args = attention(blockwise_ring, chunk=4)(m)
+    return {
+        "next-token-loss": lambda q, k, v: jnp.mean((ring(q, k, v)[:, :-1] - v[:, 1:]) ** 2),
+        "roll": lambda q, k, v: jnp.roll(ring(q, k, v), 1, axis=1),
+        "cumsum": lambda q, k, v: jnp.cumsum(ring(q, k, v), axis=1),
+        "argmax-over-sequence": lambda q, k, v: jnp.argmax(ring(q, k, v).sum(-1), axis=1),
+        "token-shift-between-layers": lambda q, k, v: (lambda y: ring(y + _shift_right(y), k, v))(ring(q, k, v)),
+        "shifted-sequence-contraction": lambda q, k, v: jnp.einsum("bsd,bse->bde", ring(q, k, v)[:, 1:], v[:, :-1]),
+    }, args
