@@ -27,8 +27,7 @@ OP = re.compile(r"'(stablehlo|func|sdy|chlo)\.[a-z_]+'")
 SOURCE = open(rp.__file__).read().split("\n")
 FAST = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 # Also run on Auto axes: programs the pass rewrites, and two it must refuse.
-ON_AUTO = ["ejkernel-online-rolled", "rolled-ring-t5-bias", "liu-blockwise", "flash-attn-jax-vjp",
-           "docs-all-reduce-ring", "ring-flash-attn-causal"]
+ON_AUTO = ["liu-blockwise", "flash-attn-jax-vjp", "docs-all-reduce-ring", "ring-flash-attn-causal"]
 
 
 @functools.cache
@@ -142,6 +141,8 @@ def test_results_equal_jax_jit(name, mesh, grad, strategy):
         # left alone: no permutation in the program (what runs is jax.jit's program, its shardings aside)
         assert PERMUTATION not in low.as_text()
         return
+    if strategy == "zigzag" and _program(low) == _program(lowered(name, mesh, grad, "auto")):
+        return  # the program the defaults made (they chose zigzag), compared already
     fn, args = target(name, mesh, grad)
     got = low.compile(compiler_options=FAST)(*args)
     want = reference(name, mesh, grad)
@@ -153,6 +154,11 @@ def test_results_equal_jax_jit(name, mesh, grad, strategy):
     assert not wrong, f"SOUNDNESS: {name} ({mesh}, grad={grad}, {strategy}) rewritten {describe(low)}: {wrong}"
 
 
+def _program(low) -> str:
+    """The patched module's text, less the stripe a zigzag permutation's marker records (unused by zigzag)."""
+    return re.sub(r'(strategy = "zigzag", stripe = )\d+', r"\g<1>0", low.as_text())
+
+
 def _dense(q, k, v, causal: bool):
     s = jnp.einsum("bqd,bkd->bqk", q, k) * (q.shape[-1] ** -0.5)
     if causal:
@@ -160,11 +166,10 @@ def _dense(q, k, v, causal: bool):
     return jnp.einsum("bqk,bkd->bqd", jax.nn.softmax(s, axis=-1), v)
 
 
-PORTS = {"ring-flash-attn-causal": (True, None), "ring-flash-attn-full": (False, None),
-         "ring-flash-attn-zigzag": (True, rp.zigzag_order), "flash-attn-jax-ring-causal": (True, None),
-         "ejkernel-pallas-ring-causal": (True, None), "ejkernel-online-rolled": (True, None),
+PORTS = {"ring-flash-attn-causal": (True, None), "ring-flash-attn-zigzag": (True, rp.zigzag_order),
+         "flash-attn-jax-ring-causal": (True, None), "ejkernel-pallas-ring-causal": (True, None),
          "striped-attention": (True, rp.striped_order), "te-load-balanced-ring": (True, rp.zigzag_order),
-         "liu-blockwise": (True, None), "rolled-ring-down": (True, None), "rolled-ring-bidirectional": (True, None)}
+         "liu-blockwise": (True, None), "rolled-ring-bidirectional": (True, None)}
 
 
 def test_the_ports_compute_attention():
