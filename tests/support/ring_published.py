@@ -508,7 +508,8 @@ def ejkernel_pallas_ring_online(cp: int, *, offset: bool = False, window: int | 
 
 def rolled_ring(cp: int, *, direction: int = 1, source_step: int = -1, block_skip: bool = False,
                  row_sums: bool = False, dropout: bool = False, bidirectional: bool = False,
-                 mask_fn: Callable | None = None, bias_fn: Callable | None = None, source_fn: Callable | None = None):
+                 mask_fn: Callable | None = None, bias_fn: Callable | None = None, source_fn: Callable | None = None,
+                 max_passes: int | None = None, passes_by_cond: bool = False):
     """ejkernel-online-rolled (the Pallas ring's algorithm as a user adapts it: a rolled scan, the source from the
     step, online softmax, global positions) with one change each, as users write them:
     - `direction`: the ring turns the other way (k, v sent down), and `source_step` the sign of the step in the
@@ -521,7 +522,10 @@ def rolled_ring(cp: int, *, direction: int = 1, source_step: int = -1, block_ski
     - `dropout`: attention dropout with a key folded with the device index and the step (Liu et al.'s attn_pdrop);
     - `bidirectional`: k, v travel both ways, two blocks merged a step for cp/2 steps and the block opposite;
     - `mask_fn(q_pos, k_pos)` / `bias_fn(q_pos, k_pos)`: another mask, or a bias added to the scores, from the
-      [n, n] global positions; `source_fn(device_idx, i)`: the source coordinate spelled another way."""
+      [n, n] global positions; `source_fn(device_idx, i)`: the source coordinate spelled another way;
+    - `max_passes`: lucidrains/ring-attention-pytorch's `max_lookback_seq_len` -> `max_ring_passes`: only the
+      blocks of the first ring passes are attended (the loop stops early, or `passes_by_cond`: later passes skipped
+      with lax.cond on the pass), a look-back by blocks that holds only for contiguous tokens."""
 
     def body(q, k, v):
         device_idx = lax.axis_index("cp")
@@ -560,10 +564,14 @@ def rolled_ring(cp: int, *, direction: int = 1, source_step: int = -1, block_ski
             def step(carry, i):
                 state, kc, vc = carry
                 src = (device_idx + source_step * i) % cp if source_fn is None else source_fn(device_idx, i)
-                state = merge(state, kc, vc, src, i)
+                if passes_by_cond:
+                    state = lax.cond(i < max_passes, lambda st: merge(st, kc, vc, src, i), lambda st: st, state)
+                else:
+                    state = merge(state, kc, vc, src, i)
                 return (state, shift(kc, cp, direction), shift(vc, cp, direction)), None
 
-            (state, _, _), _ = lax.scan(step, (state, k, v), xs=jnp.arange(cp))
+            trips = max_passes if max_passes is not None and not passes_by_cond else cp
+            (state, _, _), _ = lax.scan(step, (state, k, v), xs=jnp.arange(trips))
         acc, _, l = state
         out = acc / l[..., None]
         if row_sums:
@@ -1012,6 +1020,12 @@ PROGRAMS = [
     Published("liu-blockwise-coords", "liu-blockwise, the skip decided by ring coordinates and chunk counters",
               attention(blockwise_ring, chunk=4, skip="coords"), blockwise_ring, "refused",
               at="return lax.cond(live(qc, kc, me, src, qi, ki),", why="reads positions outside the two units"),
+    Published("lucidrains-max-ring-passes", "lucidrains/ring-attention-pytorch max_lookback_seq_len (2 passes)",
+              attention(rolled_ring, max_passes=2), rolled_ring, "refused",
+              at="out = acc / l[..., None]", why="divides two partial aggregates"),
+    Published("lucidrains-max-ring-passes-cond", "lucidrains max_ring_passes, later passes skipped by lax.cond",
+              attention(rolled_ring, max_passes=2, passes_by_cond=True), rolled_ring, "refused",
+              at="state = lax.cond(i < max_passes,", why="reads a whole 16-token block as one run of positions"),
     Published("rolled-ring-t5-bias", "ejkernel-online-rolled with T5's relative position bucket bias",
               attention(rolled_ring, bias_fn=t5_bias), (rolled_ring, t5_relative_bucket), "balanced",
               forced=True, grad=True),
