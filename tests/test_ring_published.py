@@ -11,6 +11,7 @@ jax.grad, on jax.make_mesh's default (Explicit) axes and on Auto axes:
 from __future__ import annotations
 
 import functools
+import os
 import re
 
 import jax
@@ -24,7 +25,7 @@ from support import ring_published as rp
 PERMUTATION = "shardfix.sequence_permutation"
 BY_NAME = {p.name: p for p in rp.PROGRAMS}
 OP = re.compile(r"'(stablehlo|func|sdy|chlo)\.[a-z_]+'")
-SOURCE = open(rp.__file__).read().split("\n")
+SUPPORT = os.path.dirname(rp.__file__)
 FAST = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 # Also run on Auto axes: programs the pass rewrites, and two it must refuse.
 ON_AUTO = ["liu-blockwise", "flash-attn-jax-vjp", "docs-all-reduce-ring", "ring-flash-attn-causal"]
@@ -62,10 +63,17 @@ def describe(low) -> list[tuple[str, bool, str]]:
     return [(r.strategy, r.applied, r.why) for r in low.rings]
 
 
+@functools.cache
+def source_lines(name: str) -> list[str]:
+    with open(os.path.join(SUPPORT, name)) as f:
+        return f.read().split("\n")
+
+
 def cited_line(why: str) -> str | None:
-    """The text of the first line of ring_published.py the reason cites."""
-    m = re.search(r"support/ring_published\.py:(\d+)", why)
-    return SOURCE[int(m.group(1)) - 1] if m else None
+    """The text of the first line of the published programs' modules (support/ring_published*.py) the reason
+    cites."""
+    m = re.search(r"support/(ring_published\w*\.py):(\d+)", why)
+    return source_lines(m.group(1))[int(m.group(2)) - 1] if m else None
 
 
 def assert_refused(p: rp.Published, low, strategy: str = "auto"):
