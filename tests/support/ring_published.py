@@ -26,6 +26,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from support.ring_published_collectives import (
@@ -304,12 +305,29 @@ def _shift_right(y):
 
 
 def around_ring(m):
-    """{name: fn(q, k, v)} of model code around liu-blockwise, and the arguments."""
+    """({name: fn(q, k, v)} of model code around liu-blockwise, with the ring decisions expected in each, sorted),
+    and the arguments: ring-flash-attention's causal ring (refused) beside it or chained to it, and the ring in a
+    lax.scan over layers."""
     ring, args = attention(blockwise_ring, chunk=4)(m)
+    refused, _ = attention(ring_flash_attn, causal=True)(m)
+    weights = put(m, normal((3, 3, D, D), 15) / 3, P())
+
+    def scan_layers(q, k, v):
+        def layer(x, w):
+            return x + ring(x @ w[0], x @ w[1], x @ w[2]), None
+
+        return lax.scan(layer, q, weights)[0]
+
+    one = [True]
     return {
-        "next-token-loss": lambda q, k, v: jnp.mean((ring(q, k, v)[:, :-1] - v[:, 1:]) ** 2),
-        "roll": lambda q, k, v: jnp.roll(ring(q, k, v), 1, axis=1),
-        "cumsum": lambda q, k, v: jnp.cumsum(ring(q, k, v), axis=1),
-        "argmax-over-sequence": lambda q, k, v: jnp.argmax(ring(q, k, v).sum(-1), axis=1),
-        "token-shift-between-layers": lambda q, k, v: (lambda y: ring(y + _shift_right(y), k, v))(ring(q, k, v)),
+        "next-token-loss": (lambda q, k, v: jnp.mean((ring(q, k, v)[:, :-1] - v[:, 1:]) ** 2), one),
+        "roll": (lambda q, k, v: jnp.roll(ring(q, k, v), 1, axis=1), one),
+        "cumsum": (lambda q, k, v: jnp.cumsum(ring(q, k, v), axis=1), one),
+        "argmax-over-sequence": (lambda q, k, v: jnp.argmax(ring(q, k, v).sum(-1), axis=1), one),
+        "token-shift-between-layers": (lambda q, k, v: (lambda y: ring(y + _shift_right(y), k, v))(ring(q, k, v)),
+                                       [True, True]),
+        "beside-a-refused-ring": (lambda q, k, v: ring(q, k, v) + refused(q, k, v), [False, True]),
+        # chained to a refused ring, the rewritable one is refused with it (grouped by the value they share)
+        "after-a-refused-ring": (lambda q, k, v: ring(refused(q, k, v), k, v), [False, False]),
+        "scan-over-layers": (scan_layers, one),
     }, args
