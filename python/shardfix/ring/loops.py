@@ -447,10 +447,11 @@ def _analyse(engine: Engine, op, inits, passthrough, counter, plan: _Plan):
 def _check_ring_steps(engine: Engine, op, plan: _Plan, trips, exits) -> None:
     """A loop that passes blocks around the ring for fewer steps than the ring has devices, leaving aggregates
     short of blocks: tokens left behind (what the blocks that never arrive hold changes with the layout)."""
-    steps = {abs(d) for deltas in plan.hop_steps.values() for d in deltas if d}
+    deltas = {d for ds in plan.hop_steps.values() for d in ds if d}
+    steps = {abs(d) for d in deltas}
     cp = engine.ring.cp
-    if trips is None or not steps or trips * max(steps) >= cp:
-        return
+    if trips is None or not steps or trips * max(steps) >= cp or (min(deltas) < 0 < max(deltas)):
+        return  # (blocks travelling both ways cover the ring in fewer steps: the merges decide)
     if any(isinstance(v, Data) and v.agg is not None and v.agg.op in ("sum", "max", "min", "ssum") for v in exits):
         engine.refuse(f"runs {trips} of the {cp} ring steps: the blocks of {cp - trips} device(s) never arrive, so "
                       "its results leave their tokens out (and which tokens those are changes with the layout)", op)
