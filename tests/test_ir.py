@@ -133,15 +133,18 @@ def test_unloadable_module_is_a_located_error(ctx):
                                   '#m = #sdy.mesh<["a"=2]>\n"sdy.mesh"() <{mesh = #m, sym_name = "mesh"}> : () -> ()'])
 def test_a_sharding_a_collective_reads_stays_as_written(ctx, mesh):
     # A valid module loads as it is; an invalid sharding that an sdy collective checks is held aside only where the
-    # collective verifies without it (here it gathers "a", which an operand without a sharding doesn't have).
+    # collective verifies without it, or without the axes the mesh lacks: it gathers "a", which an operand without
+    # a sharding doesn't have but {"a", "zz"} without "zz" does, and {"zz"} without "zz" doesn't.
     text = (f"{mesh}\nfunc.func @f(%1: tensor<8xf32> {{sdy.sharding = #sdy.sharding<@mesh, [{{\"a\"}}]>}}) "
             f"-> tensor<8xf32> {{\n"
             f"  %g = sdy.all_gather [{{\"a\"}}] %1 out_sharding=<@mesh, [{{}}]> : tensor<8xf32>\n"
             f"  return %g : tensor<8xf32>\n}}\n")
     module, held = load_module(text, ctx, "t.mlir", lenient=True)
     assert not held and len(walk_shardings(module)) == 2 and module.verify()
+    module, held = load_module(text.replace('[{"a"}]>}', '[{"a", "zz"}]>}'), ctx, "t.mlir", lenient=True)
+    assert held and '[{"a", "zz"}]' in str(module)  # as written, for fix-shardings to repair and report
     with pytest.raises(LoadError) as e:
-        load_module(text.replace('[{"a"}]>}', '[{"a", "zz"}]>}'), ctx, "t.mlir", lenient=True)
+        load_module(text.replace('[{"a"}]>}', '[{"zz"}]>}'), ctx, "t.mlir", lenient=True)
     assert e.value.diagnostics[0].render().startswith(f"t.mlir:{mesh.count(chr(10)) + 2}:")  # the function's line
     assert e.value.diagnostics[0].message.startswith(
         "fix-shardings can't repair this: a sharding that an sdy collective reads (or the collective's own) is wrong, "

@@ -23,11 +23,12 @@ from dataclasses import dataclass, field
 from . import mlir_text as mt
 from .manual import placeholder_parts
 from .sdy_syntax import Cursor, read_manual_axes, read_mesh, read_symbol, read_tensor_sharding_body
-from .sharding import COLLECTIVES, Mesh, ShardingSyntaxError
+from .sharding import COLLECTIVES, DimSharding, Mesh, ShardingPerValue, ShardingSyntaxError, TensorSharding
 
 KEYS = frozenset({"sdy.sharding", "sdy.propagation_edges", "sdy.block_arg_propagation_edges",
                   "sdy.result_propagation_edges"})
 SINGLE_DEVICE = "<mesh<[], device_ids=[0]>, []>"  # a sharding the verifier takes on any value
+REPAIRED = "repaired"  # plan(freeze=REPAIRED): see plan()
 INHERENT = "inherent."  # after the prefix: the name of a held original (`<prefix>.inherent.sharding = ...`)
 _OPS = ("sdy.sharding_constraint", "sdy.reshard", "sdy.data_flow_edge", "sdy.named_computation",
         "sdy.manual_computation")
@@ -87,10 +88,12 @@ def quick_plan(text: str) -> Plan | None:
     return found
 
 
-def plan(text: str, freeze: bool = True) -> Plan | None:
+def plan(text: str, freeze: bool | str = True) -> Plan | None:
     """The text to parse instead of `text`, or None when it doesn't lex as MLIR. `freeze`: what an sdy collective
-    checks stays as written; without, it is held aside like the rest (the collective then verifies against no
-    sharding on its operand, and after a repair against the repaired one)."""
+    checks stays as written; False: it is held aside like the rest (the collective then verifies against no
+    sharding on its operand, and after a repair against the repaired one); REPAIRED: a sharding in an attribute
+    dictionary that a collective reads is held aside, the collective verifying meanwhile against it without the
+    axes its mesh lacks (an all_gather of "y" from {"y", "zz"})."""
     tokens = mt.tokenize(text)
     if any(t.kind == mt.ERROR for t in tokens):
         return None
@@ -108,6 +111,14 @@ def plan(text: str, freeze: bool = True) -> Plan | None:
     return Plan("".join(pieces) + text[pos:], prefix, scan.changes, scan.frozen_lines)
 
 
+def _known_axes_only(sharding: TensorSharding, mesh: Mesh) -> TensorSharding:
+    names = set(mesh.axis_names)
+    known = lambda refs: tuple(a for a in refs if a.name in names)  # noqa: E731
+    return TensorSharding(sharding.mesh, tuple(DimSharding(known(d.axes), d.is_closed, d.priority)
+                                               for d in sharding.dims), known(sharding.replicated),
+                          known(sharding.unreduced))
+
+
 def _prefix(text: str) -> str:
     """What `sdy` becomes in a renamed key: three letters that the text doesn't hold before a dot."""
     return next(p for p in (f"sd{c}" for c in "_0123456789abcdefgh") if p + "." not in text)
@@ -116,7 +127,7 @@ def _prefix(text: str) -> str:
 class _Scan:
     """One walk over the tokens, collecting the edits."""
 
-    def __init__(self, text: str, tokens: list[mt.Token], prefix: str, freeze: bool = True):
+    def __init__(self, text: str, tokens: list[mt.Token], prefix: str, freeze: bool | str = True):
         self.text, self.tokens, self.prefix = text, tokens, prefix
         self.words = [text[t.start:t.end] for t in tokens]
         self.partner = mt.match_brackets(text, tokens)
@@ -127,6 +138,7 @@ class _Scan:
         self.aliases: dict[str, int] = {}  # `#name` -> the token its value starts at
         self.manual: list[tuple[int, frozenset[str]]] = []  # (body's last token, manual axes) around the scan
         self.function, self.function_token, self.results = 0, -1, ()
+        self.freeze = freeze
         self.frozen = self._collective_names() if freeze else set()
 
     # -- tokens ----------------------------------------------------------------------------------------------------
@@ -219,10 +231,40 @@ class _Scan:
             elif word in ("sdy.mesh", '"sdy.mesh"'):
                 self.mesh(i)
             elif word.strip('"') in KEYS and kind in (mt.IDENT, mt.STRING) and self.at(i + 1, "=") and stack and \
-                    self.words[stack[-1]] == "{" and not self.at(stack[-1] - 1, "=") and \
-                    not self.frozen_by_collective(self.owner(stack), i):  # not a dictionary inside a value
-                self.edits.append((self.tokens[i].start, self.tokens[i].end, word.replace("sdy", self.prefix, 1)))
-                self.changes += 1
+                    self.words[stack[-1]] == "{" and not self.at(stack[-1] - 1, "="):  # not a dictionary in a value
+                renamed = word.replace("sdy", self.prefix, 1)
+                if not self.frozen_by_collective(self.owner(stack), i):
+                    self.edits.append((self.tokens[i].start, self.tokens[i].end, renamed))
+                    self.changes += 1
+                elif self.freeze == REPAIRED and word.strip('"') == "sdy.sharding" and \
+                        (known := self.known_axes_only(i + 2)) is not None:
+                    # the collective verifies against the sharding without the axes its mesh lacks while the
+                    # original is held aside under the renamed key, which takes its place again after the parse
+                    self.edits.append((self.tokens[i].start, self.tokens[i].end, f"{word} = {known}, {renamed}"))
+                    self.changes += 1
+
+    def known_axes_only(self, i: int) -> str | None:
+        """The sharding attribute at token `i` with every axis its mesh lacks left out, or None where it names none
+        (or isn't one this reads)."""
+        try:
+            c = self.cursor(i)
+            if c.accept("#sdy.sharding_per_value"):
+                c.expect("<")
+                c.expect("[")
+                value = ShardingPerValue(tuple(c.separated("]", lambda: read_tensor_sharding_body(c))))
+                shardings = value.shardings
+            else:
+                c.expect("#sdy.sharding")
+                value = read_tensor_sharding_body(c)
+                shardings = (value,)
+        except (ShardingSyntaxError, IndexError):
+            return None
+        if any(not isinstance(t.mesh, str) or t.mesh not in self.meshes for t in shardings):
+            return None
+        kept = tuple(_known_axes_only(t, self.meshes[t.mesh]) for t in shardings)
+        if kept == shardings:
+            return None
+        return str(ShardingPerValue(kept)) if isinstance(value, ShardingPerValue) else str(kept[0])
 
     def owner(self, stack: list[int]) -> tuple[str, ...]:
         """The SSA names a dictionary's entries describe: the argument before it in a signature, else the results

@@ -22,7 +22,7 @@ from __future__ import annotations
 from jaxlib.mlir import ir
 
 from .. import mlir_text
-from ..lenient import INHERENT, KEYS, WRAP, looks_valid, plan, quick_plan
+from ..lenient import INHERENT, KEYS, REPAIRED, WRAP, looks_valid, plan, quick_plan
 from ..refusal import explain
 from ..report import Diagnostic
 from .context import LoadError, diagnostics_of
@@ -64,7 +64,9 @@ def load_module(source: str | bytes, ctx: ir.Context, source_name: str = "-",
         if module is not None:
             return module, True
         first: list[Diagnostic] | None = None  # the error of the plan that keeps what collectives read, reported
-        for freeze in (True, False):  # a sharding a collective reads is held aside too only if it must be
+        # a sharding a collective reads is held aside too only if it must be; last, with the collective verifying
+        # against it without the axes the mesh lacks
+        for freeze in (True, False, REPAIRED):
             changed = plan(source, freeze)
             frozen = frozenset(changed.frozen_lines if changed else ())
             try:
@@ -81,8 +83,8 @@ def load_module(source: str | bytes, ctx: ir.Context, source_name: str = "-",
                 first = first or explain(found if verifier else strict, frozen)
             except LoadError as e:
                 first = first or e.diagnostics
-            if not frozen:
-                break
+            if freeze is True and not frozen:
+                break  # no sharding a collective reads: the other plans are this one
         raise LoadError(first or strict) from None
 
 
@@ -111,7 +113,9 @@ def _put_back(module: ir.Operation, prefix: str, held: bool = True) -> int:
         entries = ir.DictAttr(attr)
         entries = [entries[i] for i in range(len(entries))]
         count += sum(e.name in renamed for e in entries)
-        return ir.DictAttr.get({renamed.get(e.name, e.name): e.attr for e in entries})
+        # a renamed key's value takes the place of one written for the parse alone (entries come sorted by name)
+        kept = {e.name: e.attr for e in entries if e.name not in renamed}
+        return ir.DictAttr.get(kept | {renamed[e.name]: e.attr for e in entries if e.name in renamed})
 
     def visit(op: ir.Operation) -> ir.WalkResult:
         nonlocal count

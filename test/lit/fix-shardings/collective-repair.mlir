@@ -4,17 +4,20 @@
 // then agrees with it: an unknown axis dropped from the operand of an all_slice, which slices "x" from an operand
 // that doesn't have it (an op result's or a function argument's). Where the repair leaves the collective
 // disagreeing, a located refusal: at the collective (slicing "x" again from the repaired {"x"}), or at the sharding
-// (an all_gather of "y" needs "y" on its operand, so it can't load without that sharding as written). The report
-// lists each fix the pass made, the refused chunk's too.
+// (an all_gather of "y" from {"zz"}: dropping "zz" leaves no "y" to gather). An all_gather of "y" from {"y", "zz"}
+// is repaired (the collective verifies against the sharding without "zz" while the module loads). The report lists
+// each fix the pass made, the refused chunk's too.
 
-// STDERR: collective-repair.mlir:[[# @LINE + 35]]:8: error: fix-shardings can't repair this: an sdy collective doesn't agree with the shardings around it; it would need the collective's axes and out_sharding consistent with its operand's sharding: fix-shardings never changes a collective, and repairs a sharding one reads only where the repair is what the collective expects
-// STDERR-NEXT: collective-repair.mlir:[[# @LINE + 34]]:8: note: MLIR: 'sdy.all_slice' op result sharding doesn't match expected sharding ["x", "x"] on dimension 0
-// STDERR-NEXT: collective-repair.mlir:[[# @LINE + 43]]:8: error: fix-shardings can't repair this: a sharding that an sdy collective reads (or the collective's own) is wrong, and no repair of the sharding alone makes the collective agree with it; it would need the sharding and the collective corrected together, by hand
-// STDERR-NEXT: collective-repair.mlir:[[# @LINE + 42]]:8: note: MLIR: 'stablehlo.add' op result - unknown axis name: "zz"
-// STDERR-NEXT: 3 sharding fix(es):
-// STDERR:      collective-repair.mlir:[[# @LINE + 10]]:8 {{ +}}result 0 of 'stablehlo.add' {{ +}}unknown-axis {{ +}}<@mesh, [{"zz"}, {}]> {{ +}}<@mesh, [{}, {}]> {{ +}}1->1
-// STDERR-NEXT: collective-repair.mlir:[[# @LINE + 17]]:34 {{ +}}argument 0 of @arg_read_by_all_slice {{ +}}unknown-axis {{ +}}<@mesh, [{"zz"}, {}]> {{ +}}<@mesh, [{}, {}]> {{ +}}1->1
-// STDERR-NEXT: collective-repair.mlir:[[# @LINE + 27]]:8 {{ +}}result 0 of 'stablehlo.add' {{ +}}unknown-axis {{ +}}<@mesh, [{"x", "zz"}, {}]> {{ +}}<@mesh, [{"x"}, {}]> {{ +}}4->4
+// STDERR: collective-repair.mlir:[[# @LINE + 37]]:8: error: fix-shardings can't repair this: an sdy collective doesn't agree with the shardings around it; it would need the collective's axes and out_sharding consistent with its operand's sharding: fix-shardings never changes a collective, and repairs a sharding one reads only where the repair is what the collective expects
+// STDERR-NEXT: collective-repair.mlir:[[# @LINE + 36]]:8: note: MLIR: 'sdy.all_slice' op result sharding doesn't match expected sharding ["x", "x"] on dimension 0
+// STDERR-NEXT: collective-repair.mlir:[[# @LINE + 45]]:8: error: fix-shardings can't repair this: a sharding that an sdy collective reads (or the collective's own) is wrong, and no repair of the sharding alone makes the collective agree with it; it would need the sharding and the collective corrected together, by hand
+// STDERR-NEXT: collective-repair.mlir:[[# @LINE + 44]]:8: note: MLIR: 'stablehlo.add' op result - unknown axis name: "zz"
+// STDERR-NEXT: 5 sharding fix(es):
+// STDERR:      collective-repair.mlir:[[# @LINE + 12]]:8 {{ +}}result 0 of 'stablehlo.add' {{ +}}unknown-axis {{ +}}<@mesh, [{"zz"}, {}]> {{ +}}<@mesh, [{}, {}]> {{ +}}1->1
+// STDERR-NEXT: collective-repair.mlir:[[# @LINE + 19]]:34 {{ +}}argument 0 of @arg_read_by_all_slice {{ +}}unknown-axis {{ +}}<@mesh, [{"zz"}, {}]> {{ +}}<@mesh, [{}, {}]> {{ +}}1->1
+// STDERR-NEXT: collective-repair.mlir:[[# @LINE + 29]]:8 {{ +}}result 0 of 'stablehlo.add' {{ +}}unknown-axis {{ +}}<@mesh, [{"x", "zz"}, {}]> {{ +}}<@mesh, [{"x"}, {}]> {{ +}}4->4
+// STDERR-NEXT: collective-repair.mlir:[[# @LINE + 52]]:8 {{ +}}result 0 of 'stablehlo.add' {{ +}}unknown-axis {{ +}}<@mesh, [{"y", "zz"}, {}]> {{ +}}<@mesh, [{"y"}, {}]> {{ +}}2->2
+// STDERR-NEXT: collective-repair.mlir:[[# @LINE + 59]]:25 {{ +}}argument 0 of @arg_gathered {{ +}}unknown-axis {{ +}}<@mesh, [{"y", "zz"}, {}]> {{ +}}<@mesh, [{"y"}, {}]> {{ +}}2->2
 
 sdy.mesh @mesh = <["x"=4, "y"=2]>
 
@@ -52,7 +55,28 @@ sdy.mesh @mesh = <["x"=4, "y"=2]>
 
 // CHECK-NOT: func @gather_needs_the_axis
 func.func @gather_needs_the_axis(%arg0: tensor<8x8xi32>) -> tensor<8x8xi32> {
+  %0 = stablehlo.add %arg0, %arg0 {sdy.sharding = #sdy.sharding_per_value<[<@mesh, [{"zz"}, {}]>]>} : tensor<8x8xi32>
+  %1 = sdy.all_gather [{"y"}, {}] %0 out_sharding=<@mesh, [{}, {}]> : tensor<8x8xi32>
+  return %1 : tensor<8x8xi32>
+}
+
+// -----
+
+sdy.mesh @mesh = <["x"=4, "y"=2]>
+
+// CHECK-LABEL: func @gather_of_the_known_axis
+// CHECK-NEXT:    %0 = stablehlo.add %arg0, %arg0 {sdy.sharding = #sdy.sharding_per_value<[<@mesh, [{"y"}, {}]>]>} : tensor<8x8xi32>
+// CHECK-NEXT:    %1 = sdy.all_gather [{"y"}, {}] %0 out_sharding=<@mesh, [{}, {}]> : tensor<8x8xi32>
+func.func @gather_of_the_known_axis(%arg0: tensor<8x8xi32>) -> tensor<8x8xi32> {
   %0 = stablehlo.add %arg0, %arg0 {sdy.sharding = #sdy.sharding_per_value<[<@mesh, [{"y", "zz"}, {}]>]>} : tensor<8x8xi32>
   %1 = sdy.all_gather [{"y"}, {}] %0 out_sharding=<@mesh, [{}, {}]> : tensor<8x8xi32>
   return %1 : tensor<8x8xi32>
+}
+
+// CHECK-LABEL: func @arg_gathered
+// CHECK-SAME:    (%arg0: tensor<8x8xi32> {sdy.sharding = #sdy.sharding<@mesh, [{"y"}, {}]>})
+// CHECK-NEXT:    %0 = sdy.all_gather [{"y"}, {}] %arg0 out_sharding=<@mesh, [{}, {}]> : tensor<8x8xi32>
+func.func @arg_gathered(%arg0: tensor<8x8xi32> {sdy.sharding = #sdy.sharding<@mesh, [{"y", "zz"}, {}]>}) -> tensor<8x8xi32> {
+  %0 = sdy.all_gather [{"y"}, {}] %arg0 out_sharding=<@mesh, [{}, {}]> : tensor<8x8xi32>
+  return %0 : tensor<8x8xi32>
 }
