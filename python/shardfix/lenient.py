@@ -243,12 +243,16 @@ class _Scan:
                     self.edits.append((self.tokens[i].start, self.tokens[i].end, f"{word} = {known}, {renamed}"))
                     self.changes += 1
 
-    def known_axes_only(self, i: int) -> str | None:
+    def known_axes_only(self, i: int, bare: bool = False) -> str | None:
         """The sharding attribute at token `i` with every axis its mesh lacks left out, or None where it names none
-        (or isn't one this reads)."""
+        (or isn't one this reads); `bare`: an sdy op's `<@mesh, [...]>`, given back in that form (as is a
+        `#sdy.sharding`'s when the attribute is written whole: what a placeholder of an sdy op's takes)."""
         try:
             c = self.cursor(i)
-            if c.accept("#sdy.sharding_per_value"):
+            if bare:
+                value = read_tensor_sharding_body(c)
+                shardings = (value,)
+            elif c.accept("#sdy.sharding_per_value"):
                 c.expect("<")
                 c.expect("[")
                 value = ShardingPerValue(tuple(c.separated("]", lambda: read_tensor_sharding_body(c))))
@@ -264,7 +268,9 @@ class _Scan:
         kept = tuple(_known_axes_only(t, self.meshes[t.mesh]) for t in shardings)
         if kept == shardings:
             return None
-        return str(ShardingPerValue(kept)) if isinstance(value, ShardingPerValue) else str(kept[0])
+        if isinstance(value, ShardingPerValue):
+            return str(ShardingPerValue(kept))
+        return kept[0].body() if bare else str(kept[0])
 
     def owner(self, stack: list[int]) -> tuple[str, ...]:
         """The SSA names a dictionary's entries describe: the argument before it in a signature, else the results
@@ -355,7 +361,13 @@ class _Scan:
             if places is None:
                 return
         if self.frozen_by_collective(self.results + block_names, i):
-            return
+            # (a sharding_constraint's or reshard's sharding: in the last plan, what the collective verifies against
+            # while the original is held aside is that sharding without the axes its mesh lacks)
+            known = self.known_axes_only(held["sharding"][1], bare=not generic) \
+                if self.freeze == REPAIRED and set(held) == {"sharding"} else None
+            if known is None:
+                return
+            new = {"sharding": known.removeprefix(WRAP["sharding"][0])}  # the placeholder's text wraps a body
         if generic and any(not self.cursor(first).at(WRAP[k][0].split("<")[0]) for k, (_, first, _, _) in
                            held.items()):
             return  # not the attribute the op takes there: MLIR's own error says so
