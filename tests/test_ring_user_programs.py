@@ -183,6 +183,53 @@ def test_backward_of_a_result_read_only_through_its_derivative_beside_a_proved_o
         assert PERMUTATION not in low.as_text()
 
 
+def test_backward_of_a_result_made_by_the_same_expression_as_a_proved_one_is_left_alone():
+    """As above, but one expression of one line (a comprehension) makes both what z reads (q shifted over features,
+    which the reorder keeps) and what y sums (v shifted over tokens, which it changes): every op of the backward,
+    which differentiates y only, carries the traceback of an op z depends on. The gradient must still be
+    jax.jit's."""
+    from support import ring_user_kernels as uk
+
+    def shift(t, u, axis):
+        return jnp.roll(t * jnp.tanh(u), 1, axis=axis)
+
+    def body(q, k, v):
+        cp, n = 4, q.shape[1]
+        me = jax.lax.axis_index("cp")
+        q_pos = (me * n + jnp.arange(n))[:, None]
+
+        def step(i, carry):
+            acc, y, k, v = carry
+            k_pos = (((me - i) % cp) * n + jnp.arange(n))[None, :]
+            qs, ys = [shift(t, u, axis) for t, u, axis in ((q, q, 2), (v, k, 1))]
+            acc = uk.merge_online(acc, jnp.where(q_pos >= k_pos, uk.scores(qs, k), uk.NEG), v, i)
+            k, v = (jax.lax.ppermute(t, "cp", uk.ring(cp)) for t in (k, v))
+            return acc, y + ys, k, v
+
+        (_, l, o), y, _, _ = jax.lax.fori_loop(0, cp, step, (uk.row_stats(q, uk.NEG) + (jnp.zeros_like(q),),
+                                                              jnp.zeros_like(v), k, v))
+        return o / l[..., None], y
+
+    mesh = _meshes()["explicit"]
+    spec = jax.sharding.PartitionSpec("dp", "cp", None)
+    f = jax.shard_map(body, mesh=mesh, in_specs=(spec,) * 3, out_specs=(spec, spec), check_vma=False)
+    rng = np.random.default_rng(0)
+    args = [jax.device_put(rng.standard_normal((2, 32, 8)).astype(np.float32), jax.NamedSharding(mesh, spec))
+            for _ in range(3)]
+    w = rng.standard_normal((2, 32, 8)).astype(np.float32)
+
+    def loss(q, k, v):
+        z, y = f(q, k, v)
+        return jnp.sum(y * w), z
+
+    grad = jax.grad(loss, argnums=(0, 1, 2), has_aux=True)
+    want = jax.jit(grad)(*args)
+    for strategy in ("zigzag", "striped"):
+        low = autofix_shardings(grad, ring_reorder=strategy, on_fix="ignore").lower(*args)
+        for got, ref in zip(jax.tree.leaves(low.compile()(*args)), jax.tree.leaves(want)):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(ref), atol=1e-5, err_msg=describe(low))
+
+
 def test_registry_covers_every_kind():
     assert len(PROGRAMS) == len(BY_NAME) >= 80
     kinds = {"fori-", "scan-", "unrolled-", "blockwise-", "grad-", "vjp-", "nested-", "partial-", "refuse-", "@auto",
