@@ -13,7 +13,9 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import re
+import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -156,17 +158,15 @@ def _two_results(tail):
     return body
 
 
-@pytest.mark.parametrize("tail", [
-    lambda v, k: jnp.roll(v * jnp.tanh(k).mean(), 1, axis=1),  # linear in v: y's ops live in the backward only
-    lambda v, k: jnp.exp(jnp.roll(v, 1, axis=1)) * 0.1,  # the roll runs in the forward, for a residual only
-], ids=["linear", "residual"])
-def test_backward_of_a_result_read_only_through_its_derivative_beside_a_proved_one_is_left_alone(tail):
-    """z is read (returned beside the gradient); y, which rolls tokens within a block (what the reorder changes), is
-    read only through its derivative. Only z's forward is proved, so the backward, which also differentiates y, is
-    not the transpose of anything proved: it is left alone, and the forward with it."""
+_LINEAR_TAIL = "lambda v, k: jnp.roll(v * jnp.tanh(k).mean(), 1, axis=1)"
+
+
+def _assert_backward_left_alone(body) -> None:
+    """body's z is read (returned beside the gradient), its y only through its derivative: nothing may be
+    rewritten, under either layout."""
     mesh = _meshes()["explicit"]
     spec = jax.sharding.PartitionSpec("dp", "cp", None)
-    f = jax.shard_map(_two_results(tail), mesh=mesh, in_specs=(spec,) * 3, out_specs=(spec, spec), check_vma=False)
+    f = jax.shard_map(body, mesh=mesh, in_specs=(spec,) * 3, out_specs=(spec, spec), check_vma=False)
     rng = np.random.default_rng(0)
     args = [jax.device_put(rng.standard_normal((2, 32, 8)).astype(np.float32), jax.NamedSharding(mesh, spec))
             for _ in range(3)]
@@ -181,6 +181,37 @@ def test_backward_of_a_result_read_only_through_its_derivative_beside_a_proved_o
                                 on_fix="ignore").lower(*args)
         assert len(low.rings) == 2 and not any(r.applied for r in low.rings), describe(low)
         assert PERMUTATION not in low.as_text()
+
+
+@pytest.mark.parametrize("tail", [
+    eval(_LINEAR_TAIL),  # linear in v: y's ops live in the backward only
+    lambda v, k: jnp.exp(jnp.roll(v, 1, axis=1)) * 0.1,  # the roll runs in the forward, for a residual only
+], ids=["linear", "residual"])
+def test_backward_of_a_result_read_only_through_its_derivative_beside_a_proved_one_is_left_alone(tail):
+    """z is read (returned beside the gradient); y, which rolls tokens within a block (what the reorder changes), is
+    read only through its derivative. Only z's forward is proved, so the backward, which also differentiates y, is
+    not the transpose of anything proved: it is left alone, and the forward with it."""
+    _assert_backward_left_alone(_two_results(tail))
+
+
+def test_backward_written_in_a_folder_named_jax_is_the_users(tmp_path):
+    """The same program, in a user's module under a folder named `jax`: its frames are the user's, not JAX's
+    machinery (which any transpose may contain), so the backward's ops still say where they were made."""
+    namespace = dict(globals())
+    source = textwrap.dedent(inspect.getsource(_two_results)) + f"\nTAIL = {_LINEAR_TAIL}\n"
+    exec(compile(source, str(tmp_path / "jax" / "ring.py"), "exec"), namespace)
+    _assert_backward_left_alone(namespace["_two_results"](namespace["TAIL"]))
+
+
+def test_backward_without_tracebacks_in_its_locations_is_left_alone():
+    """Where JAX leaves tracebacks out of the locations (jax_traceback_in_locations_limit=0), no op of a transpose
+    says where it was made: it is not paired with the forward."""
+    limit = jax.config.jax_traceback_in_locations_limit
+    jax.config.update("jax_traceback_in_locations_limit", 0)
+    try:
+        _assert_backward_left_alone(_two_results(eval(_LINEAR_TAIL)))
+    finally:
+        jax.config.update("jax_traceback_in_locations_limit", limit)
 
 
 def test_backward_of_a_result_made_by_the_same_expression_as_a_proved_one_is_left_alone():
