@@ -119,7 +119,8 @@ def _made_by(made: tuple, proved: set, prefixes: set) -> bool:
     return made in prefixes or any(made[:n] in proved for n in range(1, len(made)))
 
 
-_JAX_DIRS = tuple(os.path.realpath(os.path.dirname(m.__file__)) + os.sep for m in (jax, jaxlib))
+# (without a file, nothing is JAX's: its frames then count as the user's, which pairs less, never more)
+_JAX_DIRS = tuple(os.path.realpath(os.path.dirname(f)) + os.sep for f in (jax.__file__, jaxlib.__file__) if f)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -189,8 +190,9 @@ def paired_backwards(group: list[RingRegion], funcs: dict, rings: frozenset) -> 
         # transpose through one is not paired (it is proved from its ops)
         proved.discard(None)  # a cut traceback vouches for nothing
         prefixes = {key[:n] for key in proved for n in range(1, len(key) + 1)}
-        made = {_provenance(op) for op in ops} - {()}
-        if not made or None in made:
+        keys = {_provenance(op) for op in ops}
+        made = {key for key in keys if key is not None and key}
+        if not made or None in keys:
             continue  # no op says where it was made (tracebacks left out of the locations), or not all of it
         if not all(_made_by(key, proved, prefixes) for key in made):
             continue  # code of its own (a custom_vjp's backward), or the derivative of something not proved
