@@ -13,7 +13,9 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import re
+import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -156,17 +158,15 @@ def _two_results(tail):
     return body
 
 
-@pytest.mark.parametrize("tail", [
-    lambda v, k: jnp.roll(v * jnp.tanh(k).mean(), 1, axis=1),  # linear in v: y's ops live in the backward only
-    lambda v, k: jnp.exp(jnp.roll(v, 1, axis=1)) * 0.1,  # the roll runs in the forward, for a residual only
-], ids=["linear", "residual"])
-def test_backward_of_a_result_read_only_through_its_derivative_beside_a_proved_one_is_left_alone(tail):
-    """z is read (returned beside the gradient); y, which rolls tokens within a block (what the reorder changes), is
-    read only through its derivative. Only z's forward is proved, so the backward, which also differentiates y, is
-    not the transpose of anything proved: it is left alone, and the forward with it."""
+_LINEAR_TAIL = "lambda v, k: jnp.roll(v * jnp.tanh(k).mean(), 1, axis=1)"
+
+
+def _assert_backward_left_alone(body) -> None:
+    """body's z is read (returned beside the gradient), its y only through its derivative: nothing may be
+    rewritten, under either layout."""
     mesh = _meshes()["explicit"]
     spec = jax.sharding.PartitionSpec("dp", "cp", None)
-    f = jax.shard_map(_two_results(tail), mesh=mesh, in_specs=(spec,) * 3, out_specs=(spec, spec), check_vma=False)
+    f = jax.shard_map(body, mesh=mesh, in_specs=(spec,) * 3, out_specs=(spec, spec), check_vma=False)
     rng = np.random.default_rng(0)
     args = [jax.device_put(rng.standard_normal((2, 32, 8)).astype(np.float32), jax.NamedSharding(mesh, spec))
             for _ in range(3)]
@@ -181,6 +181,87 @@ def test_backward_of_a_result_read_only_through_its_derivative_beside_a_proved_o
                                 on_fix="ignore").lower(*args)
         assert len(low.rings) == 2 and not any(r.applied for r in low.rings), describe(low)
         assert PERMUTATION not in low.as_text()
+
+
+@pytest.mark.parametrize("tail", [
+    eval(_LINEAR_TAIL),  # linear in v: y's ops live in the backward only
+    lambda v, k: jnp.exp(jnp.roll(v, 1, axis=1)) * 0.1,  # the roll runs in the forward, for a residual only
+], ids=["linear", "residual"])
+def test_backward_of_a_result_read_only_through_its_derivative_beside_a_proved_one_is_left_alone(tail):
+    """z is read (returned beside the gradient); y, which rolls tokens within a block (what the reorder changes), is
+    read only through its derivative. Only z's forward is proved, so the backward, which also differentiates y, is
+    not the transpose of anything proved: it is left alone, and the forward with it."""
+    _assert_backward_left_alone(_two_results(tail))
+
+
+def test_backward_written_in_a_folder_named_jax_is_the_users(tmp_path):
+    """The same program, in a user's module under a folder named `jax`: its frames are the user's, not JAX's
+    machinery (which any transpose may contain), so the backward's ops still say where they were made."""
+    namespace = dict(globals())
+    source = textwrap.dedent(inspect.getsource(_two_results)) + f"\nTAIL = {_LINEAR_TAIL}\n"
+    exec(compile(source, str(tmp_path / "jax" / "ring.py"), "exec"), namespace)
+    _assert_backward_left_alone(namespace["_two_results"](namespace["TAIL"]))
+
+
+def test_backward_without_tracebacks_in_its_locations_is_left_alone():
+    """Where JAX leaves tracebacks out of the locations (jax_traceback_in_locations_limit=0), no op of a transpose
+    says where it was made: it is not paired with the forward."""
+    limit = jax.config.jax_traceback_in_locations_limit
+    jax.config.update("jax_traceback_in_locations_limit", 0)
+    try:
+        _assert_backward_left_alone(_two_results(eval(_LINEAR_TAIL)))
+    finally:
+        jax.config.update("jax_traceback_in_locations_limit", limit)
+
+
+def test_backward_of_a_result_made_by_the_same_expression_as_a_proved_one_is_left_alone():
+    """As above, but one expression of one line (a comprehension) makes both what z reads (q shifted over features,
+    which the reorder keeps) and what y sums (v shifted over tokens, which it changes): every op of the backward,
+    which differentiates y only, carries the traceback of an op z depends on. The gradient must still be
+    jax.jit's."""
+    jax.clear_caches()  # a jaxpr JAX cached for an earlier program keeps that program's tracebacks
+    from support import ring_user_kernels as uk
+
+    def shift(t, u, axis):  # jnp.roll(t * tanh(u), 1, axis) in lax ops: JAX caches jnp.roll's jaxpr across programs
+        s, n = jax.lax.mul(t, jax.lax.tanh(u)), t.shape[axis]
+        return jax.lax.concatenate([jax.lax.slice_in_dim(s, n - 1, n, axis=axis),
+                                    jax.lax.slice_in_dim(s, 0, n - 1, axis=axis)], axis)
+
+    def body(q, k, v):
+        cp, n = 4, q.shape[1]
+        me = jax.lax.axis_index("cp")
+        q_pos = (me * n + jnp.arange(n))[:, None]
+
+        def step(i, carry):
+            acc, y, k, v = carry
+            k_pos = (((me - i) % cp) * n + jnp.arange(n))[None, :]
+            qs, ys = [shift(t, u, axis) for t, u, axis in ((q, q, 2), (v, k, 1))]
+            acc = uk.merge_online(acc, jnp.where(q_pos >= k_pos, uk.scores(qs, k), uk.NEG), v, i)
+            k, v = (jax.lax.ppermute(t, "cp", uk.ring(cp)) for t in (k, v))
+            return acc, y + ys, k, v
+
+        (_, l, o), y, _, _ = jax.lax.fori_loop(0, cp, step, (uk.row_stats(q, uk.NEG) + (jnp.zeros_like(q),),
+                                                              jnp.zeros_like(v), k, v))
+        return o / l[..., None], y
+
+    mesh = _meshes()["explicit"]
+    spec = jax.sharding.PartitionSpec("dp", "cp", None)
+    f = jax.shard_map(body, mesh=mesh, in_specs=(spec,) * 3, out_specs=(spec, spec), check_vma=False)
+    rng = np.random.default_rng(0)
+    args = [jax.device_put(rng.standard_normal((2, 32, 8)).astype(np.float32), jax.NamedSharding(mesh, spec))
+            for _ in range(3)]
+    w = rng.standard_normal((2, 32, 8)).astype(np.float32)
+
+    def loss(q, k, v):
+        z, y = f(q, k, v)
+        return jnp.sum(y * w), z
+
+    grad = jax.grad(loss, argnums=(0, 1, 2), has_aux=True)
+    want = jax.jit(grad)(*args)
+    for strategy in ("zigzag", "striped"):
+        low = autofix_shardings(grad, ring_reorder=strategy, on_fix="ignore").lower(*args)
+        for got, ref in zip(jax.tree.leaves(low.compile()(*args)), jax.tree.leaves(want)):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(ref), atol=1e-5, err_msg=describe(low))
 
 
 def test_registry_covers_every_kind():

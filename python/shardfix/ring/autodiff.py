@@ -29,8 +29,12 @@ is a convention rather than a derivative; as with reassociation, the analysis re
 
 from __future__ import annotations
 
+import functools
+import os
 import re
 
+import jax
+import jaxlib
 from jaxlib.mlir import ir
 
 from ..ir.locations import frames
@@ -90,12 +94,18 @@ def _walk(op: ir.Operation, funcs: dict | None, seen: set, out: list) -> None:
                 _walk(inner, funcs, seen, out)
 
 
-def _provenance(op: ir.Operation) -> tuple:
+def _provenance(op: ir.Operation) -> tuple | None:
     """Where an op was made, as precisely as its location says: the frames of its traceback outside JAX (file,
     line and the columns of the expression), innermost first, a frame repeated by nested loops once; empty for
-    JAX's own machinery (the loop counters a transpose adds). A transposed op keeps its primal op's traceback."""
+    JAX's own machinery (the loop counters a transpose adds). A transposed op keeps its primal op's traceback.
+    None where JAX cut the traceback at its limit (`jax_traceback_in_locations_limit`; all of it at 0): the calls
+    beyond the cut are unknown, so two different places in the program can look alike."""
+    parsed = frames(op.location).frames
+    limit = jax.config.jax_traceback_in_locations_limit
+    if len(parsed) >= (limit if limit >= 0 else 1000):  # JAX's own reading of a negative limit
+        return None
     out: list = []
-    for f in frames(op.location).frames:
+    for f in parsed:
         key = (f.file, f.line, f.col, f.end_line, f.end_col)
         if not _is_jax_file(f.file) and (not out or out[-1] != key):
             out.append(key)
@@ -109,9 +119,15 @@ def _made_by(made: tuple, proved: set, prefixes: set) -> bool:
     return made in prefixes or any(made[:n] in proved for n in range(1, len(made)))
 
 
+# (without a file, nothing is JAX's: its frames then count as the user's, which pairs less, never more)
+_JAX_DIRS = tuple(os.path.realpath(os.path.dirname(f)) + os.sep for f in (jax.__file__, jaxlib.__file__) if f)
+
+
+@functools.lru_cache(maxsize=4096)
 def _is_jax_file(path: str) -> bool:
-    parts = path.replace("\\", "/").split("/")
-    return "jax" in parts or "jaxlib" in parts
+    """A file of the installed JAX (not merely one in a folder named `jax`: a user's package can have one, and
+    every frame of its code would then look like JAX's machinery, which any transpose may contain)."""
+    return os.path.realpath(path).startswith(_JAX_DIRS)
 
 
 def _live_provenance(forward: RingRegion, live: set[int], funcs: dict, out: set, seen: set) -> None:
@@ -172,8 +188,12 @@ def paired_backwards(group: list[RingRegion], funcs: dict, rings: frozenset) -> 
         # every op, in the functions it calls too (a loop's body is one where JAX outlines it); a function JAX
         # traced once and cached (a jitted helper) keeps the traceback of the program that first traced it, so a
         # transpose through one is not paired (it is proved from its ops)
+        proved.discard(None)  # a cut traceback vouches for nothing
         prefixes = {key[:n] for key in proved for n in range(1, len(key) + 1)}
-        made = {_provenance(op) for op in ops} - {()}
+        keys = {_provenance(op) for op in ops}
+        made = {key for key in keys if key is not None and key}
+        if not made or None in keys:
+            continue  # no op says where it was made (tracebacks left out of the locations), or not all of it
         if not all(_made_by(key, proved, prefixes) for key in made):
             continue  # code of its own (a custom_vjp's backward), or the derivative of something not proved
         sources = [origin_across(v, rings) for v in r.region.operands]
