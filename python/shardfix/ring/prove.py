@@ -15,8 +15,13 @@ from jaxlib.mlir import ir
 
 from ..locations import SourceLoc
 from .analysis import Engine, Refusal, RingInfo, Shared, State
-from .autodiff import Liveness, dropped_forward, is_transpose, paired_backwards
+from .autodiff import Liveness, dropped_forward, is_transpose
 
+AUTODIFF = ("is the backward that jax.grad made of a ring region without a custom_vjp: its forward is proved, but this "
+            "backward is not: its own ops are no order-free merge (an online softmax's backward recomputes and "
+            "compares the running maximum), and nothing in the program ties each cotangent to the result it "
+            "differentiates, so it can't be proved from its forward either: give the kernel a custom_vjp whose "
+            "backward is a ring of its own (as ejkernel's and Liu et al.'s kernels do), which is proved like any ring")
 DROPPED = ("differentiates a ring region whose result the program dropped, so there is no forward to prove it from: "
            "use the forward's result (return it, or let the loss read it), or give the kernel a custom_vjp")
 from .detect import RingRegion, axis_strides, find_ring_regions, module_funcs, module_meshes
@@ -110,33 +115,24 @@ def _prove_group(group: list[RingRegion], funcs, verdicts: dict, shared: Shared)
     try:
         _prove_members(group, funcs, verdicts, members, shared, frozenset())
     except _GroupRefusal as first:
-        # JAX's transposes of the group's forward regions are proved from the forward (autodiff.py): only the
-        # forward's results need proving, not the residuals it hands them
-        backwards = paired_backwards(group, funcs, shared.rings) if len(group) > 1 else set()
-        e = first
-        if backwards:
-            try:
-                _prove_members(group, funcs, verdicts, members, shared, frozenset(backwards))
-                e = None
-            except _GroupRefusal as second:
-                e = second
-        dropped = dropped_forward(group, shared.rings) if not backwards else None
-        if dropped is not None:
-            e = _GroupRefusal(Refusal(DROPPED, dropped.region), dropped)
-        elif e is not None and not backwards:
-            e = _forward_reason(group, funcs, verdicts, members, shared, e)
-        if e is not None:
-            _refuse_group(group, verdicts, e)
-            return
+        dropped = dropped_forward(group, shared.rings)
+        e = _GroupRefusal(Refusal(DROPPED, dropped.region), dropped) if dropped is not None else \
+            _autodiff_reason(group, funcs, verdicts, members, shared, first)
+        _refuse_group(group, verdicts, e)
+        return
     for r in group:
         verdicts[id(r.region)].proved = True
 
 
-def _forward_reason(group: list[RingRegion], funcs, verdicts: dict, members: set, shared: Shared,
-                    first: "_GroupRefusal") -> "_GroupRefusal":
-    """Why to refuse a group whose transposes could not be paired with its forward: the forward's own reason where
-    the forward is refused (what the user must change first; a transpose's ops are JAX's, not the user's), else the
-    first one found. The pairing is assumed here only to find that reason, never to accept anything."""
+def _autodiff_reason(group: list[RingRegion], funcs, verdicts: dict, members: set, shared: Shared,
+                     first: "_GroupRefusal") -> "_GroupRefusal":
+    """Why to refuse a group holding backward regions that JAX's autodiff made (autodiff.py): the forward's own
+    reason where the forward is refused (what the user must change first), else, where the forward alone would be
+    proved, that such a backward is not (the transpose of an online-softmax loop recomputes and compares the
+    running maximum, which is no order-free merge, and nothing in the module ties each cotangent to the result it
+    differentiates, so the backward can't be proved from its forward either: a second result read only through
+    its derivative, made by the same code, would be rewritten with it); else the first reason found. The forward
+    is proved here with the backwards' residuals set aside only to find that reason, never to accept anything."""
     transposes = frozenset(r.region for r in group if is_transpose(r))
     if not transposes or len(transposes) == len(group):
         return first
@@ -144,7 +140,8 @@ def _forward_reason(group: list[RingRegion], funcs, verdicts: dict, members: set
         _prove_members(group, funcs, verdicts, members, shared, transposes)
     except _GroupRefusal as forward:
         return forward
-    return first
+    region = next(r for r in group if r.region in transposes)
+    return _GroupRefusal(Refusal(AUTODIFF, region.region), region)
 
 
 def _prove_members(group: list[RingRegion], funcs, verdicts: dict, members: set, shared: Shared,
