@@ -75,7 +75,10 @@ def _cell(decision) -> str:
         return f"{decision.strategy}: {decision.critical_before} -> {decision.critical_after} (ideal {decision.ideal:g})"
     refused = REFUSED.match(decision.why)
     if refused:  # the locations are the user's lines: the table keeps the op and the reason
-        return f"refused at {refused['op']}: {refused['reason'].split('. ')[0]}"
+        reason = refused["reason"].split(". ")[0]
+        if "without a custom_vjp" in reason:
+            reason = "the backward jax.grad made, no custom_vjp (its forward proved)"
+        return f"refused at {refused['op']}: {reason}"
     if decision.why.startswith("not provably safe: reordered together with"):
         return "refused with the region it is reordered with"
     why = decision.why.split(": ")[0].split(". ")[0]
