@@ -197,28 +197,8 @@ def _transposed_region(r: RingRegion, verdict: Verdict, produced: dict, members:
     """A transpose of the group's forward (autodiff.py): its sequence operands (cotangents, forward operands JAX
     forwards) are permuted and its sequence results (cotangents of sequence operands) restored; residuals pass
     in the forward's layout; anything else per-device is refused."""
-    body = r.region.regions[0].blocks[0]
-    local_shapes = [shape(a) for a in body.arguments]
-    seq_in, seq_out, length = {}, {}, None
-    for i, sharding in enumerate(r.in_shardings()):
-        if origin_across(r.region.operands[i], rings) in produced:
-            continue
-        kind = _classify(sharding, r.axis, local_shapes[i])
-        if kind is None:
-            continue
-        if kind[0] != "sequence":
-            raise _GroupRefusal(Refusal(f"operand {i} is a per-device value over the ring axis \"{r.axis}\" "
-                                        "that no reordered ring region produces", r.region), r)
-        dim = kind[1]
-        if block is not None and local_shapes[i][dim] != block:
-            raise _GroupRefusal(Refusal(f"has sequence operands of different lengths ({block} and "
-                                        f"{local_shapes[i][dim]} tokens a device)", r.region), r)
-        block = local_shapes[i][dim]
-        length = shape(r.region.operands[i])[dim]
-        seq_in[i] = dim
-    if block is None or not seq_in:
-        raise _GroupRefusal(Refusal(f"no operand is sharded on the ring axis \"{r.axis}\" along a sequence dim",
-                                    r.region), r)
+    seq_in, block, length = _sequence_operands(r, produced, rings, block, per_device_refused=True)
+    seq_out: dict = {}
     for j, sharding in enumerate(r.out_shardings()):
         local = _local_shape(r, j)
         kind = _classify(sharding, r.axis, local)
@@ -237,6 +217,38 @@ def _transposed_region(r: RingRegion, verdict: Verdict, produced: dict, members:
     verdict.sequence_operands, verdict.sequence_results = seq_in, seq_out
 
 
+def _sequence_operands(r: RingRegion, produced: dict, rings: frozenset, block: int | None = None,
+                       per_device_refused: bool = False) -> tuple[dict, int, int | None]:
+    """(sequence operand -> its sequence dim, tokens a device, tokens in all) of a region, skipping per-device
+    values a region of the group produced (they come in the layout this region will see); `per_device_refused`:
+    any other per-device operand is refused; `block`: the length the group's regions already have."""
+    local_shapes = [shape(a) for a in r.region.regions[0].blocks[0].arguments]
+    seq_in: dict = {}
+    length = None
+    for i, sharding in enumerate(r.in_shardings()):
+        if origin_across(r.region.operands[i], rings) in produced:
+            continue
+        kind = _classify(sharding, r.axis, local_shapes[i])
+        if kind is None:
+            continue
+        if kind[0] != "sequence":
+            if per_device_refused:
+                raise _GroupRefusal(Refusal(f"operand {i} is a per-device value over the ring axis \"{r.axis}\" "
+                                            "that no reordered ring region produces", r.region), r)
+            continue
+        dim = kind[1]
+        if block is not None and local_shapes[i][dim] != block:
+            raise _GroupRefusal(Refusal(f"has sequence operands of different lengths ({block} and "
+                                        f"{local_shapes[i][dim]} tokens a device)", r.region), r)
+        block = local_shapes[i][dim]
+        length = shape(r.region.operands[i])[dim]
+        seq_in[i] = dim
+    if block is None or not seq_in:
+        raise _GroupRefusal(Refusal(f"no operand is sharded on the ring axis \"{r.axis}\" along a sequence dim",
+                                    r.region), r)
+    return seq_in, block, length
+
+
 def _ring_info(r: RingRegion, block: int) -> RingInfo:
     strides = axis_strides(r.mesh)
     others = tuple((name, strides[name], size) for name, size in r.mesh.axes if name != r.axis)
@@ -248,22 +260,7 @@ def _prove_region(r: RingRegion, place: int, funcs, verdict: Verdict, produced: 
     body = r.region.regions[0].blocks[0]
     local_shapes = [shape(a) for a in body.arguments]
     ins, outs = r.in_shardings(), r.out_shardings()
-    seq_in, block, length = {}, None, None
-    for i, sharding in enumerate(ins):
-        if origin_across(r.region.operands[i], shared.rings) in produced:
-            continue  # a per-device value from a region of the group, in the layout this region will see
-        kind = _classify(sharding, r.axis, local_shapes[i])
-        if kind is not None and kind[0] == "sequence":
-            dim = kind[1]
-            if block is not None and local_shapes[i][dim] != block:
-                raise _GroupRefusal(Refusal(f"has sequence operands of different lengths ({block} and "
-                                            f"{local_shapes[i][dim]} tokens a device)", r.region), r)
-            block = local_shapes[i][dim]
-            length = shape(r.region.operands[i])[dim]
-            seq_in[i] = dim
-    if block is None:
-        raise _GroupRefusal(Refusal(f"no operand is sharded on the ring axis \"{r.axis}\" along a sequence dim",
-                                    r.region), r)
+    seq_in, block, length = _sequence_operands(r, produced, shared.rings)
     verdict.block, verdict.length, verdict.sequence_operands = block, length, seq_in
     state = State(_ring_info(r, block), funcs, shared)
     # results only JAX's transposes read (residuals) need no proof: interpret what the others depend on
