@@ -2,7 +2,8 @@
 
 Readers of sdy syntax (shardfix.sdy_syntax) and the lenient loader's plan (shardfix.lenient) work on these
 tokens, never on raw characters: a string literal or a comment that happens to look like a sharding stays a string
-or a comment. Pure: imports neither MLIR nor JAX.
+or a comment. Also the input convention tools/opt shares with mlir-opt: text that isn't one `builtin.module` is
+wrapped in one (wrap_in_module). Pure: imports neither MLIR nor JAX.
 """
 
 from __future__ import annotations
@@ -257,3 +258,44 @@ def tensor_shape(type_text: str) -> tuple | str | None:
         else:
             return tuple(dims)  # the element type (and any encoding) follows the last dim
     return tuple(dims)
+
+
+def wrap_in_module(text: str) -> str:
+    """`module {` ... `}` around the text's ops (mlir-opt's implicit module, for text that isn't a single
+    `builtin.module`), put on a blank line before the first op so no position moves.
+    Attribute and type alias definitions (`#map = ...`, `!t = ...`) stay outside, where MLIR wants them."""
+    lines = text.split("\n")
+    aliases = _alias_ends(text)
+    after = aliases[-1][1] + 1 if aliases else 0
+    first = next((i for i in range(after, len(lines)) if lines[i].strip() and not lines[i].lstrip().startswith("//")),
+                 len(lines))
+    blank = next((i for i in range(first - 1, after - 1, -1) if not lines[i].strip()), None)
+    if blank is not None:
+        lines[blank] = "module {"
+    elif first < len(lines):
+        lines[first] = "module { " + lines[first]
+    else:
+        lines.append("module {")
+    return "\n".join(lines) + "\n}"
+
+
+def _alias_ends(text: str) -> list[tuple[int, int]]:
+    """(first line, last line) of each top-level alias definition, 0-based, in order; the scan stops at the first
+    top-level token that starts something else."""
+    tokens = tokenize(text)
+    partner = match_brackets(text, tokens)
+    found, i = [], 0
+    while i + 1 < len(tokens) and tokens[i].kind in (HASH, BANG) and \
+            text[tokens[i + 1].start:tokens[i + 1].end] == "=":
+        start_line = text.count("\n", 0, tokens[i].start)
+        j = i + 2
+        line = text.count("\n", 0, tokens[j].start) if j < len(tokens) else start_line
+        # the value runs to the end of the line its brackets close on
+        while j < len(tokens) and text.count("\n", 0, tokens[j].start) == line:
+            if partner[j] > j:
+                j = partner[j]
+                line = text.count("\n", 0, tokens[j].start)
+            j += 1
+        found.append((start_line, line))
+        i = j
+    return found

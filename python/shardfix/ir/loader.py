@@ -147,47 +147,7 @@ def _parse_op(source: str | bytes, source_name: str) -> ir.Operation:
     except ir.MLIRError as e:
         if "single top-level operation" not in str(e):
             raise
-    return ir.Operation.parse(_wrap_in_module(source), source_name=source_name).operation
-
-
-def _wrap_in_module(text: str) -> str:
-    """`module {` ... `}` around the text's ops, put on a blank line before the first op so no position moves.
-    Attribute and type alias definitions (`#map = ...`, `!t = ...`) stay outside, where MLIR wants them."""
-    lines = text.split("\n")
-    aliases = _alias_ends(text)
-    after = aliases[-1][1] + 1 if aliases else 0
-    first = next((i for i in range(after, len(lines)) if lines[i].strip() and not lines[i].lstrip().startswith("//")),
-                 len(lines))
-    blank = next((i for i in range(first - 1, after - 1, -1) if not lines[i].strip()), None)
-    if blank is not None:
-        lines[blank] = "module {"
-    elif first < len(lines):
-        lines[first] = "module { " + lines[first]
-    else:
-        lines.append("module {")
-    return "\n".join(lines) + "\n}"
-
-
-def _alias_ends(text: str) -> list[tuple[int, int]]:
-    """(first line, last line) of each top-level alias definition, 0-based, in order; the scan stops at the first
-    top-level token that starts something else."""
-    tokens = mlir_text.tokenize(text)
-    partner = mlir_text.match_brackets(text, tokens)
-    found, i = [], 0
-    while i + 1 < len(tokens) and tokens[i].kind in (mlir_text.HASH, mlir_text.BANG) and \
-            text[tokens[i + 1].start:tokens[i + 1].end] == "=":
-        start_line = text.count("\n", 0, tokens[i].start)
-        j = i + 2
-        line = text.count("\n", 0, tokens[j].start) if j < len(tokens) else start_line
-        # the value runs to the end of the line its brackets close on
-        while j < len(tokens) and text.count("\n", 0, tokens[j].start) == line:
-            if partner[j] > j:
-                j = partner[j]
-                line = text.count("\n", 0, tokens[j].start)
-            j += 1
-        found.append((start_line, line))
-        i = j
-    return found
+    return ir.Operation.parse(mlir_text.wrap_in_module(source), source_name=source_name).operation
 
 
 __all__ = ["Diagnostic", "LoadError", "load_module", "parse_module"]
