@@ -111,14 +111,6 @@ def plan(text: str, freeze: bool | str = True) -> Plan | None:
     return Plan("".join(pieces) + text[pos:], prefix, scan.changes, scan.frozen_lines)
 
 
-def _known_axes_only(sharding: TensorSharding, mesh: Mesh) -> TensorSharding:
-    names = set(mesh.axis_names)
-    known = lambda refs: tuple(a for a in refs if a.name in names)  # noqa: E731
-    return TensorSharding(sharding.mesh, tuple(DimSharding(known(d.axes), d.is_closed, d.priority)
-                                               for d in sharding.dims), known(sharding.replicated),
-                          known(sharding.unreduced))
-
-
 def _prefix(text: str) -> str:
     """What `sdy` becomes in a renamed key: three letters that the text doesn't hold before a dot."""
     return next(p for p in (f"sd{c}" for c in "_0123456789abcdefgh") if p + "." not in text)
@@ -157,9 +149,6 @@ class _Scan:
             gap = self.text[self.tokens[k - 1].end:self.tokens[k].start]
             out += [" " if "\n" in gap or "/" in gap else gap, self.words[k]]
         return "".join(out)
-
-    def replace(self, first: int, last: int, text: str) -> None:
-        self.edits.append((self.tokens[first].start, self.tokens[last].end, text))
 
     def walk(self):
         """Each token's index, with the bracket stack around it (the tokens of the open brackets)."""
@@ -249,28 +238,26 @@ class _Scan:
         `#sdy.sharding`'s when the attribute is written whole: what a placeholder of an sdy op's takes)."""
         try:
             c = self.cursor(i)
-            if bare:
-                value = read_tensor_sharding_body(c)
-                shardings = (value,)
-            elif c.accept("#sdy.sharding_per_value"):
+            per_value = not bare and c.accept("#sdy.sharding_per_value")
+            if per_value:
                 c.expect("<")
                 c.expect("[")
-                value = ShardingPerValue(tuple(c.separated("]", lambda: read_tensor_sharding_body(c))))
-                shardings = value.shardings
-            else:
+            elif not bare:
                 c.expect("#sdy.sharding")
-                value = read_tensor_sharding_body(c)
-                shardings = (value,)
+            shardings = tuple(c.separated("]", lambda: read_tensor_sharding_body(c))) if per_value else \
+                (read_tensor_sharding_body(c),)
         except (ShardingSyntaxError, IndexError):
             return None
         if any(not isinstance(t.mesh, str) or t.mesh not in self.meshes for t in shardings):
             return None
-        kept = tuple(_known_axes_only(t, self.meshes[t.mesh]) for t in shardings)
+        names = lambda t: set(self.meshes[t.mesh].axis_names)  # noqa: E731
+        known = lambda refs, t: tuple(a for a in refs if a.name in names(t))  # noqa: E731
+        kept = tuple(TensorSharding(t.mesh, tuple(DimSharding(known(d.axes, t), d.is_closed, d.priority)
+                                                  for d in t.dims), known(t.replicated, t), known(t.unreduced, t))
+                     for t in shardings)
         if kept == shardings:
             return None
-        if isinstance(value, ShardingPerValue):
-            return str(ShardingPerValue(kept))
-        return kept[0].body() if bare else str(kept[0])
+        return str(ShardingPerValue(kept)) if per_value else kept[0].body() if bare else str(kept[0])
 
     def owner(self, stack: list[int]) -> tuple[str, ...]:
         """The SSA names a dictionary's entries describe: the argument before it in a signature, else the results
@@ -376,7 +363,8 @@ class _Scan:
                      for k, (_, first, last, _) in held.items()]
         self.changes += len(originals)
         for key, (k, first, last, _) in held.items() if not generic else ():
-            self.replace(k if new[key] is None else first, last, new[key] or "")
+            self.edits.append((self.tokens[k if new[key] is None else first].start, self.tokens[last].end,
+                               new[key] or ""))
         for dictionary in {h[3] for h in held.values()} if generic else ():  # each written again as a whole
             parts = [self.span(k, last) if key not in held else f"{self.words[k]} = {wrap(key, new[key])}"
                      for key, (k, _, last) in self.entries(dictionary).items() if key not in held or new[key]]
@@ -406,7 +394,7 @@ class _Scan:
             c.expect("[")
             lists[key] = c.separated("]", lambda: read_tensor_sharding_body(c))
         axes = read_manual_axes(self.cursor(held["manual_axes"][1]))
-        local_in = self.typed_list(block + 1, self.end(block)) if block is not None else []
+        local_in = self.types(block + 1, self.end(block)) if block is not None else []
         j = after + 1
         if self.at(j, "{"):
             j = self.end(j) + 1
@@ -415,44 +403,25 @@ class _Scan:
         global_in = self.types(j + 2, self.end(j + 1))
         k = self.end(j + 1) + 1
         global_out = [] if not self.at(k, "->") else \
-            self.types(k + 2, self.end(k + 1)) if self.at(k + 1, "(") else [self.type_text(k + 1)]
+            self.types(k + 2, self.end(k + 1)) if self.at(k + 1, "(") else self.types(k + 1, k + 2)
         types = {"in_shardings": (global_in, local_in), "out_shardings": (global_out, self.returned(body))}
         bound = frozenset().union(*(axes for _, axes in self.manual))  # by the manual computations around it
         return placeholder_parts(lists, axes, bound, types, self.meshes)
 
     # -- types ---------------------------------------------------------------------------------------------------------
 
-    def type_last(self, i: int) -> int:
-        """The last token of the type starting at `i`: a name and the bracket group right after it."""
-        if self.at(i + 1, "<") and self.tokens[i + 1].start == self.tokens[i].end:
-            return self.end(i + 1)
-        return i
-
-    def type_text(self, i: int) -> str:
-        return self.text[self.tokens[i].start:self.tokens[self.type_last(i)].end]
-
     def types(self, i: int, close: int) -> list[str]:
-        """Comma-separated types from `i` up to `close`."""
+        """The types of a list from `i` up to `close`, each written `type` or `%name: type loc(...)`: a name and the
+        bracket group right after it."""
         found = []
         while i < close:
-            found.append(self.type_text(i))
-            i = self.type_last(i) + 1
+            i += 2 if self.tokens[i].kind == mt.VALUE and self.at(i + 1, ":") else 0
+            last = self.end(i + 1) if self.at(i + 1, "<") and self.tokens[i + 1].start == self.tokens[i].end else i
+            found.append(self.text[self.tokens[i].start:self.tokens[last].end])
+            i = self.end(last + 2) + 1 if self.at(last + 1, "loc") else last + 1
             if not self.at(i, ","):
                 break
             i += 1
-        return found
-
-    def typed_list(self, i: int, close: int) -> list[str] | None:
-        """The types of `%name: type loc(...), ...` from `i` up to `close`."""
-        found = []
-        while i < close:
-            if self.tokens[i].kind != mt.VALUE or not self.at(i + 1, ":"):
-                return None
-            found.append(self.type_text(i + 2))
-            i = self.type_last(i + 2) + 1
-            if self.at(i, "loc"):
-                i = self.end(i + 1) + 1
-            i += self.at(i, ",")
         return found
 
     def returned(self, body: int) -> list[str] | None:
