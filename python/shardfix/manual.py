@@ -81,17 +81,12 @@ def placeholder_parts(originals: dict[str, list[TensorSharding]], axes: Sequence
     those axes, for either form of the op (custom syntax, or the generic form's properties); None when no such
     placeholder exists. `types`: the global and local type texts of the operands ("in_shardings") and of the results
     ("out_shardings")."""
-    mesh_ref, mesh = None, None
-    for sharding in originals["in_shardings"] + originals["out_shardings"]:
-        if isinstance(sharding.mesh, Mesh) or sharding.mesh in meshes:
-            mesh_ref = sharding.mesh
-            mesh = sharding.mesh if isinstance(sharding.mesh, Mesh) else meshes[sharding.mesh]
-            break
-    if mesh is None:
-        if len(meshes) == 1:
-            (mesh_ref, mesh), = meshes.items()
-        else:
-            mesh_ref = mesh = Mesh(())
+    # the mesh of the first original sharding that names a known one, else the module's only mesh, else none
+    mesh_ref = next((s.mesh for s in originals["in_shardings"] + originals["out_shardings"]
+                     if isinstance(s.mesh, Mesh) or s.mesh in meshes), None)
+    if mesh_ref is None:
+        mesh_ref = next(iter(meshes)) if len(meshes) == 1 else Mesh(())
+    mesh = mesh_ref if isinstance(mesh_ref, Mesh) else meshes[mesh_ref]
     if any(g is None or l is None or len(g) != len(l) for g, l in types.values()):
         return None
     kept = valid_manual_axes(axes, mesh, bound) if any(g for g, _ in types.values()) else []
