@@ -14,7 +14,10 @@ bindings allow, probed on jax 0.10.2 and 0.12.0.1, and what the design takes fro
     and their originals are written beside them as discardable attributes for MLIR to parse, aliases and all;
   - a module in MLIR's generic form parses with only stablehlo and func registered and unregistered dialects
     allowed, sdy's attributes unverified; its sdy ops are then no sdy ops for the passes, so the generic form gets
-    the same placeholders as sdy's syntax instead.
+    the same placeholders as sdy's syntax instead;
+  - sdy's ops look their mesh up when they verify, and `sdy.mesh` must sit in a `builtin.module`: a root that is no
+    symbol table (an unregistered op around the functions) leaves them with an unknown mesh, so the placeholders
+    can't be avoided that way either (probed on jax 0.12.0.1).
 """
 
 from __future__ import annotations
