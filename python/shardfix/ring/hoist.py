@@ -373,8 +373,10 @@ class _Body:
                                                                 lambda: reduced_with(op, i, order.dim))}
                                     if dim == REDUCED else
                                     mover.rule((signature, "carriers", dim), lambda: mover.carriers(op, dim, name)))
-                if dim != REDUCED and not all(self.mover.fits(r.type, self.mover.order(order.kind, dim))
-                                              for r in op.results):
+                # (its results' types are in the signature: whether they fit is asked once per kind of op too)
+                if dim != REDUCED and not mover.rule(
+                        (signature, "fits", dim, order.kind.length),
+                        lambda: all(mover.fits(r.type, mover.order(order.kind, dim)) for r in op.results)):
                     raise Blocked("changes the sequence length")  # its result couldn't be put back in order
             except Blocked as why:
                 self.mover.say(order.kind, True, op, why)
