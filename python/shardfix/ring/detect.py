@@ -123,6 +123,8 @@ class _Found:
         bearing: list[str] = []
         for permute in self.permutes:
             holder = _holder(permute)
+            if holder is None:
+                continue
             held.setdefault(holder, ([], []))[0].append(permute)
             if holder.name == "func.func" and holder in names:
                 bearing.append(names[holder])
@@ -131,6 +133,8 @@ class _Found:
             callee = bearing.pop()
             for call in self.calls.get(callee, ()):
                 holder = _holder(call)
+                if holder is None:
+                    continue
                 held.setdefault(holder, ([], []))[1].append(callee)
                 caller = names.get(holder) if holder.name == "func.func" else None
                 if caller is not None and caller not in seen:
@@ -155,12 +159,15 @@ class _Found:
         return found
 
 
-def _holder(op: ir.Operation) -> ir.Operation:
-    """The nearest manual computation or function around `op`."""
+def _holder(op: ir.Operation) -> ir.Operation | None:
+    """The nearest manual computation or function around `op` (None outside any: no region runs it)."""
     parent = op.parent
-    while parent.name not in (_MANUAL, "func.func"):
-        parent = parent.parent
-    return parent.operation
+    while parent is not None and parent.name not in (_MANUAL, "func.func"):
+        try:
+            parent = parent.parent
+        except ValueError:  # past the top (the bindings say a detached op has no parent)
+            return None
+    return parent.operation if parent is not None else None
 
 
 def _describe(region: ir.Operation, permutes: list, meshes: dict, axis_cache: dict) -> RingRegion:
