@@ -7,6 +7,7 @@ import hashlib
 import math
 import re
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 from jaxlib.mlir import ir
@@ -315,7 +316,8 @@ class StructuralKeys:
         return found
 
     def of(self, op: ir.Operation) -> str:
-        text = self._normalised(op.get_asm(binary=True, use_local_scope=True, assume_verified=True), set())
+        text = self._normalised(cast(bytes, op.get_asm(binary=True, use_local_scope=True, assume_verified=True)),
+                                set())
         return hashlib.blake2b(text, digest_size=16).hexdigest()
 
     def _function(self, name: str, calling: set) -> bytes:
@@ -323,7 +325,7 @@ class StructuralKeys:
         if found is None:
             if name in calling:
                 return b"@" + name.encode()  # recursion: the name stands for itself
-            text = self.funcs[name].get_asm(binary=True, use_local_scope=True, assume_verified=True)
+            text = cast(bytes, self.funcs[name].get_asm(binary=True, use_local_scope=True, assume_verified=True))
             text = text[text.index(b"(", text.index(b"@")):]  # the function's own name left out
             found = self._keys[name] = self._normalised(text, calling | {name})
         return found
