@@ -7,6 +7,7 @@ import hashlib
 import math
 import re
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 from jaxlib.mlir import ir
@@ -63,56 +64,111 @@ def find_ring_regions(module: ir.Operation, callers: dict[str, int] | None = Non
     func.call ops naming each function (the same walk of the module finds both)."""
     funcs = module_funcs(module)
     meshes = module_meshes(module)
-    permute_cache: dict[str, list] = {}
+    found = _Found(callers if callers is not None else {})
+    module.walk(found.visit)
     axis_cache: dict = {}
     regions = []
-    for region in _manual_computations(module, callers if callers is not None else {}):
+    for region in found.regions:
         if PERMUTATION_ATTR in region.attributes:
             continue
-        permutes = []
-        for r in region.regions:
-            for block in r.blocks:
-                _collect_permutes(block, funcs, permutes, set(), permute_cache)
+        permutes = found.permutes_in(region, funcs)
         if permutes:
             regions.append(_describe(region, permutes, meshes, axis_cache))
     return regions
 
 
-def _manual_computations(module: ir.Operation, callers: dict[str, int]) -> list[ir.Operation]:
-    found = []
+_MANUAL = "sdy.manual_computation"
 
-    def visit(op):
+
+class _Found:
+    """What one walk of the module finds: the manual computations, the collective_permutes and the calls. A
+    permute belongs to the nearest manual computation or function around it (a nested shard_map's collectives
+    are its own ring), found by going up from the permute; so does a call, but only calls of functions that hold
+    permutes (themselves or through their calls) are placed so: a model's other calls are only counted."""
+
+    def __init__(self, callers: dict[str, int]):
+        self.callers = callers
+        self.regions: list[ir.Operation] = []
+        self.permutes: list[ir.Operation] = []
+        self.calls: dict[str, list[ir.Operation]] = {}  # callee -> the calls naming it
+        self._held: dict | None = None  # holder (op) -> (its permutes, the permute-holding functions it calls)
+        self._closure: dict[str, list] = {}
+
+    def visit(self, op: ir.Operation) -> ir.WalkResult:
         name = op.name
-        if name == "sdy.manual_computation":
-            found.append(op)
+        if name == _MANUAL:
+            self.regions.append(op)
         elif name == "func.call":
             callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
-            callers[callee] = callers.get(callee, 0) + 1
+            self.callers[callee] = self.callers.get(callee, 0) + 1
+            self.calls.setdefault(callee, []).append(op)
+        elif name == "stablehlo.collective_permute":
+            self.permutes.append(op)
         return ir.WalkResult.ADVANCE
 
-    module.walk(visit)
-    return found
+    def permutes_in(self, region: ir.Operation, funcs: dict[str, ir.Operation]) -> list[ir.Operation]:
+        """The permutes `region` runs: its own, and those of the functions it calls (not through a nested manual
+        computation, whose ring is its own)."""
+        held = self._holdings(funcs)
+        own, called = held.get(region, ((), ()))
+        out = list(own)
+        for callee in called:
+            out.extend(self._of_function(callee, funcs, held))
+        return out
+
+    def _holdings(self, funcs: dict[str, ir.Operation]) -> dict:
+        if self._held is not None:
+            return self._held
+        held: dict = {}
+        names = {f: name for name, f in funcs.items()}
+        bearing: list[str] = []
+        for permute in self.permutes:
+            holder = _holder(permute)
+            if holder is None:
+                continue
+            held.setdefault(holder, ([], []))[0].append(permute)
+            if holder.name == "func.func" and holder in names:
+                bearing.append(names[holder])
+        seen = set(bearing)
+        while bearing:  # the functions that call a permute-holding function hold permutes too
+            callee = bearing.pop()
+            for call in self.calls.get(callee, ()):
+                holder = _holder(call)
+                if holder is None:
+                    continue
+                held.setdefault(holder, ([], []))[1].append(callee)
+                caller = names.get(holder) if holder.name == "func.func" else None
+                if caller is not None and caller not in seen:
+                    seen.add(caller)
+                    bearing.append(caller)
+        self._held = held
+        return held
+
+    def _of_function(self, name: str, funcs: dict, held: dict) -> list:
+        """The permutes running `name` runs: those of every function it reaches through calls, itself included."""
+        found = self._closure.get(name)
+        if found is None:
+            found, reached, todo = [], {name}, [name]
+            while todo:
+                own, called = held.get(funcs[todo.pop()], ((), ()))
+                found.extend(own)
+                for callee in called:
+                    if callee not in reached:
+                        reached.add(callee)
+                        todo.append(callee)
+            self._closure[name] = found
+        return found
 
 
-def _collect_permutes(block, funcs, out: list, calling: set, cache: dict) -> None:
-    for opview in block.operations:
-        op = opview.operation
-        if op.name == "stablehlo.collective_permute":
-            out.append(op)
-        elif op.name == "func.call":
-            callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
-            if callee in funcs and callee not in calling:
-                if callee not in cache:
-                    found: list = []
-                    for inner in funcs[callee].regions[0].blocks:
-                        _collect_permutes(inner, funcs, found, calling | {callee}, cache)
-                    cache[callee] = found
-                out.extend(cache[callee])
-        if op.name == "sdy.manual_computation":
-            continue  # a nested shard_map: its collectives are its own ring (found as a region of its own)
-        for region in op.regions:
-            for inner in region.blocks:
-                _collect_permutes(inner, funcs, out, calling, cache)
+def _holder(op: ir.Operation) -> ir.Operation | None:
+    """The nearest manual computation or function around `op` (None outside any: no region runs it)."""
+    parent = op.parent
+    while parent is not None and parent.name not in (_MANUAL, "func.func"):
+        try:
+            parent = parent.parent
+        except ValueError:  # past the top (the bindings say a detached op has no parent)
+            return None
+    return parent.operation if parent is not None else None
 
 
 def _describe(region: ir.Operation, permutes: list, meshes: dict, axis_cache: dict) -> RingRegion:
@@ -238,18 +294,19 @@ def axis_strides(mesh: Mesh) -> dict[str, int]:
     return out
 
 
-_SYMBOL = re.compile(r"@([A-Za-z0-9_$.\-]+)")  # a symbol reference, as the printer writes it
+_SYMBOL = re.compile(rb"@([A-Za-z0-9_$.\-]+)")  # a symbol reference, as the printer writes it
 
 
 class StructuralKeys:
     """Keys equal for ops that are the same program up to the names of the functions they call (the layers of a
     model, each its own shard_map with its own copies of the kernel's helpers). Each op and function is printed
-    once, without locations, and every callee's name replaced by the callee's own key: linear in the module."""
+    once, without locations, and every callee's name replaced by the callee's own key: linear in the module. The
+    text is kept as the printer's bytes (decoding it would cost a sixth of the printing)."""
 
     def __init__(self, funcs: dict[str, ir.Operation]):
         self.funcs = funcs
-        self._keys: dict[str, str] = {}
-        self._digests: dict[str, str] = {}  # function name -> digest of its key
+        self._keys: dict[str, bytes] = {}
+        self._digests: dict[str, bytes] = {}  # function name -> digest of its key
 
     def of_ring(self, ring: RingRegion) -> str:
         """The key of a ring region's op, kept on the region (the proof's memo and the layout's both ask)."""
@@ -259,31 +316,32 @@ class StructuralKeys:
         return found
 
     def of(self, op: ir.Operation) -> str:
-        text = self._normalised(op.get_asm(use_local_scope=True, assume_verified=True), set())
-        return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+        text = self._normalised(cast(bytes, op.get_asm(binary=True, use_local_scope=True, assume_verified=True)),
+                                set())
+        return hashlib.blake2b(text, digest_size=16).hexdigest()
 
-    def _function(self, name: str, calling: set) -> str:
+    def _function(self, name: str, calling: set) -> bytes:
         found = self._keys.get(name)
         if found is None:
             if name in calling:
-                return "@" + name  # recursion: the name stands for itself
-            text = self.funcs[name].get_asm(use_local_scope=True, assume_verified=True)
-            text = text[text.index("(", text.index("@")):]  # the function's own name left out
+                return b"@" + name.encode()  # recursion: the name stands for itself
+            text = cast(bytes, self.funcs[name].get_asm(binary=True, use_local_scope=True, assume_verified=True))
+            text = text[text.index(b"(", text.index(b"@")):]  # the function's own name left out
             found = self._keys[name] = self._normalised(text, calling | {name})
         return found
 
-    def _normalised(self, text: str, calling: set) -> str:
+    def _normalised(self, text: bytes, calling: set) -> bytes:
         funcs, digests = self.funcs, self._digests
 
-        def replace(match: re.Match) -> str:
-            name = match.group(1)
+        def replace(match: re.Match) -> bytes:
+            name = match.group(1).decode()
             if name not in funcs:
                 return match.group(0)
             digest = digests.get(name)
             if digest is None:
-                digest = hashlib.blake2b(self._function(name, calling).encode(), digest_size=16).hexdigest()
+                digest = hashlib.blake2b(self._function(name, calling), digest_size=16).hexdigest().encode()
                 if name not in calling:
                     digests[name] = digest
-            return "@{" + digest + "}"
+            return b"@{" + digest + b"}"
 
         return _SYMBOL.sub(replace, text)

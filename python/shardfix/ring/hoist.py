@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import operator
 from dataclasses import dataclass
 
 from jaxlib.mlir import ir
@@ -108,14 +109,28 @@ class Perm:
         return self.op.results[0]
 
 
-def perm_of(op: ir.Operation) -> Perm | None:
-    """The permutation an op is, when it is one that ring-reorder (or this module) inserted."""
-    if op.name != "sdy.manual_computation" or PERMUTATION_ATTR not in op.attributes:
+def perm_of(op: ir.Operation, read: dict | None = None) -> Perm | None:
+    """The permutation an op is, when it is one that ring-reorder (or this module) inserted. `read`: what was read
+    of permutations before, by their parameters, operand type and shardings (attributes and types are uniqued,
+    so equal ones are the same objects: a model's permutations are read once per kind)."""
+    attributes = op.attributes
+    if op.name != "sdy.manual_computation" or PERMUTATION_ATTR not in attributes:
         return None
-    params = ir.DictAttr(op.attributes[PERMUTATION_ATTR])
+    params, shardings = attributes[PERMUTATION_ATTR], attributes["in_shardings"]
+    key = (params, op.operands[0].type, shardings)
+    found = read.get(key) if read is not None else None
+    if found is None:
+        found = _read_perm(ir.DictAttr(params), key[1], shardings)
+        if read is not None:
+            read[key] = found
+    kind, dim, inverse, parsed = found
+    return Perm(op, kind, dim, inverse, parsed)
+
+
+def _read_perm(params: ir.DictAttr, operand_type: ir.Type, shardings: ir.Attribute) -> tuple:
     dim = ir.IntegerAttr(params["dim"]).value
-    length = ir.ShapedType(op.operands[0].type).get_dim_size(dim)
-    sharding = sdy.TensorShardingPerValueAttr(op.attributes["in_shardings"]).shardings[0]
+    length = ir.ShapedType(operand_type).get_dim_size(dim)
+    sharding = sdy.TensorShardingPerValueAttr(shardings).shardings[0]
     try:  # a mesh by name (the permutations built here name theirs), read without parsing the whole sharding
         mesh, parsed = ir.FlatSymbolRefAttr(sdy.TensorShardingAttr(sharding).mesh_or_ref).value, None
     except (TypeError, ValueError):
@@ -123,7 +138,7 @@ def perm_of(op: ir.Operation) -> Perm | None:
         mesh = parsed.mesh
     kind = Kind(ir.StringAttr(params["strategy"]).value, ir.IntegerAttr(params["stripe"]).value,
                 ir.StringAttr(params["axis"]).value, mesh, length)
-    return Perm(op, kind, dim, ir.BoolAttr(params["inverse"]).value, parsed)
+    return kind, dim, ir.BoolAttr(params["inverse"]).value, parsed
 
 
 @dataclass
@@ -148,6 +163,8 @@ _NO_REGIONS = _SAME_SHAPE | frozenset({
     "stablehlo.iota", "stablehlo.dynamic_slice", "stablehlo.dynamic_update_slice", "func.call", "func.return",
     "stablehlo.collective_permute", "stablehlo.custom_call", "stablehlo.clamp"})
 
+_TYPE = operator.attrgetter("type")
+
 # Ops without operands that may give a value in permuted order as they are or beside them (`_computed_permuted`).
 _COMPUTED_PERMUTED = frozenset({"stablehlo.iota", "stablehlo.constant"})
 
@@ -170,6 +187,7 @@ class Mover:
         self._fits: dict[tuple, bool] = {}
         self._rules: dict[tuple, object] = {}
         self._signatures: dict[tuple, int] = {}
+        self.perms_read: dict = {}  # see perm_of
 
     def kind(self, kind: Kind) -> Kind:
         """The one Kind object equal to `kind` (Orders are looked up by their kind's identity)."""
@@ -225,9 +243,10 @@ class Mover:
         (two reductions alike but for their bodies aren't alike). A number, so that the several rule keys of an op
         don't each hash all of that again."""
         attributes = op.attributes  # iterated, its names
+        names = list(attributes)
         body = reducer(op) if name in ("stablehlo.reduce", "stablehlo.scatter") else None
-        whole = (name, tuple(v.type for v in values), tuple(r.type for r in op.results),
-                 tuple((key, attributes[key]) for key in attributes), body)
+        whole = (name, tuple(map(_TYPE, values)), tuple(map(_TYPE, op.results)),
+                 tuple(zip(names, map(attributes.__getitem__, names))), body)
         return self._signatures.setdefault(whole, len(self._signatures))
 
     @property
@@ -276,7 +295,7 @@ class _Body:
         self.perms: dict[int, Perm] = {}  # place -> the permutation there
         for i, name in enumerate(self.names):
             if name == "sdy.manual_computation":
-                perm = perm_of(self.ops[i])
+                perm = perm_of(self.ops[i], mover.perms_read)
                 if perm is not None:
                     perm.kind = mover.kind(perm.kind)
                     perm.order = mover.order(perm.kind, perm.dim)
@@ -319,7 +338,7 @@ class _Body:
                                                              self.runs_permuted, self.own)
         for place, op in enumerate(self.ops):
             values = list(op.operands)
-            keys = [hash(v) for v in values]
+            keys = list(map(hash, values))
             for key in keys:
                 count[key] = count.get(key, 0) + 1
             name = names[place]
@@ -373,8 +392,10 @@ class _Body:
                                                                 lambda: reduced_with(op, i, order.dim))}
                                     if dim == REDUCED else
                                     mover.rule((signature, "carriers", dim), lambda: mover.carriers(op, dim, name)))
-                if dim != REDUCED and not all(self.mover.fits(r.type, self.mover.order(order.kind, dim))
-                                              for r in op.results):
+                # (its results' types are in the signature: whether they fit is asked once per kind of op too)
+                if dim != REDUCED and not mover.rule(
+                        (signature, "fits", dim, order.kind.length),
+                        lambda: all(mover.fits(r.type, mover.order(order.kind, dim)) for r in op.results)):
                     raise Blocked("changes the sequence length")  # its result couldn't be put back in order
             except Blocked as why:
                 self.mover.say(order.kind, True, op, why)

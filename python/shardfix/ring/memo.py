@@ -6,8 +6,9 @@ same places.
 The key of a group (linear in its size): each region's structural key (detect.StructuralKeys: the program up to the
 names of the functions it calls), which region of the group produces each operand, and whether each result is read
 only by the group's regions (what prove.py's verdict depends on besides the regions' own programs). A verdict is
-carried over by position: every op a rewrite or a unit names is found at the same preorder place of the region's
-body, or of the function the same call reaches. Nothing here reads the analysis: only the verdicts' fields.
+carried over by position: every op a rewrite or a unit names is found at the same place (region, block and op
+indices from the holder down) of the region's body, or of the function the same call reaches. Nothing here reads
+the analysis: only the verdicts' fields.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ class GroupMemo:
         self.funcs = funcs
         self.keys = StructuralKeys(funcs)
         self._found: dict[tuple, tuple[list[RingRegion], list]] = {}
-        self._orders: dict[int, tuple[list, dict]] = {}  # id(op holding a body) -> (its ops, op -> place)
+        self._paths: dict = {}  # op of a proved group -> where it sits in its holder (`_path`)
+        self._places: dict = {}  # block of a proved group -> its ops' places
 
     def key(self, group: list[RingRegion]) -> tuple:
         members = {r.region: i for i, r in enumerate(group)}
@@ -68,31 +70,56 @@ class GroupMemo:
         moved_calls = []
         for call in calls:
             # once both chains reach the same function (the layers share the kernel), ops stay where they are
-            new_call = call if old_holder is new_holder else self._at(new_holder, self._place(old_holder, call))
+            new_call = call if old_holder is new_holder else self._at(new_holder, self._path(old_holder, call))
             moved_calls.append(new_call)
             old_holder = self.funcs[ir.FlatSymbolRefAttr(call.attributes["callee"]).value]
             new_holder = self.funcs[ir.FlatSymbolRefAttr(new_call.attributes["callee"]).value]
-        moved = op if old_holder is new_holder else self._at(new_holder, self._place(old_holder, op))
+        moved = op if old_holder is new_holder else self._at(new_holder, self._path(old_holder, op))
         return {"op": moved, "calls": tuple(moved_calls)}
 
-    def _order(self, holder: ir.Operation) -> tuple[list, dict]:
-        found = self._orders.get(id(holder))
+    def _path(self, holder: ir.Operation, op: ir.Operation) -> tuple:
+        """Where `op` sits in `holder`: (region, block, op) indices from the holder down (KeyError if it isn't in
+        it). Read upwards from the op, each block's ops numbered once: the proved group's holders are asked for
+        every group carried over, the others never walked."""
+        found = self._paths.get((holder, op))
         if found is None:
-            ops: list = []
-
-            def visit(op):
-                ops.append(op)
-                return ir.WalkResult.ADVANCE
-
-            holder.walk(visit, ir.WalkOrder.PRE_ORDER)
-            found = self._orders[id(holder)] = (ops, {op: i for i, op in enumerate(ops)})
+            steps: list = []
+            current = op
+            while current != holder:
+                try:
+                    block = current.block
+                except ValueError:  # the top reached: `op` is not in `holder`
+                    raise KeyError(op) from None
+                if block is None:
+                    raise KeyError(op)
+                region = block.region
+                owner = region.owner.operation
+                steps.append((_index(owner.regions, region), _index(region.blocks, block),
+                              self._place(block, current)))
+                current = owner
+            found = self._paths[(holder, op)] = tuple(reversed(steps))
         return found
 
-    def _place(self, holder: ir.Operation, op: ir.Operation) -> int:
-        return self._order(holder)[1][op]
+    def _place(self, block: ir.Block, op: ir.Operation) -> int:
+        places = self._places.get(block)
+        if places is None:
+            places = self._places[block] = {o.operation: i for i, o in enumerate(block.operations)}
+        return places[op]
 
-    def _at(self, holder: ir.Operation, place: int) -> ir.Operation:
-        return self._order(holder)[0][place]
+    @staticmethod
+    def _at(holder: ir.Operation, path: tuple) -> ir.Operation:
+        """The op at `path` in `holder` (IndexError where the holder has no such place)."""
+        op = holder
+        for region, block, place in path:
+            op = op.regions[region].blocks[block].operations[place].operation
+        return op
+
+
+def _index(items, item) -> int:
+    for i, candidate in enumerate(items):
+        if candidate == item:
+            return i
+    raise KeyError(item)
 
 
 __all__ = ["GroupMemo"]
