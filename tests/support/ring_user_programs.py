@@ -402,6 +402,7 @@ def _registry() -> list[Program]:
     # source coordinate, a window `q - w <= k`; proved. Their look-alikes that depend on where tokens sit: refused.
     from support import ring_user_variants as uv
     for name, mesh in (("full-init", "explicit"), ("full-init", "auto"), ("full-init-window20", "explicit"),
+                       ("full-init-every5", "explicit"),
                        ("carried-source", "explicit"), ("ppermuted-source", "auto"),
                        ("carried-source-window20", "cp8")):
         add(f"variant-{name}" + ("" if mesh == "explicit" else f"@{mesh}"), refusal(uv.ACCEPTED[name]), "proved",

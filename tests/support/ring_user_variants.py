@@ -33,8 +33,10 @@ def _finish(state):
     return o / per_row(l, o)
 
 
-def full_init(cp: int, window: int | None = None):
-    """Causal (or causal sliding-window) ring attention, the state from jnp.full / jnp.zeros, in a fori_loop."""
+def full_init(cp: int, window: int | None = None, every: int | None = None):
+    """Causal ring attention, the state from jnp.full / jnp.zeros, in a fori_loop; `window`: a sliding window
+    `q - window <= k`; `every`: keys whose position is a multiple of `every` hidden (`k % every != 0`) but from
+    themselves."""
     def body(q, k, v):
         n = q.shape[1]
         me = lax.axis_index("cp")
@@ -46,6 +48,8 @@ def full_init(cp: int, window: int | None = None):
             keep = q_pos[:, None] >= k_pos[None, :]
             if window is not None:
                 keep &= q_pos[:, None] - window <= k_pos[None, :]
+            if every is not None:
+                keep &= (k_pos % every != 0)[None, :] | (q_pos[:, None] == k_pos[None, :])
             state = merge_online(state, jnp.where(keep, scores(q, k), NEG), v, i)
             return state, lax.ppermute(k, "cp", ring(cp)), lax.ppermute(v, "cp", ring(cp))
 
@@ -182,6 +186,27 @@ def carried_source_wrong_way(cp: int):
     return body
 
 
+def carried_source_skip(cp: int):
+    """A block skipped when its carried source coordinate comes after this device's (flash_attn_jax's switch on
+    the travelling `k_ix`): right only when blocks are contiguous."""
+    def body(q, k, v):
+        n = q.shape[1]
+        me = lax.axis_index("cp")
+        q_pos = _positions(me, n)
+
+        def step(carry, _):
+            state, k, v, src = carry
+            keep = q_pos[:, None] >= _positions(src, n)[None, :]
+            run = lambda st: merge_online(st, jnp.where(keep, scores(q, k), NEG), v, 0)  # noqa: E731
+            state = lax.cond(src <= me, run, lambda st: st, state)  # refused here
+            src = lax.ppermute(src, "cp", ring(cp))
+            return (state, lax.ppermute(k, "cp", ring(cp)), lax.ppermute(v, "cp", ring(cp)), src), None
+
+        (state, _, _, _), _ = lax.scan(step, (_state(q, "full"), k, v, me), None, length=cp)
+        return _finish(state)
+    return body
+
+
 def window_from_block_start(cp: int, window: int = 20):
     """A window measured from the visiting block's first position rather than each key's own: the block start is
     a place in the layout, which the reorder moves."""
@@ -243,7 +268,8 @@ def hop_temperature(cp: int):
 
 
 ACCEPTED = {"full-init": full_init, "full-init-window20": lambda cp: full_init(cp, window=20),
+            "full-init-every5": lambda cp: full_init(cp, every=5),
             "carried-source": carried_source, "ppermuted-source": lambda cp: carried_source(cp, "ppermuted"),
             "carried-source-window20": lambda cp: carried_source(cp, window=20)}
 REFUSALS = (int_truncated_sum, converted_decay, carried_source_wrong_modulus, carried_source_wrong_way,
-            window_from_block_start, window_by_local_index)
+            carried_source_skip, window_from_block_start, window_by_local_index)

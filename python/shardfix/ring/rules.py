@@ -224,6 +224,10 @@ def _index_elementwise(engine: Engine, op, ins: list[Index]) -> Index | None:
             return None
         if name == "stablehlo.divide":
             return Index(out, sym.divide(e[0], e[1].const, scope, src))
+        if _offset_position(engine, e, out) == 0:
+            # positions modulo a constant (`k_pos % 5 != 0`): read as positions here, so that the remainder is that
+            # of each token's own position in either layout (of the local index, c * n + j reduced, it would not be)
+            e[0] = engine.resolve(ins[0], op, 0).expr
         return Index(out, sym.remainder(e[0], e[1].const, scope, _coordinate_namer(engine), src))
     if name == "stablehlo.sign":
         return Index(out, sym.sign(e[0], scope, src))
