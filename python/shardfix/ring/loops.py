@@ -334,8 +334,10 @@ def _discover(engine: Engine, op, inits, passthrough, counter) -> _Plan:
     return _Plan(index_steps, hop_steps, widened, k, free, coord_steps)
 
 
-def _coordinate_hop(value: Index) -> Aff | None:
+def _coordinate_hop(value) -> Aff | None:
     """The hop h when `value` is exactly the ring coordinate of the block h ring steps behind, (c - h) mod cp."""
+    if not isinstance(value, Index):
+        return None
     terms = value.expr.terms
     if value.expr.const == 0 and len(terms) == 1 and terms[0][1] == 1 and isinstance(terms[0][0], Coord):
         return terms[0][0].hop
