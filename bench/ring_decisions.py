@@ -36,7 +36,10 @@ Build = Callable[[jax.sharding.Mesh, bool], tuple[Callable, tuple]]
 USER = ("blockwise-causal", "blockwise-causal-segments", "blockwise-window40", "blockwise-window8",
         "blockwise-alibi", "blockwise-prefix20", "blockwise-chunked16", "blockwise-sinks", "fori-causal",
         "fori-causal-rope-table", "fori-causal-prefill-offset", "fori-causal-softmax-aux", "fori-bidirectional",
-        "nested-blockwise-causal", "project-scan-vjp", "vjp-causal", "refuse-all-gather-into-buffer", "refuse-device-keyed-dropout", "refuse-sorted-keys", "refuse-positions-left-behind")
+        "nested-blockwise-causal", "project-scan-vjp", "vjp-causal", "variant-full-init", "variant-full-init-window20",
+        "variant-carried-source", "variant-ppermuted-source@auto", "refuse-all-gather-into-buffer",
+        "refuse-device-keyed-dropout", "refuse-sorted-keys", "refuse-positions-left-behind",
+        "refuse-int-truncated-sum", "refuse-carried-source-wrong-modulus")
 
 
 def _ejkernel(mesh, variant: str, grad: bool):
@@ -52,6 +55,10 @@ def kernels() -> Iterator[tuple[str, Build, bool]]:
     for segments in (False, True):
         name = "Liu et al. RingAttention, causal" + (", segment ids" if segments else "")
         yield name, lambda m, g, s=segments: (liu_ring.sharded(m, 8, s), liu_ring.inputs(m, s)), True
+    # as LWM runs it: bfloat16 q, k, v and compute dtype
+    yield "Liu et al. RingAttention, causal, bfloat16", lambda m, g: (
+        liu_ring.sharded(m, 8, False, dtype=jnp.bfloat16),
+        tuple(x.astype(jnp.bfloat16) for x in liu_ring.inputs(m, False))), True
     try:
         import ejkernel  # noqa: F401
     except ImportError:

@@ -1,7 +1,9 @@
 """Generated ring bodies: random compositions of the pieces ring kernels are made of (blocks travelling one way or
-the other, with or without their positions, positions from data or from axis_index, masks computed from positions
-by any arithmetic (causal, sliding window, ALiBi, floor-divided chunks), order-free merges (step-0 resets, a sink
-logit in the start state among them), and the order-sensitive or position-reading steps that break them), some
+the other, with or without their positions, positions from data, from axis_index or from a source coordinate the
+loop carries, masks computed from positions by any arithmetic (causal, sliding window, a window offset by a
+constant, ALiBi, floor-divided chunks), order-free merges (step-0 resets, a sink logit in the start state among
+them), and the order-sensitive or position-reading steps that break them: a carried source stepped modulo the wrong
+number, a window measured from a block's first position, a running sum truncated to integers), some
 differentiated by jax.grad. Each program is either rewritten by ring-reorder
 and then computes what jax.jit of it computes (to 1e-5), or refused with the op and the line that broke a rule;
 never rewritten into something else."""
@@ -27,15 +29,17 @@ CHOICES = {
     "direction": ([1, -1], [1, -1]),
     "steps": ([CP], [CP, CP - 1]),
     "loop": (["fori", "unrolled"], ["fori", "unrolled"]),
-    "positions": (["data", "axis_index"], ["data", "axis_index", "axis_index_wrong_sign", "none"]),
+    "positions": (["data", "axis_index", "carried"],
+                  ["data", "axis_index", "carried", "axis_index_wrong_sign", "carried_wrong_modulus", "none"]),
     "travel_positions": ([True], [True, False]),
     "merge": (["softmax", "sum", "max", "visiting_total", "reset"],
               ["softmax", "sum", "max", "visiting_total", "reset", "own_plus_visiting", "concat_visiting",
-               "visiting_rows", "reset_drops_first"]),
+               "visiting_rows", "reset_drops_first", "sum_truncated"]),
     "start": (["identity", "sink"], ["identity", "sink"]),
     "grad": ([False, False, False, True], [False, False, False, True]),
-    "mask": (["causal", "none", "window", "alibi", "chunked"],
-             ["causal", "none", "window", "alibi", "chunked", "local_index", "coordinate_bias"]),
+    "mask": (["causal", "none", "window", "window_offset", "alibi", "chunked"],
+             ["causal", "none", "window", "window_offset", "alibi", "chunked", "local_index", "coordinate_bias",
+              "window_from_block_start"]),
     "pre": (["none", "tanh", "weights"], ["none", "tanh", "weights", "cumsum", "reverse"]),
     "post": (["none", "scale", "psum_loss"], ["none", "scale", "cumsum", "psum_loss"]),
     "skip": (["none", "by_positions"], ["none", "by_positions", "by_coordinates"]),
@@ -54,10 +58,12 @@ def build(spec):
     cp, direction = CP, spec["direction"]
     ring = [(i, (i + direction) % cp) for i in range(cp)]
 
-    def positions_of(me, hop):
-        src = (me - direction * hop) % cp
+    def source(me, hop):
         if spec["positions"] == "axis_index_wrong_sign":
-            src = (me + direction * hop) % cp
+            return (me + direction * hop) % cp
+        return (me - direction * hop) % cp
+
+    def positions_of(src):
         return src * L + jnp.arange(L)
 
     def body(x, pos, w):
@@ -71,7 +77,7 @@ def build(spec):
             q = q[:, ::-1]
         elif spec["pre"] == "weights":
             q = q @ w
-        q_pos = pos if spec["positions"] in ("data", "none") else jnp.broadcast_to(positions_of(me, 0), pos.shape)
+        q_pos = pos if spec["positions"] in ("data", "none") else jnp.broadcast_to(positions_of(me), pos.shape)
         m = jnp.full(q.shape[:2], NEG, q.dtype) + q[..., 0] * 0
         acc = (m, m * 0, q * 0)
         if spec["start"] == "sink" and spec["merge"] in ("softmax", "reset"):  # a sink logit folded into the start
@@ -79,9 +85,11 @@ def build(spec):
         k, k_pos = x, pos
 
         def step(s, carry):
-            acc, k, k_pos = carry
+            acc, k, k_pos, src = carry
             if spec["positions"].startswith("axis_index"):
-                kp = jnp.broadcast_to(positions_of(me, s), pos.shape)
+                kp = jnp.broadcast_to(positions_of(source(me, s)), pos.shape)
+            elif spec["positions"].startswith("carried"):  # the source coordinate carried by the loop (ejkernel)
+                kp = jnp.broadcast_to(positions_of(src), pos.shape)
             else:
                 kp = k_pos
             scores = jnp.einsum("bqd,bkd->bqk", q, k)
@@ -92,6 +100,10 @@ def build(spec):
                 scores = jnp.where(qp >= kp2, scores, NEG)
             elif spec["mask"] == "window":  # a sliding window: a difference of two blocks' positions
                 scores = jnp.where((qp >= kp2) & (qp - kp2 < 6), scores, NEG)
+            elif spec["mask"] == "window_offset":  # the same window, positions offset by a constant
+                scores = jnp.where((qp >= kp2) & (qp - 6 < kp2), scores, NEG)
+            elif spec["mask"] == "window_from_block_start":  # measured from the block's first position
+                scores = jnp.where((qp >= kp2) & (qp - 6 < jnp.min(kp2, axis=-1, keepdims=True)), scores, NEG)
             elif spec["mask"] == "alibi":  # a bias linear in the distance
                 scores = jnp.where(qp >= kp2, scores - 0.25 * (qp - kp2).astype(scores.dtype), NEG)
             elif spec["mask"] == "chunked":  # Llama-4's local chunks: floor division of positions
@@ -117,6 +129,8 @@ def build(spec):
                        jnp.where(s == 0, fresh[1], o0 * corr[..., None] + p @ k))
             elif spec["merge"] == "sum":
                 new = (m0, l0, o0 + jnp.tanh(scores) @ k)
+            elif spec["merge"] == "sum_truncated":  # the running sum truncated to integers every step
+                new = (m0, l0, (o0 + 4.0 * jnp.tanh(scores) @ k).astype(jnp.int32).astype(o0.dtype))
             elif spec["merge"] == "max":
                 new = (jnp.maximum(m0, jnp.max(scores, axis=-1)), l0, o0)
             elif spec["merge"] == "visiting_total":  # every block's total reaches every token: order-free
@@ -137,15 +151,19 @@ def build(spec):
             k = jax.lax.ppermute(k, "cp", ring)
             if spec["travel_positions"]:
                 k_pos = jax.lax.ppermute(k_pos, "cp", ring)
-            return acc, k, k_pos
+            if spec["positions"] == "carried":
+                src = (src - direction) % cp
+            elif spec["positions"] == "carried_wrong_modulus":
+                src = (src - direction) % (cp - 1)
+            return acc, k, k_pos, src
 
-        carry = (acc, k, k_pos)
+        carry = (acc, k, k_pos, me)
         if spec["loop"] == "fori":
             carry = jax.lax.fori_loop(0, spec["steps"], step, carry)
         else:
             for s in range(spec["steps"]):
                 carry = step(s, carry)
-        (m, l, o), _, _ = carry
+        (m, l, o), _, _, _ = carry
         out = o / (l[..., None] + 1.0) + m[..., None] * 1e-3
         if spec["post"] == "scale":
             out = out * 2.0

@@ -77,7 +77,7 @@ def assert_refused_at_marked_line(p: Program, low, strategy: str = "auto"):
             continue  # no stripe fits the units the program reads: refused before any proof
         assert r.why.startswith("not provably safe"), r.why
         assert OP.search(r.why), r.why
-        cited = {int(n) for n in re.findall(r"ring_user_(?:refusals|kernels|programs)\.py:(\d+)", r.why)}
+        cited = {int(n) for n in re.findall(r"ring_user_(?:refusals|kernels|programs|variants)\.py:(\d+)", r.why)}
         if p.grad and not cited & set(lines):
             # a backward is paired with its forward only where every op of it carries the traceback of a proved
             # forward op; in a process that traced jnp's jitted helpers for another program first, their ops carry
@@ -360,3 +360,44 @@ def test_results_equal_jax_jit(batch, strategy):
             if not np.allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5):
                 wrong.append(f"{name}: max difference {np.max(np.abs(np.asarray(a) - np.asarray(b))):.3g}")
     assert not wrong, "SOUNDNESS: " + "; ".join(wrong)
+
+
+def test_bfloat16_merge_state_is_proved_and_rewritten_to_bfloat16_precision():
+    """A causal ring over bfloat16 q, k, v that stores its merge state in bfloat16 between steps
+    (`.astype(q.dtype)`, the state made with jnp.full), the merge itself in float32: a float->float convert is the
+    identity in exact arithmetic, so the merge is the online softmax, proved, and rewritten where a layout is asked.
+    Compared with jax.jit's bfloat16 run to 2e-2: the reordered ring merges each query's blocks in another order and
+    rounds the state to bfloat16 (a relative step of 2^-8) after every step, so the two may differ by a few
+    bfloat16 steps of the O(1) outputs. (A truncating integer convert in the same place is refused:
+    refuse-int-truncated-sum.)"""
+    from support import ring_user_variants as uv
+    from support.ring_user_programs import qkv, sharded
+
+    mesh = _meshes()["explicit"]
+    fn = sharded(mesh, uv.bf16_state(mesh.shape["cp"], init="full"), 3)
+    args = tuple(x.astype(jnp.bfloat16) for x in qkv(mesh))
+    low = autofix_shardings(fn, on_fix="ignore").lower(*args)
+    assert low.rings and all(not r.why.startswith("not provably safe") for r in low.rings), describe(low)
+    low = autofix_shardings(fn, ring_reorder="zigzag", on_fix="ignore").lower(*args)
+    assert low.rings and all(r.applied for r in low.rings), describe(low)
+    got = np.asarray(low.compile(compiler_options=FAST)(*args), np.float32)
+    want = np.asarray(jax.jit(fn).lower(*args).compile(compiler_options=FAST)(*args), np.float32)
+    np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
+
+
+def test_result_that_depends_on_the_ring_step_is_refused_in_the_users_words():
+    """A temperature that grows with the ring step reaches the result (which keys meet which temperature changes
+    with the layout): refused at the region, saying what depends on the step and what to do, without the
+    analysis's own notation of the value."""
+    from support import ring_user_variants as uv
+    from support.ring_user_programs import qkv, sharded
+
+    mesh = _meshes()["explicit"]
+    low = autofix_shardings(sharded(mesh, uv.hop_temperature(mesh.shape["cp"]), 3), on_fix="ignore").lower(
+        *qkv(mesh))
+    (ring_decision,) = low.rings
+    why = ring_decision.why
+    assert not ring_decision.applied and why.startswith("not provably safe: 'sdy.manual_computation' at "), why
+    assert "result 0 depends on the ring step" in why and "compute it from the tokens' positions" in why, why
+    assert not re.search(r"data<|tok\(|\bfn \d", why), why
+    assert PERMUTATION not in low.as_text()

@@ -398,6 +398,17 @@ def _registry() -> list[Program]:
         add(f"refuse-{make.__name__.replace('_', '-')}", refusal(make), "refused", source=make)
     add("refuse-positions-left-behind", refusal(ur.positions_left_behind, positions=True), "refused",
         source=ur.positions_left_behind)
+    # Spelled as published kernels spell them (ring_user_variants): state from jnp.full, a carried or ppermuted
+    # source coordinate, a window `q - w <= k`; proved. Their look-alikes that depend on where tokens sit: refused.
+    from support import ring_user_variants as uv
+    for name, mesh in (("full-init", "explicit"), ("full-init", "auto"), ("full-init-window20", "explicit"),
+                       ("full-init-every5", "explicit"),
+                       ("carried-source", "explicit"), ("ppermuted-source", "auto"),
+                       ("carried-source-window20", "cp8")):
+        add(f"variant-{name}" + ("" if mesh == "explicit" else f"@{mesh}"), refusal(uv.ACCEPTED[name]), "proved",
+            ZIGZAG, mesh=mesh)
+    for make in uv.REFUSALS:
+        add(f"refuse-{make.__name__.replace('_', '-')}", refusal(make), "refused", source=make)
     add("grad-refuse-attention-then-cumsum", refusal(ur.attention_then_cumsum), "refused", grad=True,
         source=ur.attention_then_cumsum)
     add("grad-refuse-coordinate-skip", refusal(ur.coordinate_skip), "refused", grad=True,

@@ -61,7 +61,9 @@ def unify(engine: Engine, op, values: list[Data], out_shape) -> tuple[tuple, dic
         stacks = [(i, r) for i, r in present if isinstance(r, Stack)]
         frees = [(i, r) for i, r in present if r == FREE]
         if toks and (frees or stacks):
-            engine.refuse(f"combines token data with data that varies with local position along dim {d}", op)
+            engine.refuse(f"combines token data with data that varies with local position along dim {d} (an index "
+                          "within the block, like jnp.arange(n) or a mask made from it, rather than each token's "
+                          "place in the sequence): make it from global positions, axis_index * n + arange(n)", op)
         if stacks:
             if frees or len({r for _, r in stacks}) != 1:
                 engine.refuse("combines stacked buffers of different loops", op)
@@ -169,6 +171,13 @@ def try_complete(engine: Engine, value: Data) -> Data:
 
 def combine(engine: Engine, op, values: list[Data]) -> Data:
     out = shape(op.results[0])
+    if op.name == "stablehlo.convert" and float_to_float(op):
+        # A float->float convert (bf16 <-> f32, a carry made `.astype(q.dtype)`) is the identity in exact
+        # arithmetic, a rounding like that of every add: the same function of the same tokens, partial aggregates
+        # included, so a merge run in bf16 with converts around it is the merge. The reorder changes only the order
+        # blocks are folded in, and proofs already treat float rounding as exact. Converts to or from an integer
+        # type are not the identity (truncation, or an integer sum that wraps) and take the rules below.
+        return values[0]
     if op.name == "stablehlo.multiply" and any(v.agg is None and engine.fns.constant(v.fn) == 0.0 for v in values):
         return _const_data(engine, 0.0, out)  # anything times zero, a running aggregate too (finite numbers)
     completed = [try_complete(engine, v) for v in values]
@@ -192,6 +201,12 @@ def combine(engine: Engine, op, values: list[Data]) -> Data:
     elements = _combine_elements(engine, op, values, roles)
     fn = ew_fn(engine, op.name, _attrs(op), values)
     return canonical(Data(tuple(out), roles, tuple(axes.items()), fn, None, elements))
+
+
+def float_to_float(op) -> bool:
+    """A convert between two floating-point types."""
+    return isinstance(ir.ShapedType(op.operands[0].type).element_type, ir.FloatType) and \
+        isinstance(ir.ShapedType(op.results[0].type).element_type, ir.FloatType)
 
 
 def _rescaling(op, values: list[Data]) -> bool:
@@ -284,7 +299,13 @@ def _aggregate_rule(engine: Engine, op, values: list[Data], out) -> Data:
         covered = Coverage(tuple(p for v in aggs for p in v.agg.cov.parts))
         base = Data(tuple(out), tuple(CONST for _ in out), (), 0)
         return with_agg(engine, base, Agg("unitfn", None, ew_fn(engine, name, _attrs(op), values), covered))
-    if name in ("stablehlo.convert", "stablehlo.negate") and aggs[0].agg.op in SUM_LIKE:
+    if name == "stablehlo.convert":
+        # float->float converts never get here (the identity, above); truncating a running sum or max to an integer
+        # mid-merge (or widening an integer sum that may have wrapped) makes the result depend on the order
+        engine.refuse("converts a partial aggregate (a running sum or max) to or from an integer type before every "
+                      "block is merged in, which truncates or wraps differently in each layout: convert the terms "
+                      "before reducing them, or the finished result after the ring", op)
+    if name == "stablehlo.negate" and aggs[0].agg.op in SUM_LIKE:
         return relabel(engine, op, aggs[0], plain)
     if name == "stablehlo.add":
         return _add(engine, op, values)
@@ -303,6 +324,13 @@ def _aggregate_rule(engine: Engine, op, values: list[Data], out) -> Data:
         return _select(engine, op, values)
     if name in ("stablehlo.multiply", "stablehlo.divide"):
         return _scale(engine, op, values)
+    if name in ("stablehlo.log", "stablehlo.abs", "stablehlo.log_plus_one") and aggs[0].agg.op == "ssum":
+        # log(sum of exp(s - max)): a block's log-sum-exp (jax.nn.logsumexp takes it of abs), the lse merge that
+        # flash-attention kernels' per-block results invite (logaddexp of lses); not an algebra proved here
+        engine.refuse("takes the log of a softmax sum, a log-sum-exp (jax.nn.logsumexp, or m + log(l)), to merge "
+                      "blocks by it: an lse merge is not supported; carry the running max, sum and accumulator "
+                      "instead (m = maximum(m, s.max(-1)); c = exp(m_old - m); l = l * c + p.sum(-1); "
+                      "acc = acc * c + p @ v) and divide by l after the ring", op)
     engine.refuse("combines a partial aggregate (a running sum or max) with other data in a way that is not an "
                   "order-free merge", op)
 

@@ -18,7 +18,7 @@ from . import coverage as cov_ops
 from .algebra import agg_fn, cov_prefix, start_value, try_complete
 from .analysis import Engine, Obligation, Refusal
 from .dims import shape
-from .symbolic import Aff, Node, Scope, Var, sourced_nodes
+from .symbolic import Aff, Coord, Node, Scope, Var, sourced_nodes
 from .symbolic import Dim as SymDim
 from .values import CONST, EMPTY, FREE, Agg, Axis, Cells, Coverage, CoverageVar, Data, Index, Stack, Tok, canonical
 
@@ -239,6 +239,7 @@ class _Plan:
     widened: dict  # carried index -> (template Data, per-axis hop as a function of k)
     k: Var
     free: set = None  # carried indices of data that follows no token, changed by anything (a PRNG key's rounds)
+    coord_steps: dict = None  # carried index -> (hop at iteration 0, ring steps per iteration) of a carried coordinate
 
 
 def _snapshot(state):
@@ -267,6 +268,15 @@ def _discover(engine: Engine, op, inits, passthrough, counter) -> _Plan:
             # a second counter (fori_loop's `i` beside the trip counter): known at every iteration from the start
             index_steps[i] = step
             placeholders.append(_register(engine, op, i, Index(init.shape, init.expr + Aff.of(k).scale(step))))
+        elif isinstance(init, Index) and _coordinate_hop(init) is not None:
+            # a ring coordinate carried from step to step (`kv_source = (kv_source - 1) % cp`, or a block's
+            # coordinate ppermuted with the block): followed as the coordinate of a block an unknown number of
+            # ring steps away, so that a step of whole ring steps (mod cp) is recognised as one
+            q = cov_ops.fresh_var("q")
+            engine.state.unknown_vars.add(q)
+            owned[i] = [q]
+            placeholders.append(_register(engine, op, i, Index(init.shape, Aff.of(Coord(_coordinate_hop(init)
+                                                                                          + Aff.of(q))))))
         elif isinstance(init, Index):
             p = cov_ops.fresh_var("p")
             engine.state.unknown_vars.add(p)
@@ -283,14 +293,22 @@ def _discover(engine: Engine, op, inits, passthrough, counter) -> _Plan:
     with _iterating(engine, k, counter):
         returned = engine.run_block(body, placeholders)
     steps: dict = {}
-    hop_steps = {}
+    hop_steps, coord_steps = {}, {}
     for i, ph in enumerate(placeholders):
         if i not in owned:
             continue
         ret = returned[i]
         if isinstance(ret, Written):  # a buffer (that starts as a constant) filled slice by slice
             continue
-        if isinstance(ph, Index):
+        if isinstance(ph, Index) and _coordinate_hop(ph) is not None:
+            delta = _coordinate_hop(ret) - _coordinate_hop(ph) if _coordinate_hop(ret) is not None else None
+            if delta is None or not delta.is_const:
+                engine.refuse("changes a loop-carried ring coordinate other than by a constant number of ring "
+                              "steps: write the source coordinate as `(kv_source - 1) % cp` with cp the ring's "
+                              "size, or compute it from the step, `(axis_index - i) % cp`", op)
+            coord_steps[i] = (_coordinate_hop(inits[i]), delta.const)
+            steps[owned[i][0]] = Aff.of(k).scale(delta.const)
+        elif isinstance(ph, Index):
             step = ret.expr - ph.expr if isinstance(ret, Index) else None
             if step is None or not step.is_const:
                 engine.refuse("changes a loop-carried integer other than by a constant step", op)
@@ -313,7 +331,17 @@ def _discover(engine: Engine, op, inits, passthrough, counter) -> _Plan:
             widened[i] = _template(engine, op, ret, steps, k, {v for vs in owned.values() for v in vs})
     free = {i for i in owned if _follows_no_token(placeholders[i]) and _follows_no_token(returned[i])
             and returned[i].fn != placeholders[i].fn and returned[i].shape == placeholders[i].shape}
-    return _Plan(index_steps, hop_steps, widened, k, free)
+    return _Plan(index_steps, hop_steps, widened, k, free, coord_steps)
+
+
+def _coordinate_hop(value) -> Aff | None:
+    """The hop h when `value` is exactly the ring coordinate of the block h ring steps behind, (c - h) mod cp."""
+    if not isinstance(value, Index):
+        return None
+    terms = value.expr.terms
+    if value.expr.const == 0 and len(terms) == 1 and terms[0][1] == 1 and isinstance(terms[0][0], Coord):
+        return terms[0][0].hop
+    return None
 
 
 def _follows_no_token(value) -> bool:
@@ -403,7 +431,12 @@ def _analyse(engine: Engine, op, inits, passthrough, counter, plan: _Plan):
             placeholders.append(Index((), Aff.of(counter.start) + Aff.of(k).scale(counter.step)))
             continue
         changing.append(i)
-        if isinstance(init, Index):
+        if i in plan.coord_steps:
+            # at iteration k the coordinate of the block h0 + d*k ring steps behind: _solve checks that the body
+            # maps it to that of h0 + d*(k + 1), and it is that at k = 0 (the init), so by induction at every k
+            h0, d = plan.coord_steps[i]
+            placeholders.append(_register(engine, op, i, Index(init.shape, Aff.of(Coord(h0 + Aff.of(k).scale(d))))))
+        elif isinstance(init, Index):
             placeholders.append(_register(engine, op, i, Index(init.shape, init.expr
                                                                + Aff.of(k).scale(plan.index_steps.get(i, 0)))))
         elif i in plan.free:

@@ -372,7 +372,8 @@ def _is_invariant(value) -> bool:
 
 
 def _refuse_result(r: RingRegion, message: str, value) -> None:
-    raise _GroupRefusal(Refusal(f"{message} ({value})", r.region), r)
+    """Refuse the region for one of its results (`value`, the analysis's own notation, is not for the user)."""
+    raise _GroupRefusal(Refusal(message, r.region), r)
 
 
 def _check_sequence_result(r: RingRegion, engine: Engine, value, dim: int, block: int, where: str) -> None:
@@ -394,7 +395,10 @@ def _check_sequence_result(r: RingRegion, engine: Engine, value, dim: int, block
     if not hop.is_const or hop.const % engine.ring.cp or axis.offset != Aff() or value.shape[dim] != block:
         _refuse_result(r, f"{where} holds the tokens of another block (or only some of its own)", value)
     if engine.fns.depends(value.fn):
-        _refuse_result(r, f"{where} depends on how many loop iterations ran, not only on tokens", value)
+        _refuse_result(r, f"{where} depends on the ring step, not only on tokens: a value computed from the loop's "
+                       "step counter (a temperature, bias or weight per step) meets the tokens of the block that "
+                       "step brings, and which block that is changes with the layout; compute it from the tokens' "
+                       "positions instead", value)
 
 
 def unit_problem(verdict: Verdict, strategy: str, stripe: int) -> tuple[str, SourceLoc] | None:

@@ -188,10 +188,23 @@ def _index_elementwise(engine: Engine, op, ins: list[Index]) -> Index | None:
     e = [x.expr for x in ins]
     name = op.name
     src = (op, tuple(range(len(ins))), tuple(engine.state.call_ops))
+    if name == "stablehlo.subtract" and _relative_to_block_start(e):
+        engine.refuse("subtracts a block's start (coordinate * block length) from positions, to compare positions "
+                      "relative to that block with its local indices (as `q_ids = arange(n) + device_idx * n - "
+                      "kv_source * n` against `arange(n)`): after the reorder a block's tokens are not one run "
+                      "from its start; compare global positions instead (`device_idx * n + arange(n)` against "
+                      "`kv_source * n + arange(n)`)", op)
     if name in ("stablehlo.add", "stablehlo.subtract") and _two_blocks(e):
         # a sum or difference of positions of two blocks (q_pos - k_pos): each operand is a position, read as one
         # here, so that what is computed from them is computed from the rewritten positions
         e = [engine.resolve(x, op, i).expr for i, x in enumerate(ins)]
+    elif name in ("stablehlo.add", "stablehlo.subtract"):
+        offset = _offset_position(engine, e, out)
+        if offset is not None:
+            # a block's positions shifted by a constant (`q_ids - window <= kv_ids`): the positions are read here,
+            # as a number, and rewritten where they are read (the place of a unit in the new layout); the constant
+            # is the same in every layout, so the sum is the same function of each token's position in both
+            e[offset] = engine.resolve(ins[offset], op, offset).expr
     if name == "stablehlo.add":
         return Index(out, e[0] + e[1])
     if name == "stablehlo.subtract":
@@ -211,6 +224,10 @@ def _index_elementwise(engine: Engine, op, ins: list[Index]) -> Index | None:
             return None
         if name == "stablehlo.divide":
             return Index(out, sym.divide(e[0], e[1].const, scope, src))
+        if _offset_position(engine, e, out) == 0:
+            # positions modulo a constant (`k_pos % 5 != 0`): read as positions here, so that the remainder is that
+            # of each token's own position in either layout (of the local index, c * n + j reduced, it would not be)
+            e[0] = engine.resolve(ins[0], op, 0).expr
         return Index(out, sym.remainder(e[0], e[1].const, scope, _coordinate_namer(engine), src))
     if name == "stablehlo.sign":
         return Index(out, sym.sign(e[0], scope, src))
@@ -244,6 +261,34 @@ def _two_blocks(exprs: list[Aff]) -> bool:
     dims = [{a for a in e.atoms() if isinstance(a, Dim)} for e in exprs]
     return len(coords) == 1 and len(exprs) == 2 and all(any(isinstance(a, Coord) for a in e.atoms()) for e in exprs) \
         and all(dims) and dims[0].isdisjoint(dims[1])
+
+
+def _relative_to_block_start(exprs: list[Aff]) -> bool:
+    """positions - (another block's coordinate * a constant): the first operand has a coordinate and a local index,
+    the second nothing but a coordinate (a block's first position)."""
+    pos, start = exprs
+    pos_atoms, start_atoms = pos.atoms(), start.atoms()
+    coords = {a for a in pos_atoms + start_atoms if isinstance(a, Coord)}
+    return len(coords) == 2 and any(isinstance(a, Dim) for a in pos_atoms) and \
+        any(isinstance(a, Coord) for a in pos_atoms) and len(start_atoms) == 1 and isinstance(start_atoms[0], Coord)
+
+
+def _offset_position(engine: Engine, exprs: list[Aff], out) -> int | None:
+    """Which operand holds the positions of one block's tokens (coordinate * a + a local index in [0, a), a whole
+    number of units of the block) when the other is a constant; None otherwise, and the general rules decide. A
+    coordinate alone (a block's start, `c * n`) is not a token's position."""
+    for i, (e, other) in enumerate(zip(exprs, exprs[::-1])):
+        atoms = e.atoms()
+        coords = [a for a in atoms if isinstance(a, Coord)]
+        if not other.is_const or len(coords) != 1 or not any(isinstance(a, Dim) for a in atoms):
+            continue
+        a = e.coefficient(coords[0])
+        if a <= 0 or engine.ring.block % a:
+            continue
+        lo, hi = sym.bounds(e.without(coords[0]), engine.scope_for(out))
+        if 0 <= lo and hi <= a - 1:
+            return i
+    return None
 
 
 def _is_bool_type(value: ir.Value) -> bool:

@@ -439,6 +439,8 @@ def simplify_node(node: Node, scope: Scope | None) -> Aff:
             return a
         fixed = _floor_mod_fixup(cond, a, b, scope)
         if fixed is None:
+            fixed = _wrap_fixup(cond, a, b, scope)
+        if fixed is None:
             fixed = _floor_div_fixup(cond, a, b, scope)
         if fixed is not None:
             return fixed
@@ -531,6 +533,29 @@ def _floor_mod_fixup(cond: Aff, a: Aff, b: Aff, scope) -> Aff | None:
     if not isinstance(node, Node) or node.op != "trem" or a != r + node.args[1]:
         return None
     return floor_mod(node.args[0], node.args[1], scope, node.src)
+
+
+def _wrap_fixup(cond: Aff, a: Aff, b: Aff, scope) -> Aff | None:
+    """A value wrapped by hand, `where(x < 0, x + d, x)` (or `where(x >= 0, x, x + d)`) for x in [-d, d): x mod d
+    (a ring source written `where(me - i < 0, me - i + cp, me - i)` is the coordinate `(me - i) % cp`)."""
+    cmp = _as_cmp(cond)
+    if cmp is None:
+        return None
+    lhs, rhs = cmp.args
+    if rhs.is_zero and cmp.op in ("lt", "ge"):
+        x, negative_picks_a = lhs, cmp.op == "lt"
+    elif lhs.is_zero and cmp.op in ("gt", "le"):  # 0 > x is x < 0; 0 <= x is x >= 0
+        x, negative_picks_a = rhs, cmp.op == "gt"
+    else:
+        return None
+    wrapped, kept = (a, b) if negative_picks_a else (b, a)
+    d = wrapped - x
+    if kept != x or not d.is_const or d.const <= 0:
+        return None
+    lo, hi = bounds(x, scope)
+    if lo < -d.const or hi >= d.const:
+        return None
+    return floor_mod(x, d.const, scope)
 
 
 def _floor_div_fixup(cond: Aff, a: Aff, b: Aff, scope) -> Aff | None:

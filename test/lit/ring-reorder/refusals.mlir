@@ -148,8 +148,8 @@ func.func @local_index(%arg0: tensor<16x8xf32>) -> tensor<16x8xf32> {
     %b = stablehlo.broadcast_in_dim %t, dims = [1] : (tensor<8xf32>) -> tensor<4x8xf32>
     %i = stablehlo.iota dim = 0 : tensor<4x8xf32>
     %z = stablehlo.add %x, %b : tensor<4x8xf32>
-    // REPORT: ring: {{.*}}refusals.mlir:[[# @LINE + 2]]:10: axis "cp", zigzag: not applied (not provably safe: 'stablehlo.add' at {{.*}}refusals.mlir:[[# @LINE + 2]]:10 combines token data with data that varies with local position along dim 0){{$}}
-    // expected-remark @+1 {{combines token data with data that varies with local position along dim 0)}}
+    // REPORT: ring: {{.*}}refusals.mlir:[[# @LINE + 2]]:10: axis "cp", zigzag: not applied (not provably safe: 'stablehlo.add' at {{.*}}refusals.mlir:[[# @LINE + 2]]:10 combines token data with data that varies with local position along dim 0 (an index within the block{{.*}}){{$}}
+    // expected-remark @+1 {{combines token data with data that varies with local position along dim 0 (an index within the block}}
     %y = stablehlo.add %z, %i : tensor<4x8xf32>
     sdy.return %y : tensor<4x8xf32>
   } : (tensor<16x8xf32>) -> tensor<16x8xf32>
@@ -175,8 +175,8 @@ func.func @constant_table(%arg0: tensor<16x8xf32>) -> tensor<16x8xf32> {
     %c = stablehlo.constant dense<[[1.0], [2.0], [3.0], [4.0]]> : tensor<4x1xf32>
     %cb = stablehlo.broadcast_in_dim %c, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x8xf32>
     %z = stablehlo.add %x, %b : tensor<4x8xf32>
-    // REPORT: ring: {{.*}}refusals.mlir:[[# @LINE + 2]]:10: axis "cp", zigzag: not applied (not provably safe: 'stablehlo.add' at {{.*}}refusals.mlir:[[# @LINE + 2]]:10 combines token data with data that varies with local position along dim 0){{$}}
-    // expected-remark @+1 {{combines token data with data that varies with local position along dim 0)}}
+    // REPORT: ring: {{.*}}refusals.mlir:[[# @LINE + 2]]:10: axis "cp", zigzag: not applied (not provably safe: 'stablehlo.add' at {{.*}}refusals.mlir:[[# @LINE + 2]]:10 combines token data with data that varies with local position along dim 0 (an index within the block{{.*}}){{$}}
+    // expected-remark @+1 {{combines token data with data that varies with local position along dim 0 (an index within the block}}
     %y = stablehlo.add %z, %cb : tensor<4x8xf32>
     sdy.return %y : tensor<4x8xf32>
   } : (tensor<16x8xf32>) -> tensor<16x8xf32>
@@ -301,7 +301,7 @@ func.func @all_gather_on_ring_axis(%arg0: tensor<16x8xf32>) -> tensor<16x8xf32> 
 sdy.mesh @mesh = <["cp"=4]>
 
 func.func @replicated_result(%arg0: tensor<16x8xf32>) -> tensor<8xf32> {
-  // REPORT: ring: {{.*}}refusals.mlir:[[# @LINE + 2]]:8: axis "cp", zigzag: not applied (not provably safe: 'sdy.manual_computation' at {{.*}}refusals.mlir:[[# @LINE + 2]]:8 result 0 is replicated over "cp" but depends on which tokens a device holds ({{.*}})){{$}}
+  // REPORT: ring: {{.*}}refusals.mlir:[[# @LINE + 2]]:8: axis "cp", zigzag: not applied (not provably safe: 'sdy.manual_computation' at {{.*}}refusals.mlir:[[# @LINE + 2]]:8 result 0 is replicated over "cp" but depends on which tokens a device holds){{$}}
   // expected-remark @+1 {{result 0 is replicated over "cp" but depends on which tokens a device holds}}
   %0 = sdy.manual_computation(%arg0) in_shardings=[<@mesh, [{"cp"}, {}]>] out_shardings=[<@mesh, [{}]>] manual_axes={"cp"} (%x: tensor<4x8xf32>) {
     %zero = stablehlo.constant dense<0.0> : tensor<f32>
@@ -348,7 +348,7 @@ func.func @double_count(%arg0: tensor<16x8xf32>) -> tensor<16x8xf32> {
 sdy.mesh @mesh = <["cp"=4]>
 
 func.func @visiting_block_result(%arg0: tensor<16x8xf32>) -> tensor<16x8xf32> {
-  // REPORT: ring: {{.*}}refusals.mlir:[[# @LINE + 2]]:8: axis "cp", zigzag: not applied (not provably safe: 'sdy.manual_computation' at {{.*}}refusals.mlir:[[# @LINE + 2]]:8 result 0 holds the tokens of another block (or only some of its own) ({{.*}})){{$}}
+  // REPORT: ring: {{.*}}refusals.mlir:[[# @LINE + 2]]:8: axis "cp", zigzag: not applied (not provably safe: 'sdy.manual_computation' at {{.*}}refusals.mlir:[[# @LINE + 2]]:8 result 0 holds the tokens of another block (or only some of its own)){{$}}
   // expected-remark @+1 {{result 0 holds the tokens of another block (or only some of its own)}}
   %0 = sdy.manual_computation(%arg0) in_shardings=[<@mesh, [{"cp"}, {}]>] out_shardings=[<@mesh, [{"cp"}, {}]>] manual_axes={"cp"} (%x: tensor<4x8xf32>) {
     %p1 = "stablehlo.collective_permute"(%x) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, source_target_pairs = dense<[[0, 1], [1, 2], [2, 3], [3, 0]]> : tensor<4x2xi64>}> : (tensor<4x8xf32>) -> tensor<4x8xf32>

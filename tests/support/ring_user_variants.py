@@ -1,0 +1,275 @@
+"""Ring attention spelled as published kernels spell it, where an earlier analysis refused safe programs: the merge
+state made with jnp.full / jnp.zeros rather than from q, the source coordinate carried from step to step
+(`kv_source = (kv_source - 1) % cp`, ejkernel) or sent round the ring with its block (flash_attn_jax's `k_ix`), a
+window written `q - w <= k`, the merge state kept in bfloat16 between steps (`.astype(q.dtype)`, as LWM runs Liu et
+al.'s kernel). Beside each, a program that looks alike but whose result depends on where tokens sit, which
+ring-reorder must refuse (the line marked `# refused here`). Per-device bodies f(q, k, v) over [batch, n, dim] for
+jax.shard_map over "cp"."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+from support.ring_user_kernels import NEG, merge_online, per_row, ring, scores
+
+
+def _positions(c, n):
+    return c * n + jnp.arange(n)
+
+
+def _state(q, init: str):
+    """(max, sum, acc) as published kernels make them (`full`: jnp.full / jnp.zeros of the block's shape) or from q
+    (`q`: carrying q's sharding)."""
+    b, n, d = q.shape
+    if init == "full":
+        return jnp.full((b, n), NEG), jnp.zeros((b, n)), jnp.zeros((b, n, d))
+    zero = jnp.zeros_like(q[..., 0])
+    return zero + NEG, zero, jnp.zeros_like(q)
+
+
+def _finish(state):
+    _, l, o = state
+    return o / per_row(l, o)
+
+
+def full_init(cp: int, window: int | None = None, every: int | None = None):
+    """Causal ring attention, the state from jnp.full / jnp.zeros, in a fori_loop; `window`: a sliding window
+    `q - window <= k`; `every`: keys whose position is a multiple of `every` hidden (`k % every != 0`) but from
+    themselves."""
+    def body(q, k, v):
+        n = q.shape[1]
+        me = lax.axis_index("cp")
+        q_pos = _positions(me, n)
+
+        def step(i, carry):
+            state, k, v = carry
+            k_pos = _positions((me - i) % cp, n)
+            keep = q_pos[:, None] >= k_pos[None, :]
+            if window is not None:
+                keep &= q_pos[:, None] - window <= k_pos[None, :]
+            if every is not None:
+                keep &= (k_pos % every != 0)[None, :] | (q_pos[:, None] == k_pos[None, :])
+            state = merge_online(state, jnp.where(keep, scores(q, k), NEG), v, i)
+            return state, lax.ppermute(k, "cp", ring(cp)), lax.ppermute(v, "cp", ring(cp))
+
+        state, _, _ = lax.fori_loop(0, cp, step, (_state(q, "full"), k, v))
+        return _finish(state)
+    return body
+
+
+def carried_source(cp: int, travel: str = "carried", window: int | None = None):
+    """The visiting block's coordinate carried by the loop: `carried`, stepped as ejkernel does
+    (`(kv_source - 1) % cp`, from `axis_index`); `ppermuted`, sent round the ring with k and v (flash_attn_jax's
+    `k_ix`). `window`: also a window `k_pos + window > q_pos`."""
+    def body(q, k, v):
+        n = q.shape[1]
+        me = lax.axis_index("cp")
+        q_pos = _positions(me, n)
+
+        def step(carry, _):
+            state, k, v, src = carry
+            k_pos = _positions(src, n)
+            keep = q_pos[:, None] >= k_pos[None, :]
+            if window is not None:
+                keep &= k_pos[None, :] + window > q_pos[:, None]
+            state = merge_online(state, jnp.where(keep, scores(q, k), NEG), v, 0)
+            src = (src - 1) % cp if travel == "carried" else lax.ppermute(src, "cp", ring(cp))
+            return (state, lax.ppermute(k, "cp", ring(cp)), lax.ppermute(v, "cp", ring(cp)), src), None
+
+        (state, _, _, _), _ = lax.scan(step, (_state(q, "full"), k, v, me), None, length=cp)
+        return _finish(state)
+    return body
+
+
+def bf16_state(cp: int, init: str = "q"):
+    """Causal ring attention over bfloat16 q, k, v, the merge done in float32 and the state stored back in
+    bfloat16 every step (`.astype(q.dtype)`), as mixed-precision kernels do."""
+    def body(q, k, v):
+        n = q.shape[1]
+        me = lax.axis_index("cp")
+        q_pos = _positions(me, n)
+
+        def step(i, carry):
+            (m0, l0, o0), k, v = carry
+            k_pos = _positions((me - i) % cp, n)
+            s = jnp.where(q_pos[:, None] >= k_pos[None, :], scores(q, k).astype(jnp.float32), NEG)
+            m = jnp.maximum(m0.astype(jnp.float32), s.max(-1))
+            p = jnp.exp(s - m[..., None])
+            corr = jnp.exp(m0.astype(jnp.float32) - m)
+            l = l0.astype(jnp.float32) * corr + p.sum(-1)
+            o = o0.astype(jnp.float32) * corr[..., None] + jnp.einsum("bqk,bkd->bqd", p.astype(q.dtype), v)
+            state = (m.astype(q.dtype), l.astype(q.dtype), o.astype(q.dtype))
+            return state, lax.ppermute(k, "cp", ring(cp)), lax.ppermute(v, "cp", ring(cp))
+
+        state = tuple(x.astype(q.dtype) for x in _state(q, init))
+        (_, l, o), _, _ = lax.fori_loop(0, cp, step, (state, k, v))
+        return (o.astype(jnp.float32) / l.astype(jnp.float32)[..., None]).astype(q.dtype)
+    return body
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Look alike, but depend on where tokens sit: must be refused.
+
+
+def int_truncated_sum(cp: int):
+    """The softmax denominator truncated to an integer every step: each rescaled partial is floored, and which
+    partials there are changes with the tokens a block holds."""
+    def body(q, k, v):
+        n = q.shape[1]
+        me = lax.axis_index("cp")
+        q_pos = _positions(me, n)
+
+        def step(i, carry):
+            (m0, l0, o0), k, v = carry
+            k_pos = _positions((me - i) % cp, n)
+            s = jnp.where(q_pos[:, None] >= k_pos[None, :], scores(q, k), NEG)
+            m, l, o = merge_online((m0, l0, o0), s, v, i)
+            l = l.astype(jnp.int32).astype(jnp.float32)  # refused here
+            return (m, l, o), lax.ppermute(k, "cp", ring(cp)), lax.ppermute(v, "cp", ring(cp))
+
+        state, _, _ = lax.fori_loop(0, cp, step, (_state(q, "full"), k, v))
+        return _finish(state)
+    return body
+
+
+def converted_decay(cp: int):
+    """A running average that halves earlier blocks' weight, stored in bfloat16 between steps: the converts don't
+    make the decay order-free."""
+    def body(q, k, v):
+        def step(i, carry):
+            out, k, v = carry
+            blk = jnp.exp(scores(q, k) - 4.0) @ v
+            out = (0.5 * out.astype(jnp.float32) + blk).astype(jnp.bfloat16)  # refused here
+            return out, lax.ppermute(k, "cp", ring(cp)), lax.ppermute(v, "cp", ring(cp))
+
+        out, _, _ = lax.fori_loop(0, cp, step, (jnp.zeros(q.shape, jnp.bfloat16), k, v))
+        return out.astype(jnp.float32)
+    return body
+
+
+def carried_source_wrong_modulus(cp: int):
+    """The carried source stepped modulo cp - 1: it stops naming the block held after the first wrap."""
+    def body(q, k, v):
+        n = q.shape[1]
+        me = lax.axis_index("cp")
+        q_pos = _positions(me, n)
+
+        def step(carry, _):
+            state, k, v, src = carry
+            s = jnp.where(q_pos[:, None] >= _positions(src, n)[None, :], scores(q, k), NEG)
+            state = merge_online(state, s, v, 0)
+            src = (src - 1) % (cp - 1)
+            return (state, lax.ppermute(k, "cp", ring(cp)), lax.ppermute(v, "cp", ring(cp)), src), None
+
+        (state, _, _, _), _ = lax.scan(step, (_state(q, "full"), k, v, me), None, length=cp)  # refused here
+        return _finish(state)
+    return body
+
+
+def carried_source_wrong_way(cp: int):
+    """The carried source stepped up while the blocks travel up too: it names the block two steps off."""
+    def body(q, k, v):
+        n = q.shape[1]
+        me = lax.axis_index("cp")
+        q_pos = _positions(me, n)
+
+        def step(carry, _):
+            state, k, v, src = carry
+            keep = q_pos[:, None] >= _positions(src, n)[None, :]
+            state = merge_online(state, jnp.where(keep, scores(q, k), NEG), v, 0)  # refused here
+            src = (src + 1) % cp
+            return (state, lax.ppermute(k, "cp", ring(cp)), lax.ppermute(v, "cp", ring(cp)), src), None
+
+        (state, _, _, _), _ = lax.scan(step, (_state(q, "full"), k, v, me), None, length=cp)
+        return _finish(state)
+    return body
+
+
+def carried_source_skip(cp: int):
+    """A block skipped when its carried source coordinate comes after this device's (flash_attn_jax's switch on
+    the travelling `k_ix`): right only when blocks are contiguous."""
+    def body(q, k, v):
+        n = q.shape[1]
+        me = lax.axis_index("cp")
+        q_pos = _positions(me, n)
+
+        def step(carry, _):
+            state, k, v, src = carry
+            keep = q_pos[:, None] >= _positions(src, n)[None, :]
+            run = lambda st: merge_online(st, jnp.where(keep, scores(q, k), NEG), v, 0)  # noqa: E731
+            state = lax.cond(src <= me, run, lambda st: st, state)  # refused here
+            src = lax.ppermute(src, "cp", ring(cp))
+            return (state, lax.ppermute(k, "cp", ring(cp)), lax.ppermute(v, "cp", ring(cp)), src), None
+
+        (state, _, _, _), _ = lax.scan(step, (_state(q, "full"), k, v, me), None, length=cp)
+        return _finish(state)
+    return body
+
+
+def window_from_block_start(cp: int, window: int = 20):
+    """A window measured from the visiting block's first position rather than each key's own: the block start is
+    a place in the layout, which the reorder moves."""
+    def body(q, k, v):
+        n = q.shape[1]
+        me = lax.axis_index("cp")
+        q_pos = _positions(me, n)
+
+        def step(i, carry):
+            state, k, v = carry
+            k_start = ((me - i) % cp) * n
+            k_pos = k_start + jnp.arange(n)
+            keep = (q_pos[:, None] >= k_pos[None, :]) & (q_pos[:, None] - window <= k_start)  # refused here
+            state = merge_online(state, jnp.where(keep, scores(q, k), NEG), v, i)  # refused here
+            return state, lax.ppermute(k, "cp", ring(cp)), lax.ppermute(v, "cp", ring(cp))
+
+        state, _, _ = lax.fori_loop(0, cp, step, (_state(q, "full"), k, v))
+        return _finish(state)
+    return body
+
+
+def window_by_local_index(cp: int, window: int = 6):
+    """A window between q's local index and the key's global position (a bug: q's offset is left out)."""
+    def body(q, k, v):
+        n = q.shape[1]
+        me = lax.axis_index("cp")
+        q_pos = _positions(me, n)
+
+        def step(i, carry):
+            state, k, v = carry
+            k_pos = _positions((me - i) % cp, n)
+            near = jnp.arange(n)[:, None] - window <= k_pos[None, :]  # refused here
+            keep = (q_pos[:, None] >= k_pos[None, :]) & near  # refused here
+            state = merge_online(state, jnp.where(keep, scores(q, k), NEG), v, i)  # refused here
+            return state, lax.ppermute(k, "cp", ring(cp)), lax.ppermute(v, "cp", ring(cp))
+
+        state, _, _ = lax.fori_loop(0, cp, step, (_state(q, "full"), k, v))
+        return _finish(state)
+    return body
+
+
+def hop_temperature(cp: int):
+    """Scores scaled by a temperature that grows with the ring step, in a lax.scan over the steps: which keys meet
+    which temperature changes with the layout."""
+    def body(q, k, v):
+        n = q.shape[1]
+        me = lax.axis_index("cp")
+        q_pos = _positions(me, n)
+
+        def step(carry, i):
+            state, k, v = carry
+            keep = q_pos[:, None] >= _positions((me - i) % cp, n)[None, :]
+            state = merge_online(state, jnp.where(keep, scores(q, k) * (1.0 + 0.1 * i), NEG), v, i)
+            return (state, lax.ppermute(k, "cp", ring(cp)), lax.ppermute(v, "cp", ring(cp))), None
+
+        (state, _, _), _ = lax.scan(step, (_state(q, "full"), k, v), jnp.arange(cp))
+        return _finish(state)
+    return body
+
+
+ACCEPTED = {"full-init": full_init, "full-init-window20": lambda cp: full_init(cp, window=20),
+            "full-init-every5": lambda cp: full_init(cp, every=5),
+            "carried-source": carried_source, "ppermuted-source": lambda cp: carried_source(cp, "ppermuted"),
+            "carried-source-window20": lambda cp: carried_source(cp, window=20)}
+REFUSALS = (int_truncated_sum, converted_decay, carried_source_wrong_modulus, carried_source_wrong_way,
+            carried_source_skip, window_from_block_start, window_by_local_index)
