@@ -4,7 +4,9 @@ reductions, contractions, concatenation and collectives themselves."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
 
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
@@ -131,7 +133,8 @@ def _attrs(op) -> str:
     if op.name == "stablehlo.compare":
         return stablehlo.ComparisonDirectionAttr(op.attributes["comparison_direction"]).value
     if op.name == "stablehlo.convert":
-        return str(ir.ShapedType(op.results[0].type).element_type)
+        target = str(ir.ShapedType(op.results[0].type).element_type)
+        return f"narrowing to {target}" if float_to_float(op) and narrowing(op) else target
     return ""
 
 
@@ -171,12 +174,13 @@ def try_complete(engine: Engine, value: Data) -> Data:
 
 def combine(engine: Engine, op, values: list[Data]) -> Data:
     out = shape(op.results[0])
-    if op.name == "stablehlo.convert" and float_to_float(op):
+    if op.name == "stablehlo.convert" and float_to_float(op) and not narrowing(op):
         # A float->float convert (bf16 <-> f32, a carry made `.astype(q.dtype)`) is the identity in exact
         # arithmetic, a rounding like that of every add: the same function of the same tokens, partial aggregates
         # included, so a merge run in bf16 with converts around it is the merge. The reorder changes only the order
         # blocks are folded in, and proofs already treat float rounding as exact. Converts to or from an integer
-        # type are not the identity (truncation, or an integer sum that wraps) and take the rules below.
+        # type are not the identity (truncation, or an integer sum that wraps), nor is one to a type of narrower
+        # range (float16: a running sum overflows or not by the order of its blocks); they take the rules below.
         return values[0]
     if op.name == "stablehlo.multiply" and any(v.agg is None and engine.fns.constant(v.fn) == 0.0 for v in values):
         return _const_data(engine, 0.0, out)  # anything times zero, a running aggregate too (finite numbers)
@@ -188,7 +192,13 @@ def combine(engine: Engine, op, values: list[Data]) -> Data:
     values = completed
     if op.name == "stablehlo.convert" and values[0].agg is None and engine.fns.constant(values[0].fn) is not None \
             and not isinstance(ir.ShapedType(op.results[0].type).element_type, ir.IntegerType):
-        return values[0].with_(shape=tuple(out))  # a constant converted between float types is the same constant
+        # a constant converted between float types is the same constant, or an infinity beyond the new range
+        # (-1e30 in float16 is -inf)
+        number = engine.fns.constant(values[0].fn)
+        top = float_max(ir.ShapedType(op.results[0].type).element_type)
+        if top is not None and abs(number) > top and math.isfinite(number):
+            return _const_data(engine, math.copysign(math.inf, number), out)
+        return values[0].with_(shape=tuple(out))
     if op.name == "stablehlo.select":
         cond, a, b = values
         # select(is_finite(x), x, -inf) is x with NaN and +inf scores masked: the same scores for the softmax
@@ -207,6 +217,88 @@ def float_to_float(op) -> bool:
     """A convert between two floating-point types."""
     return isinstance(ir.ShapedType(op.operands[0].type).element_type, ir.FloatType) and \
         isinstance(ir.ShapedType(op.results[0].type).element_type, ir.FloatType)
+
+
+def _finfo(element: ir.Type):
+    """ml_dtypes' finfo of an MLIR float type (None: not one it knows)."""
+    import ml_dtypes  # jax's own dependency
+
+    name = str(element)
+    name = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64"}.get(name) or \
+        re.sub(r"^f(\d+)(E\d+M\d+\w*)$", lambda m: f"float{m[1]}_{m[2].lower()}", name)
+    try:
+        return ml_dtypes.finfo(name)
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
+def float_max(element: ir.Type) -> float | None:
+    """The largest finite number of a float type (None: not a float type ml_dtypes knows)."""
+    info = _finfo(element)
+    return None if info is None else float(info.max)
+
+
+def narrowing(op) -> bool:
+    """A float->float convert whose result type holds a smaller range of exponents than its operand's (f32 -> f16:
+    numbers the operand holds become infinities); bf16 holds f32's."""
+    source = _finfo(ir.ShapedType(op.operands[0].type).element_type)
+    target = _finfo(ir.ShapedType(op.results[0].type).element_type)
+    return source is None or target is None or int(target.maxexp) < int(source.maxexp)
+
+
+_BOOLEAN = frozenset({"stablehlo.compare", "stablehlo.is_finite", "stablehlo.and", "stablehlo.or", "stablehlo.not",
+                      "stablehlo.xor"})
+# -inf on finite operands: log(0), as a mask written bias = log(mask) makes it (a quotient by zero is outside the
+# analysis's arithmetic, as an overflow is)
+_MAY_OVERFLOW = frozenset({"stablehlo.log", "stablehlo.log_plus_one"})
+
+
+def _parts(key: tuple) -> tuple | None:
+    """The functions a function is made of, for may_be_infinite; None where it may be infinite by itself."""
+    kind = key[0]
+    if kind == "const":
+        return () if key[1] in ("True", "False") or math.isfinite(float(key[1])) else None
+    if kind in ("index", "operand"):  # integer arithmetic; the region's operands (finite inputs)
+        return ()
+    if kind == "table":
+        return () if key[2] else None
+    if kind == "ew":
+        name, attrs, args = key[1:]
+        if name in _BOOLEAN:
+            return ()
+        if name in _MAY_OVERFLOW or (name == "stablehlo.convert" and attrs.startswith("narrowing")):
+            return None
+        return args[1:] if name == "stablehlo.select" else args
+    fns = {"agg": key[2:4], "complete": key[2:4], "reduce": key[2:3], "dot": key[1:3], "dotterm": key[1:3],
+           "weight": key[1:2], "permute": key[1:2], "allreduce": key[2:3], "stack": key[1:2], "dslice": key[1:2],
+           "gather": key[1:3]}
+    if kind in fns:
+        return fns[kind]
+    if kind == "table-rows":
+        return (key[1],) + tuple(key[2])
+    if kind in ("collective", "positional"):
+        return tuple(key[2])
+    return None  # loop data, custom calls: anything
+
+
+def may_be_infinite(engine: Engine, fn: int) -> bool:
+    """Whether function `fn` may be infinite on finite inputs: it holds an infinite constant (a -inf mask), a
+    table with infinities, a log, or a convert to a narrower range; a select only by its branches."""
+    memo = engine.fns.infinite
+    stack = [fn]
+    while stack:
+        top = stack[-1]
+        if top in memo:
+            stack.pop()
+            continue
+        parts = _parts(engine.fns.keys[top])
+        pending = [p for p in parts or () if p not in memo]
+        if parts is not None and pending:
+            stack.extend(pending)
+            continue
+        memo[top] = parts is None or any(memo[p] for p in parts)
+        stack.pop()
+    return memo[fn]
 
 
 def _rescaling(op, values: list[Data]) -> bool:
@@ -299,9 +391,14 @@ def _aggregate_rule(engine: Engine, op, values: list[Data], out) -> Data:
         covered = Coverage(tuple(p for v in aggs for p in v.agg.cov.parts))
         base = Data(tuple(out), tuple(CONST for _ in out), (), 0)
         return with_agg(engine, base, Agg("unitfn", None, ew_fn(engine, name, _attrs(op), values), covered))
+    if name == "stablehlo.convert" and float_to_float(op):
+        engine.refuse(f"converts a partial aggregate (a running sum or max) to {ir.ShapedType(op.results[0].type).element_type}, "
+                      "a type of narrower range, before every block is merged in: whether it overflows depends on "
+                      "the order the blocks come in, which differs in each layout; keep the merge state in a type of "
+                      "the scores' range (float32 or bfloat16)", op)
     if name == "stablehlo.convert":
-        # float->float converts never get here (the identity, above); truncating a running sum or max to an integer
-        # mid-merge (or widening an integer sum that may have wrapped) makes the result depend on the order
+        # float->float converts of the same range never get here (the identity, above); truncating a running sum or
+        # max to an integer mid-merge (or widening an integer sum that may have wrapped) depends on the order
         engine.refuse("converts a partial aggregate (a running sum or max) to or from an integer type before every "
                       "block is merged in, which truncates or wraps differently in each layout: convert the terms "
                       "before reducing them, or the finished result after the ring", op)
@@ -315,7 +412,8 @@ def _aggregate_rule(engine: Engine, op, values: list[Data], out) -> Data:
         return _subtract(engine, op, values)
     if name == "stablehlo.exponential" and aggs[0].agg.op in ("diff", "mdiff"):
         a = aggs[0].agg
-        new = Agg("exp" if a.op == "diff" else "shift", a.home, a.term, a.cov, a.score, a.shift_cov)
+        nan = not a.finite and may_be_infinite(engine, a.score)
+        new = Agg("exp" if a.op == "diff" else "shift", a.home, a.term, a.cov, a.score, a.shift_cov, nan=nan)
         return with_agg(engine, aggs[0], new)
     if name == "stablehlo.is_finite":
         a = aggs[0].agg
@@ -444,11 +542,16 @@ def _maximum(engine: Engine, op, values: list[Data]) -> Data:
     a, b = values
     for p, q in ((a, b), (b, a)):
         if q.agg is None and p.agg is not None and p.agg.op == "max" and start_value(engine, q, p):
-            return p  # a constant floor (the running max's start value) is part of the fold, in every order
+            # a constant floor (the running max's start value) is part of the fold, in every order; a finite one
+            # keeps the max finite
+            if p.agg.finite or may_be_infinite(engine, q.fn):
+                return p
+            return with_agg(engine, p, dataclasses.replace(p.agg, finite=True))
     if a.agg is None or b.agg is None or a.agg.op != "max" or b.agg.op != "max" or a.agg.score != b.agg.score:
         engine.refuse("takes the maximum of different aggregates", op)
     _aligned(engine, op, a, b)
-    merged = Agg("max", a.agg.home, a.agg.term, _union(engine, op, a.agg.cov, b.agg.cov), a.agg.score)
+    merged = Agg("max", a.agg.home, a.agg.term, _union(engine, op, a.agg.cov, b.agg.cov), a.agg.score,
+                 finite=a.agg.finite or b.agg.finite)
     return with_agg(engine, a, merged)
 
 
@@ -456,14 +559,16 @@ def _subtract(engine: Engine, op, values: list[Data]) -> Data:
     x, m = values
     if x.agg is None and m.agg is not None and m.agg.op == "max" and start_value(engine, x, m):
         # the running max before anything was folded in, minus the new one: a rescaling from nothing
-        return with_agg(engine, m, Agg("mdiff", m.agg.home, 0, EMPTY, m.agg.score, m.agg.cov))
+        return with_agg(engine, m, Agg("mdiff", m.agg.home, 0, EMPTY, m.agg.score, m.agg.cov,
+                                       finite=m.agg.finite))
     if x.agg is None and m.agg is not None and m.agg.op == "max" and m.agg.score == x.fn:
         # scores minus their running max: exp of it weights a softmax sum
         home = _match_home(engine, op, x, m)
-        return with_agg(engine, x, Agg("diff", home, 0, m.agg.cov, x.fn))
+        return with_agg(engine, x, Agg("diff", home, 0, m.agg.cov, x.fn, finite=m.agg.finite))
     if x.agg is not None and m.agg is not None and x.agg.op == m.agg.op == "max" and x.agg.score == m.agg.score:
         _aligned(engine, op, x, m)
-        return with_agg(engine, x, Agg("mdiff", x.agg.home, 0, x.agg.cov, x.agg.score, m.agg.cov))
+        return with_agg(engine, x, Agg("mdiff", x.agg.home, 0, x.agg.cov, x.agg.score, m.agg.cov,
+                                       finite=m.agg.finite))
     engine.refuse("subtracts a partial aggregate in a way that is not a softmax rescaling", op)
 
 
@@ -496,16 +601,16 @@ def _select(engine: Engine, op, values: list[Data]) -> Data:
     # sum in every order, and a complete max is the same in every order anyway. A function of the merge state.
     if a.agg is not None and a.agg.op in ("max", "min") and guard == a.fn and b.agg is None \
             and engine.fns.constant(b.fn) is not None:
-        return a
+        return with_agg(engine, a, dataclasses.replace(a.agg, finite=math.isfinite(engine.fns.constant(b.fn))))
     # select(is_finite(x), exp(x - max), 0) is exp(x - max): masked scores contribute nothing either way
     if a.agg is not None and a.agg.op == "exp" and b.agg is None and _is_const(engine, b, 0.0):
         if plain_guard == _finite_fn(engine, a.agg.score):
-            return a
+            return with_agg(engine, a, dataclasses.replace(a.agg, nan=False))
     # select(is_finite(max_new), exp(max_old - max_new), 1) is the rescaling (1 where nothing is unmasked yet)
     if a.agg is not None and a.agg.op == "shift" and b.agg is None and _is_const(engine, b, 1.0) and guard is not None:
         target = agg_fn(engine, Agg("max", a.agg.home, a.agg.term, a.agg.shift_cov, a.agg.score))
         if guard == target:
-            return a
+            return with_agg(engine, a, dataclasses.replace(a.agg, nan=False))
     engine.refuse("selects between partial aggregates", op)
 
 

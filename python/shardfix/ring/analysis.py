@@ -115,6 +115,7 @@ class FnTable:
         self._ids: dict = {}
         self.vars: list[frozenset] = []
         self.keys: list = []
+        self.infinite: dict[int, bool] = {}  # algebra.may_be_infinite's answers
 
     def intern(self, key, depends: frozenset = frozenset()) -> int:
         found = self._ids.get(key)

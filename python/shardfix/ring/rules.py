@@ -12,9 +12,11 @@ The table is one module on purpose, longer than the others: every op's rules for
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
@@ -64,7 +66,23 @@ def apply_rule(engine: Engine, op: ir.Operation) -> list:
     entry = RULES.get(op.name)
     if entry is None or entry.transfer is None:
         engine.refuse("is not known to treat tokens alike (no rule for it)", op)
-    return entry.transfer(engine, op)
+    results = entry.transfer(engine, op)
+    if any(_may_be_nan(engine.get(v)) for v in op.operands) and op.name not in _CARRY_NAN and \
+            (op.name != "stablehlo.select" or any(_may_be_nan(r) for r in results)):
+        engine.refuse("rescales by exp(x - m) where the running max m may still be -inf (scores masked with -inf "
+                      "and a max started at -inf, or a finite mask value that the scores' type makes -inf): "
+                      "exp(-inf - -inf) is nan, and which rows meet it depends on what each block holds; shift by "
+                      "where(isfinite(m), m, 0), or mask with a finite value such as -1e30 in float32", op)
+    return results
+
+
+# what an unguarded exp(x - m) may pass through before its guard reads it
+_CARRY_NAN = frozenset({"stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.transpose",
+                        "stablehlo.convert", "sdy.sharding_constraint", "sdy.reshard"})
+
+
+def _may_be_nan(value) -> bool:
+    return isinstance(value, Data) and value.agg is not None and value.agg.nan
 
 
 class Blocked(Exception):
@@ -134,8 +152,17 @@ def constant(engine: Engine, op):
         fn = engine.fns.intern(("const", repr(float(number)) if not isinstance(number, bool) else repr(number)))
         return [Data(out, tuple(CONST for _ in out), (), fn)]
     # A table: it varies along its dims with local positions, not with tokens.
-    fn = engine.fns.intern(("table", id(op)))
+    fn = engine.fns.intern(("table", id(op), _finite_table(op)))
     return [Data(out, tuple(FREE if n > 1 else CONST for n in out), (), fn)]
+
+
+def _finite_table(op) -> bool:
+    """Every number of a dense constant is finite (False where its elements can't be read: bfloat16, say)."""
+    try:
+        numbers = np.asarray(ir.DenseElementsAttr(op.attributes["value"]))
+    except (TypeError, ValueError, RuntimeError):
+        return False
+    return numbers.dtype.kind not in "fc" or bool(np.isfinite(numbers).all())
 
 
 @rule("stablehlo.iota")
@@ -601,8 +628,27 @@ def dot_general(engine: Engine, op):
 def identity(engine: Engine, op):
     ins = _ins(engine, op)
     if op.name == "stablehlo.reduce_precision":
-        return [engine.as_data(ins[0], op, 0)]
+        value = engine.as_data(ins[0], op, 0)
+        bits = int(ir.IntegerAttr(op.attributes["exponent_bits"]).value)
+        mantissa = int(ir.IntegerAttr(op.attributes["mantissa_bits"]).value)
+        if bits >= _exponent_bits(element_type(op.operands[0])):
+            return [value]  # a rounding within the same range: the identity in exact arithmetic
+        # a narrower range (float16's in float32): numbers become infinities, like a narrowing convert
+        if value.agg is not None:
+            engine.refuse("rounds a partial aggregate (a running sum or max) to a narrower range before every block "
+                          "is merged in: whether it overflows depends on the order the blocks come in", op)
+        return [value.with_(fn=engine.fns.intern(("ew", "stablehlo.convert", f"narrowing to e{bits}m{mantissa}", (value.fn,)),
+                                                 engine.fns.depends(value.fn)))]
     return ins
+
+
+def _exponent_bits(element: ir.Type) -> int:
+    """Exponent bits of a float type (f32: 8); 99 where unknown, so that a reduce_precision of it counts as
+    narrowing."""
+    widths = {"f16": 5, "bf16": 8, "f32": 8, "tf32": 8, "f64": 11}
+    name = str(element)
+    found = re.match(r"f\d+E(\d+)M\d+", name)
+    return widths.get(name, int(found[1]) if found else 99)
 
 
 @rule("stablehlo.custom_call")

@@ -108,6 +108,13 @@ class Agg:
     op: "sum" (sum over s of term(t, s)), "max" (max over s of term(t, s)), "ssum" (sum over s of
     exp(score(t, s) - shift(t)) * term(t, s), where shift is the running max of the same score over `shift_cov`),
     "shift" (exp(max_a(t) - max_b(t)) for two running maxes of `score` over `cov` and `shift_cov`).
+
+    Infinities are what the analysis's exact arithmetic leaves out, and a running max is -inf wherever every score
+    folded in so far is (masked with -inf, no finite start): exp(-inf - -inf) is nan there, and which rows meet it
+    depends on what each block holds. `finite`: for "max", the max is never -inf (a finite start was folded in, or
+    it is guarded as where(is_finite(m), m, c)); for "diff"/"mdiff", the max subtracted is. `nan`: for
+    "exp"/"shift", the exponent may be -inf - -inf; only a guard on the result (where(is_finite(s), exp(s - m), 0),
+    where(is_finite(m_new), exp(m_old - m_new), 1)) may read it (rules.apply_rule refuses any other reader).
     """
 
     op: str
@@ -116,6 +123,8 @@ class Agg:
     cov: Coverage
     score: int = 0  # ssum/shift: fn id of the score function
     shift_cov: Coverage = EMPTY  # ssum: the shift's coverage; shift: the target coverage
+    finite: bool = False
+    nan: bool = False
 
     def __str__(self) -> str:
         extra = f", score {self.score}, shift {self.shift_cov}" if self.op in ("ssum", "shift") else ""
