@@ -264,8 +264,8 @@ def _parts(key: tuple) -> tuple | None:
         return () if key[2] else None
     if kind == "ew":
         name, attrs, args = key[1:]
-        if name in _BOOLEAN:
-            return ()
+        if name in _BOOLEAN or (name == "stablehlo.convert" and re.fullmatch(r"u?i\d+", attrs)):
+            return ()  # booleans; integers (a T5 bucket's int(log(n)) is finite whatever n is)
         if name in _MAY_OVERFLOW or (name == "stablehlo.convert" and attrs.startswith("narrowing")):
             return None
         return args[1:] if name == "stablehlo.select" else args
@@ -392,7 +392,8 @@ def _aggregate_rule(engine: Engine, op, values: list[Data], out) -> Data:
         base = Data(tuple(out), tuple(CONST for _ in out), (), 0)
         return with_agg(engine, base, Agg("unitfn", None, ew_fn(engine, name, _attrs(op), values), covered))
     if name == "stablehlo.convert" and float_to_float(op):
-        engine.refuse(f"converts a partial aggregate (a running sum or max) to {ir.ShapedType(op.results[0].type).element_type}, "
+        target = ir.ShapedType(op.results[0].type).element_type
+        engine.refuse(f"converts a partial aggregate (a running sum or max) to {target}, "
                       "a type of narrower range, before every block is merged in: whether it overflows depends on "
                       "the order the blocks come in, which differs in each layout; keep the merge state in a type of "
                       "the scores' range (float32 or bfloat16)", op)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .algebra import cov_prefix, covs_equal, start_value
 from .analysis import Engine
-from .symbolic import Aff, Node, bounds
+from .symbolic import Aff, Node, Var, bounds
 from .values import Agg, Cells, Coverage, CoverageVar, Data, Index
 
 
@@ -145,6 +145,7 @@ def _folded(engine: Engine, skip, compute) -> Coverage | None:
 def _check_predicate(engine: Engine, op, selector, units) -> None:
     if isinstance(selector, Index):
         resolved = engine.resolve(selector, op, 0)
+        _positions_only(engine, op, resolved.expr)
         for node in _gpos_nodes(resolved.expr):
             inner, unit = node.args
             coord = next(a for a in inner.atoms() if hasattr(a, "hop"))
@@ -155,6 +156,8 @@ def _check_predicate(engine: Engine, op, selector, units) -> None:
         pred = selector
         if pred.agg is None and not pred.is_invariant:
             engine.refuse("skips blocks by a predicate of token data", op)
+        if pred.agg is None and engine.fns.depends(pred.fn) - engine.state.unknown_vars:
+            engine.refuse(_COUNTERS, op)  # a table read at the ring step, say
         if pred.agg is not None:
             if pred.agg.home is not None or pred.agg.op not in ("unitfn", "max", "min", "sum"):
                 engine.refuse("skips blocks by a predicate of token data", op)
@@ -163,6 +166,29 @@ def _check_predicate(engine: Engine, op, selector, units) -> None:
                     engine.refuse("skips blocks by a predicate of tokens outside the two units it skips", op)
     for hop, offset, size in units:
         engine.state.units.setdefault((size, _alignment(offset)), (op, tuple(engine.state.call_ops)))
+
+
+_COUNTERS = ("skips blocks by a predicate of loop counters or the ring step, not only of the positions of the two "
+             "units it skips: which tokens a chunk or a ring step holds changes with the layout; decide the skip "
+             "from the chunks' global positions (first and last)")
+
+
+def _positions_only(engine: Engine, op, expr: Aff) -> None:
+    """A skip's predicate may read the two units' global positions (gpos nodes, checked by _inside) and constants,
+    combined by any arithmetic, and nothing else: a loop counter (a chunk's index within its block, the ring step)
+    or a local index names other tokens once the reorder changes what a block holds, while positions are
+    rewritten. Unknowns of a discovery pass are left to the pass that knows them."""
+    for atom, _ in expr.terms:
+        if isinstance(atom, Node) and atom.op == "gpos":
+            continue
+        if isinstance(atom, Node) and atom.op != "opaque":
+            for arg in atom.args:
+                if isinstance(arg, Aff):
+                    _positions_only(engine, op, arg)
+            continue
+        if isinstance(atom, Var) and atom in engine.state.unknown_vars:
+            continue
+        engine.refuse(_COUNTERS, op)
 
 
 def _gpos_nodes(expr: Aff):

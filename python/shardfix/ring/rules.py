@@ -637,8 +637,8 @@ def identity(engine: Engine, op):
         if value.agg is not None:
             engine.refuse("rounds a partial aggregate (a running sum or max) to a narrower range before every block "
                           "is merged in: whether it overflows depends on the order the blocks come in", op)
-        return [value.with_(fn=engine.fns.intern(("ew", "stablehlo.convert", f"narrowing to e{bits}m{mantissa}", (value.fn,)),
-                                                 engine.fns.depends(value.fn)))]
+        narrowed = ("ew", "stablehlo.convert", f"narrowing to e{bits}m{mantissa}", (value.fn,))
+        return [value.with_(fn=engine.fns.intern(narrowed, engine.fns.depends(value.fn)))]
     return ins
 
 
