@@ -76,9 +76,11 @@ def apply_rule(engine: Engine, op: ir.Operation) -> list:
     return results
 
 
-# what an unguarded exp(x - m) may pass through before its guard reads it
+# what an unguarded exp(x - m) may pass through before its guard reads it: ops that move it as it is, and ops
+# whose own regions or callees read it (each of their ops is judged here in turn: jnp.where is a func.call)
 _CARRY_NAN = frozenset({"stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.transpose",
-                        "stablehlo.convert", "sdy.sharding_constraint", "sdy.reshard"})
+                        "stablehlo.convert", "sdy.sharding_constraint", "sdy.reshard", "stablehlo.optimization_barrier",
+                        "func.call", "stablehlo.while", "stablehlo.case", "stablehlo.if"})
 
 
 def _may_be_nan(value) -> bool:
