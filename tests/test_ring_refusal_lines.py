@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
@@ -24,7 +25,7 @@ CP, N = 4, 8
 def _ring(q, k, v, keep):
     def step(i, carry):
         acc, k, v = carry
-        s = jax.numpy.where(keep, scores(q, k), NEG)
+        s = jnp.where(keep, scores(q, k), NEG)
         return merge_online(acc, s, v, i), lax.ppermute(k, "cp", ring(CP)), lax.ppermute(v, "cp", ring(CP))
 
     acc, _, _ = lax.fori_loop(0, CP, step, (init_state(q, "online"), k, v))
