@@ -176,6 +176,20 @@ def _read(r: _Reader, frames: list[Frame], names: list[str], function: str) -> N
     raise LocationSyntaxError(f"unexpected location syntax at offset {r.pos} of {r.text!r}")
 
 
+def location_name(text: str) -> str:
+    """The name of the outermost name location of a printed MLIR location (JAX's name stack and primitive, as
+    "jit(f)/while/body/closed_call"), "" when it has none."""
+    reader = _Reader(text)
+    try:
+        reader.expect("loc(")
+        if reader.peek('"'):
+            name = reader.string()
+            return name if reader.peek("(") else ""
+    except LocationSyntaxError:
+        pass
+    return ""
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The user's frame.
 

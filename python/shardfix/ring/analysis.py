@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from jaxlib.mlir import ir
 
 from ..ir import op_loc
-from ..ir.locations import frames, innermost_loc
+from ..ir.locations import innermost_loc, this_programs
 from ..locations import SourceLoc, is_library_file
 from . import coverage as cov_ops
 from .symbolic import Aff, Coord, Node, Other, Pid, PidDiv, Scope, Var, bounds, gpos, map_sources, sourced_nodes
@@ -32,20 +32,15 @@ class Refusal(Exception):
         self.op = op
         self.calls = calls
 
-    def _locs(self) -> list[SourceLoc]:
-        """The op's place and those of the calls that led to it, innermost first. Inside a called function, a
-        place counts only where its stack shares a user frame with the outermost call's (which sits in the ring
-        region, traced with this program): JAX traces a jitted helper once and keeps the first caller's
-        traceback, so a helper's op may carry another program's line."""
+    def _places(self) -> list[ir.Operation]:
+        """The op and the calls that led to it whose locations are this program's, innermost first: a function JAX
+        traced for another program keeps that program's lines (ir.locations.this_programs)."""
         if self.op is None:
             return []
-        chain = (self.op,) + tuple(reversed(self.calls))
-        if not self.calls:
-            return [op_loc(self.op)]
-        anchor = _user_frames(self.calls[0])
-        if len(anchor) < 2:  # no Python call stack to compare with (a module read from a file, say)
-            return [op_loc(c) for c in chain]
-        return [op_loc(c) for c in chain[:-1] if _user_frames(c) & anchor] + [op_loc(self.calls[0])]
+        return list(reversed(this_programs(tuple(self.calls) + (self.op,))))
+
+    def _locs(self) -> list[SourceLoc]:
+        return [op_loc(c) for c in self._places()]
 
     def user_loc(self) -> SourceLoc:
         """The first of those places in the user's own code (not JAX's, a library's or shardfix's); empty when
@@ -64,15 +59,12 @@ class Refusal(Exception):
         if self.op is None:
             return str(self)
         where = self.user_loc() or region
-        inside = innermost_loc(self.op)
+        places = self._places()
+        inside = innermost_loc(places[0]) if places else SourceLoc()
         place = f" at {where}" if where else ""
         if inside and inside != where and is_library_file(inside.file):
             place += f" (in {inside})"
         return f"'{self.op.name}'{place} {self}"
-
-
-def _user_frames(op: ir.Operation) -> set:
-    return {(f.file, f.line) for f in frames(op.location).frames if f.file and not is_library_file(f.file)}
 
 
 @dataclass(frozen=True)
