@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
 from . import coverage as cov_ops
+from .finite import float_max, float_to_float, may_be_infinite, narrowing
 from .analysis import Engine
 from .dims import shape
 from .symbolic import Aff, Var
@@ -213,94 +213,6 @@ def combine(engine: Engine, op, values: list[Data]) -> Data:
     return canonical(Data(tuple(out), roles, tuple(axes.items()), fn, None, elements))
 
 
-def float_to_float(op) -> bool:
-    """A convert between two floating-point types."""
-    return isinstance(ir.ShapedType(op.operands[0].type).element_type, ir.FloatType) and \
-        isinstance(ir.ShapedType(op.results[0].type).element_type, ir.FloatType)
-
-
-def _finfo(element: ir.Type):
-    """ml_dtypes' finfo of an MLIR float type (None: not one it knows)."""
-    import ml_dtypes  # jax's own dependency
-
-    name = str(element)
-    name = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64"}.get(name) or \
-        re.sub(r"^f(\d+)(E\d+M\d+\w*)$", lambda m: f"float{m[1]}_{m[2].lower()}", name)
-    try:
-        return ml_dtypes.finfo(name)
-    except (TypeError, ValueError, AttributeError):
-        return None
-
-
-def float_max(element: ir.Type) -> float | None:
-    """The largest finite number of a float type (None: not a float type ml_dtypes knows)."""
-    info = _finfo(element)
-    return None if info is None else float(info.max)
-
-
-def narrowing(op) -> bool:
-    """A float->float convert whose result type holds a smaller range of exponents than its operand's (f32 -> f16:
-    numbers the operand holds become infinities); bf16 holds f32's."""
-    source = _finfo(ir.ShapedType(op.operands[0].type).element_type)
-    target = _finfo(ir.ShapedType(op.results[0].type).element_type)
-    return source is None or target is None or int(target.maxexp) < int(source.maxexp)
-
-
-_BOOLEAN = frozenset({"stablehlo.compare", "stablehlo.is_finite", "stablehlo.and", "stablehlo.or", "stablehlo.not",
-                      "stablehlo.xor"})
-# -inf on finite operands: log(0), as a mask written bias = log(mask) makes it (a quotient by zero is outside the
-# analysis's arithmetic, as an overflow is)
-_MAY_OVERFLOW = frozenset({"stablehlo.log", "stablehlo.log_plus_one"})
-
-
-def _parts(key: tuple) -> tuple | None:
-    """The functions a function is made of, for may_be_infinite; None where it may be infinite by itself."""
-    kind = key[0]
-    if kind == "const":
-        return () if key[1] in ("True", "False") or math.isfinite(float(key[1])) else None
-    if kind in ("index", "operand"):  # integer arithmetic; the region's operands (finite inputs)
-        return ()
-    if kind == "table":
-        return () if key[2] else None
-    if kind == "ew":
-        name, attrs, args = key[1:]
-        if name in _BOOLEAN or (name == "stablehlo.convert" and re.fullmatch(r"u?i\d+", attrs)):
-            return ()  # booleans; integers (a T5 bucket's int(log(n)) is finite whatever n is)
-        if name in _MAY_OVERFLOW or (name == "stablehlo.convert" and attrs.startswith("narrowing")):
-            return None
-        return args[1:] if name == "stablehlo.select" else args
-    fns = {"agg": key[2:4], "complete": key[2:4], "reduce": key[2:3], "dot": key[1:3], "dotterm": key[1:3],
-           "weight": key[1:2], "permute": key[1:2], "allreduce": key[2:3], "stack": key[1:2], "dslice": key[1:2],
-           "gather": key[1:3]}
-    if kind in fns:
-        return fns[kind]
-    if kind == "table-rows":
-        return (key[1],) + tuple(key[2])
-    if kind in ("collective", "positional"):
-        return tuple(key[2])
-    return None  # loop data, custom calls: anything
-
-
-def may_be_infinite(engine: Engine, fn: int) -> bool:
-    """Whether function `fn` may be infinite on finite inputs: it holds an infinite constant (a -inf mask), a
-    table with infinities, a log, or a convert to a narrower range; a select only by its branches."""
-    memo = engine.fns.infinite
-    stack = [fn]
-    while stack:
-        top = stack[-1]
-        if top in memo:
-            stack.pop()
-            continue
-        parts = _parts(engine.fns.keys[top])
-        pending = [p for p in parts or () if p not in memo]
-        if parts is not None and pending:
-            stack.extend(pending)
-            continue
-        memo[top] = parts is None or any(memo[p] for p in parts)
-        stack.pop()
-    return memo[fn]
-
-
 def _rescaling(op, values: list[Data]) -> bool:
     """scores - their running max, the max complete: still the rescaling a softmax sum is merged under (an unrolled
     ring's last step completes the max before the last block's sum is rescaled to it)."""
@@ -329,7 +241,8 @@ def _combine_elements(engine: Engine, op, values: list[Data], roles) -> tuple:
 
 _FOLD = {"stablehlo.add": lambda a, b: a + b, "stablehlo.subtract": lambda a, b: a - b,
          "stablehlo.multiply": lambda a, b: a * b, "stablehlo.divide": lambda a, b: a / b if b else None,
-         "stablehlo.maximum": max, "stablehlo.minimum": min, "stablehlo.negate": lambda a: -a}
+         "stablehlo.maximum": max, "stablehlo.minimum": min, "stablehlo.negate": lambda a: -a,
+         "stablehlo.sqrt": math.sqrt, "stablehlo.rsqrt": lambda a: 1 / math.sqrt(a)}
 
 
 def _fold_constants(engine: Engine, op, values: list[Data], out) -> Data | None:
@@ -545,8 +458,9 @@ def _maximum(engine: Engine, op, values: list[Data]) -> Data:
         if q.agg is None and p.agg is not None and p.agg.op == "max" and start_value(engine, q, p):
             # a constant floor (the running max's start value) is part of the fold, in every order; a finite one
             # keeps the max finite
-            if p.agg.finite or may_be_infinite(engine, q.fn):
-                return p
+            number = engine.fns.constant(q.fn)
+            if p.agg.finite or number is None or not math.isfinite(number):
+                return p  # a start of input data (a sink logit) may be -inf itself
             return with_agg(engine, p, dataclasses.replace(p.agg, finite=True))
     if a.agg is None or b.agg is None or a.agg.op != "max" or b.agg.op != "max" or a.agg.score != b.agg.score:
         engine.refuse("takes the maximum of different aggregates", op)

@@ -3,6 +3,8 @@ token axes (they make aggregates, whose order-free merges algebra.py holds), and
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 from jaxlib.mlir import ir
 
@@ -58,8 +60,7 @@ def concatenate(engine: Engine, op, values: list[Data], dim: int, out) -> Data:
     result = canonical(Data(tuple(out), tuple(merged_roles), tuple(axes.items()), fn))
     if agg is not None:
         home = agg.home
-        result = with_agg(engine, result, Agg(agg.op, _rehome(result, values[0], home), agg.term, agg.cov,
-                                              agg.score, agg.shift_cov))
+        result = with_agg(engine, result, replace(agg, home=_rehome(result, values[0], home)))
     return result
 
 
@@ -266,7 +267,7 @@ def shift_value(value: Data, direction: int) -> Data:
     agg = value.agg
     if agg is not None and agg.home is None:
         # an aggregate over blocks named by their ring step from this device (no home tokens to be relative to)
-        agg = Agg(agg.op, None, agg.term, _shift_cov(agg.cov, direction), agg.score, agg.shift_cov)
+        agg = replace(agg, home=None, cov=_shift_cov(agg.cov, direction))
     return value.with_(axes=axes, elements=elements, agg=agg)
 
 

@@ -10,7 +10,7 @@ about the unknowns are checked against the solution, and the loop's results are 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from jaxlib.mlir import ir
 
@@ -20,7 +20,7 @@ from .analysis import Engine, Obligation, Refusal
 from .dims import shape
 from .symbolic import Aff, Coord, Node, Scope, Var, sourced_nodes
 from .symbolic import Dim as SymDim
-from .values import CONST, EMPTY, FREE, Agg, Axis, Cells, Coverage, CoverageVar, Data, Index, Stack, Tok, canonical
+from .values import CONST, EMPTY, FREE, Axis, Cells, Coverage, CoverageVar, Data, Index, Stack, Tok, canonical
 
 
 @dataclass(frozen=True)
@@ -105,8 +105,8 @@ def substitute_value(value, mapping: dict):
     axes = tuple((k, Axis(a.hop.substitute(plain), a.offset.substitute(plain))) for k, a in value.axes)
     agg = value.agg
     if agg is not None:
-        agg = Agg(agg.op, agg.home, agg.term, cov_ops.substitute(agg.cov, mapping), agg.score,
-                  cov_ops.substitute(agg.shift_cov, mapping))
+        agg = replace(agg, cov=cov_ops.substitute(agg.cov, mapping),
+                      shift_cov=cov_ops.substitute(agg.shift_cov, mapping))
     elements = tuple((var, substitute_value(e, mapping)) for var, e in value.elements)
     return canonical(value.with_(axes=axes, agg=agg, elements=elements))
 
@@ -368,7 +368,7 @@ def _template(engine: Engine, op, ret: Data, steps: dict, k: Var, mine: set):
         if any(x in mine for x in hop.free_atoms() | axis.offset.free_atoms()) or k in axis.offset.free_atoms():
             engine.refuse("accumulates into tokens the analysis can't pin down from one iteration to the next", op)
         axes.append((key, Axis(hop.substitute({k: Aff.of(k) - 1}), axis.offset)))
-    template = ret.with_(axes=(), agg=Agg(agg.op, agg.home, agg.term, EMPTY, agg.score, EMPTY))
+    template = ret.with_(axes=(), agg=replace(agg, cov=EMPTY, shift_cov=EMPTY))
     return template, tuple(axes)
 
 
@@ -391,8 +391,9 @@ def _carried(engine: Engine, op, i: int, value: Data, coverage) -> Data:
     agg = value.agg
     if agg is not None and coverage is not None:
         cv, sv = coverage
-        agg = Agg(agg.op, agg.home, agg.term, agg.cov.union(Coverage((cv,))), agg.score,
-                  agg.shift_cov.union(Coverage((sv,))) if agg.op in ("ssum", "shift", "mdiff") else agg.shift_cov)
+        agg = replace(agg, cov=agg.cov.union(Coverage((cv,))),
+                      shift_cov=agg.shift_cov.union(Coverage((sv,))) if agg.op in ("ssum", "shift", "mdiff") else
+                      agg.shift_cov)
         value = value.with_(agg=agg, fn=agg_fn(engine, agg))
     return _register(engine, op, i, value)
 

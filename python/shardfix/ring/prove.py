@@ -26,6 +26,7 @@ DROPPED = ("differentiates a ring region whose result the program dropped, so th
            "use the forward's result (return it, or let the loss read it), or give the kernel a custom_vjp")
 from .detect import RingRegion, axis_strides, find_ring_regions, module_funcs, module_meshes
 from .dims import origin_across, readers_across, shape
+from .finite import finite_constant
 from .memo import GroupMemo
 from .rules import apply_rule
 from .symbolic import Aff, Scope
@@ -271,8 +272,9 @@ def _prove_region(r: RingRegion, place: int, funcs, verdict: Verdict, produced: 
     args = []
     for i, sharding in enumerate(ins):
         local = local_shapes[i]
-        fn = state.fns.intern(("operand", place, i))
         source = origin_across(r.region.operands[i], shared.rings)
+        # an input may hold infinities (a -inf mask bias); a constant the region closes over is read for them
+        fn = state.fns.intern(("operand", place, i, finite_constant(source)))
         if source in produced:
             args.append(produced[source])
         elif i in seq_in:

@@ -12,15 +12,13 @@ The table is one module on purpose, longer than the others: every op's rules for
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
-from . import algebra, branches, contract, loops
+from . import algebra, branches, contract, finite, loops
 from . import symbolic as sym
 from .analysis import Engine
 from .dims import (ELEMENTWISE, ORDER_FREE_REDUCERS, dot_dims, dot_result_dims, element_type, ints, is_integer,
@@ -67,6 +65,13 @@ def apply_rule(engine: Engine, op: ir.Operation) -> list:
     if entry is None or entry.transfer is None:
         engine.refuse("is not known to treat tokens alike (no rule for it)", op)
     results = entry.transfer(engine, op)
+    for value, result in zip(op.results, results):
+        if isinstance(result, Data) and result.agg is not None and result.agg.op in ("sum", "ssum") and \
+                finite.narrow_range(element_type(value)):
+            engine.refuse(f"accumulates a running sum in {element_type(value)}, whose range is narrower than "
+                          "float32's: whether it overflows depends on the order the blocks come in, which differs "
+                          "in each layout; accumulate in float32 (preferred_element_type) and convert after the ring",
+                          op)
     if any(_may_be_nan(engine.get(v)) for v in op.operands) and op.name not in _CARRY_NAN and \
             (op.name != "stablehlo.select" or any(_may_be_nan(r) for r in results)):
         engine.refuse("rescales by exp(x - m) where the running max m may still be -inf (scores masked with -inf "
@@ -154,17 +159,8 @@ def constant(engine: Engine, op):
         fn = engine.fns.intern(("const", repr(float(number)) if not isinstance(number, bool) else repr(number)))
         return [Data(out, tuple(CONST for _ in out), (), fn)]
     # A table: it varies along its dims with local positions, not with tokens.
-    fn = engine.fns.intern(("table", id(op), _finite_table(op)))
+    fn = engine.fns.intern(("table", id(op)) + finite.table_facts(op))
     return [Data(out, tuple(FREE if n > 1 else CONST for n in out), (), fn)]
-
-
-def _finite_table(op) -> bool:
-    """Every number of a dense constant is finite (False where its elements can't be read: bfloat16, say)."""
-    try:
-        numbers = np.asarray(ir.DenseElementsAttr(op.attributes["value"]))
-    except (TypeError, ValueError, RuntimeError):
-        return False
-    return numbers.dtype.kind not in "fc" or bool(np.isfinite(numbers).all())
 
 
 @rule("stablehlo.iota")
@@ -633,7 +629,8 @@ def identity(engine: Engine, op):
         value = engine.as_data(ins[0], op, 0)
         bits = int(ir.IntegerAttr(op.attributes["exponent_bits"]).value)
         mantissa = int(ir.IntegerAttr(op.attributes["mantissa_bits"]).value)
-        if bits >= _exponent_bits(element_type(op.operands[0])):
+        info = finite.finfo(element_type(op.operands[0]))
+        if info is not None and bits >= int(info.nexp):
             return [value]  # a rounding within the same range: the identity in exact arithmetic
         # a narrower range (float16's in float32): numbers become infinities, like a narrowing convert
         if value.agg is not None:
@@ -642,15 +639,6 @@ def identity(engine: Engine, op):
         narrowed = ("ew", "stablehlo.convert", f"narrowing to e{bits}m{mantissa}", (value.fn,))
         return [value.with_(fn=engine.fns.intern(narrowed, engine.fns.depends(value.fn)))]
     return ins
-
-
-def _exponent_bits(element: ir.Type) -> int:
-    """Exponent bits of a float type (f32: 8); 99 where unknown, so that a reduce_precision of it counts as
-    narrowing."""
-    widths = {"f16": 5, "bf16": 8, "f32": 8, "tf32": 8, "f64": 11}
-    name = str(element)
-    found = re.match(r"f\d+E(\d+)M\d+", name)
-    return widths.get(name, int(found[1]) if found else 99)
 
 
 @rule("stablehlo.custom_call")
