@@ -20,9 +20,9 @@ CP, B, S, D = 4, 2, 32, 8
 SPEC = P("dp", "cp", None)
 
 
-def strict_causal(merge, init="full"):
-    """Ring attention where a query sees only earlier tokens (q > k), -inf masks, the state from jnp.full (or
-    from q: zeros_like(q) - inf, which carries q's sharding)."""
+def strict_causal(merge, init="full", fill=-jnp.inf):
+    """Ring attention where a query sees only earlier tokens (q > k), masked with `fill` (in q's type), the state
+    from jnp.full (or from q: zeros_like(q) + fill, which carries q's sharding)."""
     def body(q, k, v):
         b, n, d = q.shape
         me = lax.axis_index("cp")
@@ -32,14 +32,15 @@ def strict_causal(merge, init="full"):
             state, k, v = carry
             k_pos = ((me - i) % CP) * n + jnp.arange(n)
             s = jnp.einsum("bqd,bkd->bqk", q, k) / jnp.sqrt(jnp.float32(d))
-            state = merge(state, jnp.where(q_pos[:, None] > k_pos[None, :], s, -jnp.inf), v, i)  # refused here
+            s = jnp.where(q_pos[:, None] > k_pos[None, :], s, fill).astype(q.dtype)
+            state = merge(state, s, v, i)  # refused here
             return state, lax.ppermute(k, "cp", ring(CP)), lax.ppermute(v, "cp", ring(CP))
 
         if init == "full":
-            state = (jnp.full((b, n), -jnp.inf), jnp.zeros((b, n)), jnp.zeros((b, n, d)))
+            state = (jnp.full((b, n), fill, q.dtype), jnp.zeros((b, n), q.dtype), jnp.zeros((b, n, d), q.dtype))
         else:
             zero = jnp.zeros_like(q[..., 0])
-            state = (zero - jnp.inf, zero, jnp.zeros_like(q))
+            state = (zero + fill, zero, jnp.zeros_like(q))
         (_, l, o), _, _ = lax.fori_loop(0, CP, step, (state, k, v))
         return o / l[..., None]
     return body
@@ -80,23 +81,9 @@ def test_guarded_merge_of_infinite_masks_computes_what_jax_jit_computes():
 def test_finite_mask_value_that_float16_makes_infinite_is_left_alone():
     """The same kernel written with a finite mask value (-1e30, order-free in float32) and run in float16, where
     -1e30 is -inf: the same nans, reached without writing -inf."""
-    from support.ring_user_kernels import NEG, per_row, scores
+    from support.ring_user_kernels import NEG
 
-    def body(q, k, v):
-        b, n, d = q.shape
-        me = lax.axis_index("cp")
-        q_pos = me * n + jnp.arange(n)
-
-        def step(i, carry):
-            state, k, v = carry
-            k_pos = ((me - i) % CP) * n + jnp.arange(n)
-            s = jnp.where(q_pos[:, None] > k_pos[None, :], scores(q, k), NEG).astype(q.dtype)
-            return merge_online(state, s, v, i), lax.ppermute(k, "cp", ring(CP)), lax.ppermute(v, "cp", ring(CP))
-
-        state = (jnp.full((b, n), NEG, q.dtype), jnp.zeros((b, n), q.dtype), jnp.zeros((b, n, d), q.dtype))
-        (_, l, o), _, _ = lax.fori_loop(0, CP, step, (state, k, v))
-        return o / per_row(l, o)
-
+    body = strict_causal(merge_online, fill=NEG)
     mesh = jax.make_mesh((2, CP), ("dp", "cp"))
     fn = jax.shard_map(body, mesh=mesh, in_specs=(SPEC,) * 3, out_specs=SPEC, check_vma=False)
     rng = np.random.default_rng(0)

@@ -181,9 +181,9 @@ def _two_results(tail):
 _LINEAR_TAIL = "lambda v, k: jnp.roll(v * jnp.tanh(k).mean(), 1, axis=1)"
 
 
-def _assert_backward_left_alone(body) -> None:
-    """body's z is read (returned beside the gradient), its y only through its derivative: nothing may be
-    rewritten, under either layout."""
+def _grad_of_two_results(body):
+    """jax.grad of a loss that reads body's second result y only through its derivative and returns its first, z,
+    beside the gradient (Explicit axes, cp = 4), and the arguments."""
     mesh = _meshes()["explicit"]
     spec = jax.sharding.PartitionSpec("dp", "cp", None)
     f = jax.shard_map(body, mesh=mesh, in_specs=(spec,) * 3, out_specs=(spec, spec), check_vma=False)
@@ -196,9 +196,16 @@ def _assert_backward_left_alone(body) -> None:
         z, y = f(q, k, v)
         return jnp.sum(y * w), z
 
+    return jax.grad(loss, argnums=(0, 1, 2), has_aux=True), args
+
+
+def _assert_backward_left_alone(body) -> None:
+    """body's z is read (returned beside the gradient), its y only through its derivative: nothing may be
+    rewritten, under either layout."""
+    grad, args = _grad_of_two_results(body)
+
     for strategy in ("zigzag", "striped"):
-        low = autofix_shardings(jax.grad(loss, argnums=(0, 1, 2), has_aux=True), ring_reorder=strategy,
-                                on_fix="ignore").lower(*args)
+        low = autofix_shardings(grad, ring_reorder=strategy, on_fix="ignore").lower(*args)
         assert len(low.rings) == 2 and not any(r.applied for r in low.rings), describe(low)
         assert PERMUTATION not in low.as_text()
 
@@ -264,19 +271,7 @@ def test_backward_of_a_result_made_by_the_same_expression_as_a_proved_one_is_lef
                                                               jnp.zeros_like(v), k, v))
         return o / l[..., None], y
 
-    mesh = _meshes()["explicit"]
-    spec = jax.sharding.PartitionSpec("dp", "cp", None)
-    f = jax.shard_map(body, mesh=mesh, in_specs=(spec,) * 3, out_specs=(spec, spec), check_vma=False)
-    rng = np.random.default_rng(0)
-    args = [jax.device_put(rng.standard_normal((2, 32, 8)).astype(np.float32), jax.NamedSharding(mesh, spec))
-            for _ in range(3)]
-    w = rng.standard_normal((2, 32, 8)).astype(np.float32)
-
-    def loss(q, k, v):
-        z, y = f(q, k, v)
-        return jnp.sum(y * w), z
-
-    grad = jax.grad(loss, argnums=(0, 1, 2), has_aux=True)
+    grad, args = _grad_of_two_results(body)
     want = jax.jit(grad)(*args)
     for strategy in ("zigzag", "striped"):
         low = autofix_shardings(grad, ring_reorder=strategy, on_fix="ignore").lower(*args)
