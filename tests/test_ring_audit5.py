@@ -1,5 +1,11 @@
 """Audit of hoist-permutations across layers and of custom_vjp backward rings (8 CPU devices, dp=2 x cp=4).
 
+- SOUNDNESS: two ring layers whose kernels chunk the sequence differently (blockwise chunks of 2 and of 4 tokens)
+  get two different striped orders under `ring_reorder="striped"` (the smallest stripe that keeps each kernel's
+  chunks whole: 2 and 4). hoist-permutations sinks the first layer's inverse through the ops between the layers
+  (they then run in stripe-2 order) and keeps the second layer's stripe-4 forward permutation, which now reads a
+  value in stripe-2 order instead of in contiguous order: the second layer sees its tokens permuted twice.
+
 - Between two ring layers, ops that are not token-wise (a cumulative sum, a token shift, the first token, a
   scatter-add by token index) and ops that read positions (an integer iota mask, a position table gathered by
   `jnp.arange`, dropout keyed per element) must keep jax.jit's results, forward and under jax.grad.
@@ -67,6 +73,25 @@ def test_hoisted_permutations_keep_results_across_non_tokenwise_layers():
         decisions = fixed.lower(x, weights).rings
         assert [(r.strategy, r.applied) for r in decisions] == [("zigzag", True)] * rings, [r.why for r in decisions]
         assert _max_error(fixed(x, weights), jax.jit(program)(x, weights)) <= 1e-5
+
+
+def test_two_ring_layers_in_different_striped_orders_keep_results():
+    """Fails on main 74f38b9: off by about 2 (forward). ring-reorder alone is right; the hoisted module applies the
+    stripe-4 permutation to tanh(ring1) + q computed in stripe-2 order, with no inverse between (hoist.py
+    `_held_in` reuses the module's own forward permutation without restoring its source, which `_restored` does
+    only for a permutation it builds; `_edit`'s scan for contiguous uses takes that permutation's use as a
+    permuted read, its `reads` set not telling the two orders apart)."""
+    length = 64  # striped with a stripe of 4 needs cp * cp * 4 tokens
+    first, second = (ring_kernels.sharded(ring_kernels.scan_ring_attention("cp", CP, chunk), MESH) for chunk in (2, 4))
+
+    def two_layers(q, k, v):
+        return second(jnp.tanh(first(q, k, v)) + q, k, v)
+
+    q, k, v = _placed(*[(B, length, D)] * 3)
+    fixed = autofix_shardings(two_layers, ring_reorder="striped")
+    decisions = fixed.lower(q, k, v).rings
+    assert [(r.strategy, r.applied) for r in decisions] == [("striped{stripe=2}", True), ("striped{stripe=4}", True)]
+    assert _max_error(fixed(q, k, v), jax.jit(two_layers)(q, k, v)) <= 1e-5
 
 
 def _dk_one_step_past_home():
