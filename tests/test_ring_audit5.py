@@ -1,10 +1,11 @@
 """Audit of hoist-permutations across layers and of custom_vjp backward rings (8 CPU devices, dp=2 x cp=4).
 
-- SOUNDNESS: two ring layers whose kernels chunk the sequence differently (blockwise chunks of 2 and of 4 tokens)
-  get two different striped orders under `ring_reorder="striped"` (the smallest stripe that keeps each kernel's
-  chunks whole: 2 and 4). hoist-permutations sinks the first layer's inverse through the ops between the layers
-  (they then run in stripe-2 order) and keeps the second layer's stripe-4 forward permutation, which now reads a
-  value in stripe-2 order instead of in contiguous order: the second layer sees its tokens permuted twice.
+- SOUNDNESS: two ring layers that get two different orders: under the DEFAULTS a causal layer (zigzag) and a
+  StreamingLLM layer (sinks + window: striped{stripe=2}, the tile count's pick), or under `ring_reorder="striped"`
+  two kernels that chunk the sequence differently (the smallest stripe that keeps each kernel's chunks whole: 2
+  and 4). hoist-permutations sinks the first layer's inverse through the ops between the layers (they then run
+  in the first order) and keeps the second layer's forward permutation, which now reads a value in the first
+  order instead of in contiguous order: the second layer sees its tokens permuted twice.
 
 - Between two ring layers, ops that are not token-wise (a cumulative sum, a token shift, the first token, a
   scatter-add by token index) and ops that read positions (an integer iota mask, a position table gathered by
@@ -17,11 +18,13 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from shardfix import autofix_shardings
 from support import ring_kernels
+from support import ring_user_kernels as ruk
 
 CP, B, S, D = 4, 2, 32, 8
 MESH = jax.make_mesh((2, CP), ("dp", "cp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
@@ -75,22 +78,31 @@ def test_hoisted_permutations_keep_results_across_non_tokenwise_layers():
         assert _max_error(fixed(x, weights), jax.jit(program)(x, weights)) <= 1e-5
 
 
-def test_two_ring_layers_in_different_striped_orders_keep_results():
-    """Fails on main 74f38b9: off by about 2 (forward). ring-reorder alone is right; the hoisted module applies the
-    stripe-4 permutation to tanh(ring1) + q computed in stripe-2 order, with no inverse between (hoist.py
-    `_held_in` reuses the module's own forward permutation without restoring its source, which `_restored` does
-    only for a permutation it builds; `_edit`'s scan for contiguous uses takes that permutation's use as a
-    permuted read, its `reads` set not telling the two orders apart)."""
+def _blockwise(mask: str, chunk: int):
+    body = ruk.blockwise_ring(CP, chunk, ruk.MASKS[mask], ruk.LIVE[mask])
+    return jax.shard_map(body, mesh=MESH, in_specs=(SPEC,) * 3, out_specs=SPEC, check_vma=False)
+
+
+@pytest.mark.parametrize("first, second, options, strategies", [
+    (("causal", 2), ("sinks", 2), {}, ["zigzag", "striped{stripe=2}"]),
+    (("causal", 2), ("causal", 4), {"ring_reorder": "striped"}, ["striped{stripe=2}", "striped{stripe=4}"]),
+], ids=["defaults-causal-then-sinks", "striped-chunks-2-and-4"])
+def test_two_ring_layers_in_different_orders_keep_results(first, second, options, strategies):
+    """Fails on main 74f38b9: off by 1.7 (defaults) and 2.0 (striped). ring-reorder alone is right; the hoisted
+    module applies the second layer's forward permutation to tanh(ring1) + q computed in the first layer's order,
+    with no inverse between (hoist.py `_held_in` reuses the module's own forward permutation without restoring
+    its source, which it does only for a permutation it builds; `_edit`'s scan for contiguous uses takes that
+    permutation's use as a permuted read, its `reads` not telling the two orders apart)."""
     length = 64  # striped with a stripe of 4 needs cp * cp * 4 tokens
-    first, second = (ring_kernels.sharded(ring_kernels.scan_ring_attention("cp", CP, chunk), MESH) for chunk in (2, 4))
+    ring1, ring2 = _blockwise(*first), _blockwise(*second)
 
     def two_layers(q, k, v):
-        return second(jnp.tanh(first(q, k, v)) + q, k, v)
+        return ring2(jnp.tanh(ring1(q, k, v)) + q, k, v)
 
     q, k, v = _placed(*[(B, length, D)] * 3)
-    fixed = autofix_shardings(two_layers, ring_reorder="striped")
+    fixed = autofix_shardings(two_layers, **options)
     decisions = fixed.lower(q, k, v).rings
-    assert [(r.strategy, r.applied) for r in decisions] == [("striped{stripe=2}", True), ("striped{stripe=4}", True)]
+    assert [(r.strategy, r.applied) for r in decisions] == [(s, True) for s in strategies]
     assert _max_error(fixed(q, k, v), jax.jit(two_layers)(q, k, v)) <= 1e-5
 
 
