@@ -6,7 +6,6 @@
   and 4). hoist-permutations sinks the first layer's inverse through the ops between the layers (they then run
   in the first order) and keeps the second layer's forward permutation, which now reads a value in the first
   order instead of in contiguous order: the second layer sees its tokens permuted twice.
-
 - Between two ring layers, ops that are not token-wise (a cumulative sum, a token shift, the first token, a
   scatter-add by token index) and ops that read positions (an integer iota mask, a position table gathered by
   `jnp.arange`, dropout keyed per element) must keep jax.jit's results, forward and under jax.grad.
