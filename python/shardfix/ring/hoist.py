@@ -307,8 +307,8 @@ class _Body:
         # value -> (order, holder, like): the value is at hand in `order` as `holder` (the value itself when its op
         # runs in permuted order); `like` is the permutation new ones of that order copy their sharding from
         self.permuted: dict[int, tuple[Order, ir.Value, Perm]] = {}
-        self.runs_permuted: list[int] = []
-        self.run_keys: list[list[int]] = []  # the results' hashes of each op of runs_permuted (read once)
+        # the ops that run in permuted order, each as its results' hashes (read once, when it is found to)
+        self.runs_permuted: list[list[int]] = []
         self.own: set[int] = set()  # results of the ops in runs_permuted: at hand in permuted order as themselves
         self.signatures: dict[int, int] = {}  # place -> Mover.signature of its op (asked each way at most once)
         # what reads a value in permuted order: (reader's place, operand number or None for a forward permutation,
@@ -338,7 +338,6 @@ class _Body:
         same_shape = self._same_shape
         read_order, read_count, reads, runs_permuted, own = (self.read_order, self.read_count, self.reads,
                                                              self.runs_permuted, self.own)
-        run_keys = self.run_keys
         for place, op in enumerate(self.ops):
             values = list(op.operands)
             keys = list(map(hash, values))
@@ -354,10 +353,9 @@ class _Body:
                     read_order[(place, 0)] = order
                     reads.append((place, 0, values[0], order, like, key))
                     read_count[(key, order)] = read_count.get((key, order), 0) + 1
-                    runs_permuted.append(place)
                     result = op.results[0]
                     key = hash(result)
-                    run_keys.append([key])
+                    runs_permuted.append([key])
                     permuted[key] = (order, result, like)
                     own.add(key)
                 continue
@@ -442,7 +440,6 @@ class _Body:
                     if owner not in needs:
                         heapq.heappush(self.heap, -owner)
                     needs.setdefault(owner, []).append((values[j], order, like))
-        self.runs_permuted.append(place)
         own = self.own
         keys = []
         for result in results:
@@ -450,7 +447,7 @@ class _Body:
             keys.append(key)
             permuted[key] = (order, result, like)
             own.add(key)
-        self.run_keys.append(keys)
+        self.runs_permuted.append(keys)
 
     # -- 2. backward: forward permutations rise -----------------------------------------------------------------
 
@@ -533,7 +530,7 @@ class _Body:
         contiguous = []
         count = self.use_count
         permuted, read_count = self.permuted, self.read_count
-        for keys in self.run_keys:
+        for keys in self.runs_permuted:
             for key in keys:
                 held = permuted[key]
                 if count.get(key, 0) == read_count.get((key, held[0]), 0):
@@ -631,14 +628,13 @@ class _Body:
         return self.position.get(key)
 
     def _run_permuted(self, place: int, order: Order, like: Perm) -> None:
-        self.runs_permuted.append(place)
         keys = []
         for result in self.ops[place].results:
             key = hash(result)
             keys.append(key)
             self.permuted[key] = (order, result, like)
             self.own.add(key)
-        self.run_keys.append(keys)
+        self.runs_permuted.append(keys)
 
     def _check(self, place: int, reading: list[tuple[int, ir.Value, Order, int | None]]) -> None:
         """The op at `place` may read these operands in permuted order: each has the sequence's length along
