@@ -142,10 +142,11 @@ class RingReorder(Pass):
 
     def _reorder(self, permutations: Permutations, v: Verdict, strategy: str, stripe: int) -> str:
         ring, region = v.ring, v.ring.region
+        manual = tuple(sorted(manual_axes_of(region)))
         for index, dim in v.sequence_operands.items():
-            _insert(permutations, ring, index, dim, False, strategy, stripe)
+            _insert(permutations, ring, index, dim, False, strategy, stripe, manual)
         for index, dim in v.sequence_results.items():
-            _insert(permutations, ring, index, dim, True, strategy, stripe)
+            _insert(permutations, ring, index, dim, True, strategy, stripe, manual)
         region.attributes[REORDERED_ATTR] = ir.StringAttr.get(_name(strategy, stripe))
         why = (f"{len(v.sequence_operands)} operand(s) reordered, {len(v.sequence_results)} result(s) restored"
                + (f", {len(v.rewrites)} position read(s) rewritten" if v.rewrites and self.mode == "auto" else "")
@@ -288,13 +289,13 @@ def _force_plan(ring: RingRegion) -> tuple[dict, dict]:
 
 
 def _insert(permutations: Permutations, ring: RingRegion, index: int, dim: int, is_result: bool, strategy: str,
-            stripe: int) -> None:
+            stripe: int, manual_axes: tuple[str, ...]) -> None:
     region = ring.region
     value = region.results[index] if is_result else region.operands[index]
     sharding = (ring.out_shardings() if is_result else ring.in_shardings())[index]
     point = ir.InsertionPoint.after(region) if is_result else ir.InsertionPoint(region)
     new = permutations.insert(point, value, ring.mesh_name, ring.mesh, sharding, dim, ring.axis, strategy, stripe,
-                              inverse=is_result, manual_axes=tuple(sorted(manual_axes_of(region))))
+                              inverse=is_result, manual_axes=manual_axes)
     if is_result:
         value.replace_all_uses_except(new.results[0], new)
     else:

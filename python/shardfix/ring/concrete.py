@@ -38,51 +38,79 @@ def mapped(g: np.ndarray, unit: int, strategy: str, stripe: int, cp: int, block:
 
 
 
-def needed_slice(block: ir.Block, results: bool, arguments) -> set[int]:
+def needed_slice(block: ir.Block, results: bool, arguments, plans: dict | None = None) -> set[int]:
     """The values (by hash) that the skip decisions and loop conditions in `block` read, through loops,
     branches, nested manual computations and calls (`arguments(callee)`: which arguments a callee reads), and,
     with `results`, what the block's integer results read. A fixed point: a loop's condition may read what its
-    body computed in the previous trip."""
+    body computed in the previous trip. `plans`: what was read of blocks before (`_plan`), kept by the caller for
+    the blocks it asks about again."""
+    plans = {} if plans is None else plans
     needed: set[int] = set()
     if results:
         terminator = list(block.operations)[-1].operation
         needed.update(hash(v) for v in terminator.operands if small_int(v.type))
+    plan = _plan(block, plans)
     size = -1
     while size != len(needed):
         size = len(needed)
-        _needed_in(block, needed, arguments)
+        _needed_in(plan, needed, arguments)
     return needed
 
 
-def _needed_in(block: ir.Block, needed: set[int], arguments) -> None:
+def _plan(block: ir.Block, plans: dict) -> list:
+    """What `_needed_in` reads of a block's ops, last first, read from the IR once (the fixed point goes over a
+    block several times, and a function's block is asked about for its callers and for its own count): (name,
+    result hashes, operand hashes, what the op's kind needs besides)."""
+    key = hash(block)
+    found = plans.get(key)
+    if found is not None:
+        return found
+    found = plans[key] = []
     for opview in reversed(list(block.operations)):
         op = opview.operation
         name = op.name
-        outs = [hash(r) for r in op.results]
-        ins = [hash(v) for v in op.operands]
+        extra = None
         if name == "stablehlo.while":
             cond, body = op.regions[0].blocks[0], op.regions[1].blocks[0]
-            needed.add(hash(list(cond.operations)[-1].operation.operands[0]))
-            yields = list(body.operations)[-1].operation.operands
-            for i, (c, b) in enumerate(zip(cond.arguments, body.arguments)):
-                if outs[i] in needed or hash(c) in needed or hash(b) in needed:
-                    needed.update((outs[i], hash(c), hash(b), ins[i], hash(yields[i])))
+            extra = (hash(list(cond.operations)[-1].operation.operands[0]),
+                     [(hash(c), hash(b)) for c, b in zip(cond.arguments, body.arguments)],
+                     [hash(v) for v in list(body.operations)[-1].operation.operands],
+                     _plan(cond, plans), _plan(body, plans))
+        elif name in ("stablehlo.case", "stablehlo.if"):
+            extra = [([hash(v) for v in list(region.blocks[0].operations)[-1].operation.operands],
+                      _plan(region.blocks[0], plans)) for region in op.regions]
+        elif name == "sdy.manual_computation":
+            body = op.regions[0].blocks[0]
+            extra = ([hash(v) for v in list(body.operations)[-1].operation.operands], _plan(body, plans),
+                     [hash(a) for a in body.arguments])
+        elif name == "func.call":
+            extra = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
+        found.append((name, [hash(r) for r in op.results], [hash(v) for v in op.operands], extra))
+    return found
+
+
+def _needed_in(plan: list, needed: set[int], arguments) -> None:
+    for name, outs, ins, extra in plan:
+        if name == "stablehlo.while":
+            condition, args, yields, cond, body = extra
+            needed.add(condition)
+            for i, (c, b) in enumerate(args):
+                if outs[i] in needed or c in needed or b in needed:
+                    needed.update((outs[i], c, b, ins[i], yields[i]))
             _needed_in(cond, needed, arguments)
             _needed_in(body, needed, arguments)
         elif name in ("stablehlo.case", "stablehlo.if"):
             needed.add(ins[0])
-            for region in op.regions:
-                returned = list(region.blocks[0].operations)[-1].operation.operands
-                needed.update(hash(v) for k, v in enumerate(returned) if outs[k] in needed)
-                _needed_in(region.blocks[0], needed, arguments)
+            for returned, branch in extra:
+                needed.update(v for k, v in enumerate(returned) if outs[k] in needed)
+                _needed_in(branch, needed, arguments)
         elif name == "sdy.manual_computation":
-            body = op.regions[0].blocks[0]
-            returned = list(body.operations)[-1].operation.operands
-            needed.update(hash(v) for k, v in enumerate(returned) if outs[k] in needed)
+            returned, body, body_args = extra
+            needed.update(v for k, v in enumerate(returned) if outs[k] in needed)
             _needed_in(body, needed, arguments)
-            needed.update(i for i, a in zip(ins, body.arguments) if hash(a) in needed)
+            needed.update(i for i, a in zip(ins, body_args) if a in needed)
         elif name == "func.call":
-            reads = arguments(ir.FlatSymbolRefAttr(op.attributes["callee"]).value)
+            reads = arguments(extra)
             needed.update(i for i, read in zip(ins, reads) if read)
         elif any(o in needed for o in outs):
             needed.update(ins)

@@ -110,6 +110,7 @@ class Counter:
         self._arguments: dict[str, list[bool]] = {}
         self._acting: dict[str, bool] = {}
         self.needed: set[int] = set()  # values the unit being compiled needs (see concrete.needed_slice)
+        self._plans: dict = {}  # what needed_slice read of each block
 
     def count(self, region: ir.Operation, pids: list[int], rewrites: list, layout: tuple | None,
               name: str) -> Tiles:
@@ -139,7 +140,7 @@ class Counter:
         if key not in self._compiled:
             slots: dict[int, int] = {}
             block = region.regions[0].blocks[0]
-            self.needed = needed_slice(block, False, self._arguments_needed)
+            self.needed = needed_slice(block, False, self._arguments_needed, self._plans)
             self._compiled[key] = (self._block(block, slots), len(slots))
         return self._compiled[key]
 
@@ -149,7 +150,7 @@ class Counter:
             slots: dict[int, int] = {}
             self._compiled[name] = None  # a recursive call is not followed
             block = self.funcs[name].regions[0].blocks[0]
-            outer, self.needed = self.needed, needed_slice(block, True, self._arguments_needed)
+            outer, self.needed = self.needed, needed_slice(block, True, self._arguments_needed, self._plans)
             found = self._compiled[name] = (self._block(block, slots), len(slots))
             self.needed = outer
         return found
@@ -162,7 +163,7 @@ class Counter:
                 return []
             self._arguments[callee] = []  # recursion: nothing
             block = self.funcs[callee].regions[0].blocks[0]
-            needed = needed_slice(block, True, self._arguments_needed)
+            needed = needed_slice(block, True, self._arguments_needed, self._plans)
             found = self._arguments[callee] = [hash(a) in needed for a in block.arguments]
         return found
 

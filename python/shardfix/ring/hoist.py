@@ -307,8 +307,10 @@ class _Body:
         # value -> (order, holder, like): the value is at hand in `order` as `holder` (the value itself when its op
         # runs in permuted order); `like` is the permutation new ones of that order copy their sharding from
         self.permuted: dict[int, tuple[Order, ir.Value, Perm]] = {}
-        self.runs_permuted: list[int] = []
+        # the ops that run in permuted order, each as its results' hashes (read once, when it is found to)
+        self.runs_permuted: list[list[int]] = []
         self.own: set[int] = set()  # results of the ops in runs_permuted: at hand in permuted order as themselves
+        self.signatures: dict[int, int] = {}  # place -> Mover.signature of its op (asked each way at most once)
         # what reads a value in permuted order: (reader's place, operand number or None for a forward permutation,
         # value, order, like)
         self.reads: list[tuple[int, int | None, ir.Value, Order, Perm, int]] = []  # ..., and the value's hash
@@ -351,9 +353,9 @@ class _Body:
                     read_order[(place, 0)] = order
                     reads.append((place, 0, values[0], order, like, key))
                     read_count[(key, order)] = read_count.get((key, order), 0) + 1
-                    runs_permuted.append(place)
                     result = op.results[0]
                     key = hash(result)
+                    runs_permuted.append([key])
                     permuted[key] = (order, result, like)
                     own.add(key)
                 continue
@@ -382,7 +384,7 @@ class _Body:
                 continue
             mover = self.mover
             try:
-                signature = mover.signature(op, name, values)
+                signature = self.signatures[place] = mover.signature(op, name, values)
                 if name == "func.call":  # the operands the callee needs permuted with this one
                     motion = mover.rule((signature, "call", i, order.dim), lambda: mover.call(op, i, order.dim))
                     dim, operand_dims = motion.dim, motion.operands
@@ -438,12 +440,14 @@ class _Body:
                     if owner not in needs:
                         heapq.heappush(self.heap, -owner)
                     needs.setdefault(owner, []).append((values[j], order, like))
-        self.runs_permuted.append(place)
         own = self.own
+        keys = []
         for result in results:
             key = hash(result)
+            keys.append(key)
             permuted[key] = (order, result, like)
             own.add(key)
+        self.runs_permuted.append(keys)
 
     # -- 2. backward: forward permutations rise -----------------------------------------------------------------
 
@@ -459,8 +463,11 @@ class _Body:
                 elif self._all_reads_permuted(place, order):
                     name, mover = self.names[place], self.mover
                     try:
-                        operand_dims = mover.rule((mover.signature(op, name, list(op.operands)), "carriers",
-                                                   order.dim), lambda: mover.carriers(op, order.dim, name))
+                        signature = self.signatures.get(place)
+                        if signature is None:
+                            signature = self.signatures[place] = mover.signature(op, name, list(op.operands))
+                        operand_dims = mover.rule((signature, "carriers", order.dim),
+                                                  lambda: mover.carriers(op, order.dim, name))
                     except Blocked as why:
                         self.mover.say(order.kind, False, op, why)
                         continue
@@ -522,11 +529,13 @@ class _Body:
         reads = None
         contiguous = []
         count = self.use_count
-        for place in self.runs_permuted:
-            for result in self.ops[place].results:
-                key = hash(result)
-                if count.get(key, 0) == self.read_count.get((key, self.permuted[key][0]), 0):
+        permuted, read_count = self.permuted, self.read_count
+        for keys in self.runs_permuted:
+            for key in keys:
+                held = permuted[key]
+                if count.get(key, 0) == read_count.get((key, held[0]), 0):
                     continue  # every use is one of the reads in permuted order
+                result = held[1]  # (the result itself: its op runs in permuted order)
                 if reads is None:
                     reads = {(hash(self.ops[place].results[0]), j if j is not None else 0)
                              for place, j, _, _, _, _ in self.reads}
@@ -627,11 +636,13 @@ class _Body:
         return self.position.get(key)
 
     def _run_permuted(self, place: int, order: Order, like: Perm) -> None:
-        self.runs_permuted.append(place)
+        keys = []
         for result in self.ops[place].results:
             key = hash(result)
+            keys.append(key)
             self.permuted[key] = (order, result, like)
             self.own.add(key)
+        self.runs_permuted.append(keys)
 
     def _check(self, place: int, reading: list[tuple[int, ir.Value, Order, int | None]]) -> None:
         """The op at `place` may read these operands in permuted order: each has the sequence's length along

@@ -51,6 +51,7 @@ class Permutations:
     def __init__(self, module: ir.Operation):
         self.module = module
         self._templates: dict = {}
+        self._bound: dict = {}  # block -> bound_axes(block) (a model's permutations go in a few blocks)
 
     def __enter__(self) -> "Permutations":
         return self
@@ -72,7 +73,10 @@ class Permutations:
         a parent binds, and the value is already local to them."""
         shaped = ir.RankedTensorType(value.type)
         element = str(shaped.element_type)
-        bound = bound_axes(point.block)
+        block = point.block
+        bound = self._bound.get(block)
+        if bound is None:
+            bound = self._bound[block] = bound_axes(block)
         key = (mesh_name, mesh, sharding, tuple(shaped.shape), element, dim, axis, strategy, stripe, inverse,
                manual_axes, bound)
         found = self._templates.get(key)

@@ -77,7 +77,7 @@ class _Specializer:
     def __init__(self, module: ir.Operation, callers: dict[str, int] | None = None):
         self.module = module
         self.callers = callers  # func.call ops naming each function, before any redirect (None: unknown)
-        self.consts: dict = {}  # the splat constants the rewrites share, by (block, type, number)
+        self.consts: dict = {}  # the splat constants the rewrites share, by (block, type, number) (see _Builder)
         self.table = ir.SymbolTable(module)
         self.copies: dict = {}  # (function name, reads, layout) -> name of the copy
         self.indexes: dict = {}  # function name -> {op: its place in a pre-order walk}
@@ -220,11 +220,14 @@ def mapped_index(value: ir.Value, unit: int, strategy: str, stripe: int, cp: int
 
 
 class _Builder:
-    """Integer arithmetic on tensors of one type, with splat constants."""
+    """Integer arithmetic on tensors of one type, with splat constants. The ops are made with their result types
+    given (the same ops the dialect's builders make, without inferring each type again: a model's layers each
+    rewrite their own reads, ten ops a read)."""
 
     def __init__(self, like: ir.Value, shared: tuple[dict, ir.Block] | None = None):
         self.type = ir.RankedTensorType(like.type)
         self.shared = shared
+        self._types = [self.type]
 
     def const(self, number: int) -> ir.Value:
         if self.shared is None:
@@ -238,39 +241,60 @@ class _Builder:
         return found
 
     def _const(self, number: int) -> ir.Value:
-        element = self.type.element_type
-        width = ir.IntegerType(element).width
-        unsigned = ir.IntegerType(element).is_unsigned
-        dtype = {8: np.int8, 16: np.int16, 32: np.int32, 64: np.int64}[width] if not unsigned else \
-            {8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}[width]
-        scalar = ir.RankedTensorType.get([], element)
-        dense = ir.DenseElementsAttr.get(np.array(number, dtype=dtype), type=scalar)
-        splat = stablehlo.constant(dense)
+        scalar, dense = self._attribute(number)
+        splat = ir.Operation.create("stablehlo.constant", results=[scalar], attributes={"value": dense}).result
         if not self.type.shape:
             return splat
-        return stablehlo.broadcast_in_dim(self.type, splat, [])
+        return ir.Operation.create("stablehlo.broadcast_in_dim", results=self._types, operands=[splat],
+                                   attributes={"broadcast_dimensions": ir.DenseI64ArrayAttr.get([])}).result
+
+    def _attribute(self, number: int) -> tuple[ir.Type, ir.Attribute]:
+        """The scalar type and the splat value of a constant (kept with the shared constants: each block makes its
+        own constant ops, of the same few values)."""
+        cache = self.shared[0] if self.shared is not None else {}
+        key = ("value", self.type, number)
+        found = cache.get(key)
+        if found is None:
+            element = self.type.element_type
+            width = ir.IntegerType(element).width
+            unsigned = ir.IntegerType(element).is_unsigned
+            dtype = {8: np.int8, 16: np.int16, 32: np.int32, 64: np.int64}[width] if not unsigned else \
+                {8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}[width]
+            scalar = ir.RankedTensorType.get([], element)
+            found = cache[key] = (scalar, ir.DenseElementsAttr.get(np.array(number, dtype=dtype), type=scalar))
+        return found
+
+    def _op(self, name: str, *operands: ir.Value) -> ir.Value:
+        return ir.Operation.create(name, results=self._types, operands=list(operands)).result
 
     def div(self, x, n: int):
-        return x if n == 1 else stablehlo.divide(x, self.const(n))
+        return x if n == 1 else self._op("stablehlo.divide", x, self.const(n))
 
     def rem(self, x, n: int):
-        return self.const(0) if n == 1 else stablehlo.remainder(x, self.const(n))
+        return self.const(0) if n == 1 else self._op("stablehlo.remainder", x, self.const(n))
 
     def mul(self, x, n: int):
-        return x if n == 1 else stablehlo.multiply(x, self.const(n))
+        return x if n == 1 else self._op("stablehlo.multiply", x, self.const(n))
 
     def add(self, x, y):
-        return stablehlo.add(x, y)
+        return self._op("stablehlo.add", x, y)
 
     def sub(self, x, n: int):
-        return x if n == 0 else stablehlo.subtract(x, self.const(n))
+        return x if n == 0 else self._op("stablehlo.subtract", x, self.const(n))
 
     def sub_from(self, n: int, x):
-        return stablehlo.subtract(self.const(n), x)
+        return self._op("stablehlo.subtract", self.const(n), x)
 
     def less(self, x, n: int):
-        direction = stablehlo.ComparisonDirectionAttr.get("LT")
-        return stablehlo.compare(x, self.const(n), direction)
+        cache = self.shared[0] if self.shared is not None else {}
+        key = ("less", self.type)
+        found = cache.get(key)
+        if found is None:
+            found = cache[key] = ([ir.RankedTensorType.get(self.type.shape, ir.IntegerType.get_signless(1))],
+                                  {"comparison_direction": stablehlo.ComparisonDirectionAttr.get("LT")})
+        return ir.Operation.create("stablehlo.compare", results=found[0], operands=[x, self.const(n)],
+                                   attributes=found[1]).result
 
     def select(self, pred, a, b):
-        return stablehlo.select(pred, a, b)
+        return self._op("stablehlo.select", pred, a, b)
+
