@@ -91,7 +91,8 @@ def carried_source(cp: int, travel: str = "carried", window: int | None = None, 
 
 def unrolled_scan(cp: int, unroll: int = 2, positions=_positions):
     """Causal ring attention in a partially unrolled lax.scan over the ring steps (`unroll=2`: each iteration of
-    the loop runs two ring steps, the step index read from the scanned `arange`)."""
+    the loop runs two ring steps, the step index read from the scanned `arange`; `unroll=3` on a ring of 4 or 8:
+    the steps left over run after the loop)."""
     def body(q, k, v):
         n = q.shape[1]
         me = lax.axis_index("cp")
@@ -431,7 +432,7 @@ ACCEPTED = {"full-init": full_init, "full-init-window20": lambda cp: full_init(c
             "carried-source": carried_source, "ppermuted-source": lambda cp: carried_source(cp, "ppermuted"),
             "carried-source-window20": lambda cp: carried_source(cp, window=20),
             "carried-source-plus-cp": lambda cp: carried_source(cp, "plus-cp"),
-            "scan-unroll2": unrolled_scan, "two-steps-an-iteration": two_steps_an_iteration,
+            "scan-unroll2": unrolled_scan, "scan-unroll3": lambda cp: unrolled_scan(cp, 3), "two-steps-an-iteration": two_steps_an_iteration,
             "vjp-scan-unroll2": vjp_unrolled}
 REFUSALS = (int_truncated_sum, converted_decay, carried_source_wrong_modulus, carried_source_wrong_way,
             carried_source_skip, window_from_block_start, window_by_local_index, carried_source_two_behind,

@@ -309,9 +309,20 @@ def _node_bounds(node: Node, scope: Scope) -> tuple[float, float]:
     return -math.inf, math.inf
 
 
+def congruent(a: Aff, b: Aff, n: int, scope: Scope | None) -> bool:
+    """Whether a = b (mod n) for every value of the atoms (integers): every coefficient of a - b and its constant
+    are multiples of n (`-3j` and `j` modulo 4), or the ranges leave a - b one value, a multiple of n (the
+    iteration variable of a loop that runs once)."""
+    diff = a - b
+    if diff.const % n == 0 and all(c % n == 0 for _, c in diff.terms):
+        return True
+    lo, hi = bounds(diff, scope)
+    return lo == hi and math.isfinite(lo) and lo % n == 0
+
+
 def differs_mod(a: Aff, b: Aff, n: int, scope: Scope) -> bool:
     """Whether a != b (mod n) for every value of the atoms (integers), as far as ranges and divisibility show:
-    `2j` and `2j' + 1` never meet modulo 4 (the even and odd ring steps of a loop that runs two a iteration),
+    `2j` and `2j' + 1` never meet modulo 4 (the even and odd ring steps of a loop that runs two an iteration),
     because every value of `2j - 2j' - 1` is odd and 4 is even."""
     diff = a - b
     lo, hi = bounds(diff, scope)
