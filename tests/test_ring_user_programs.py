@@ -315,6 +315,27 @@ def test_refused_look_alike_would_compute_something_else_if_reordered(name):
     assert accepted <= 1e-5 and refused > 1e-2, differences
 
 
+@pytest.mark.parametrize("axes", [("dp", "cp"), ("cp",)], ids=["one-ring-of-both-axes", "ring-along-cp"])
+def test_sequence_split_on_two_mesh_axes_is_left_as_written(axes):
+    """The sequence split on ("dp", "cp"), the ring over both axes or along "cp" within each "dp" group: the pass
+    reorders along one mesh axis only, so it leaves these rings exactly as written, under the defaults and with a
+    layout asked, and they compute what jax.jit computes."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    mesh = _meshes()["explicit"]
+    spec = P(None, ("dp", "cp"), None)
+    fn = jax.shard_map(uv.both_axes_ring(axes, (mesh.shape["dp"], mesh.shape["cp"])), mesh=mesh,
+                       in_specs=(spec,) * 3, out_specs=spec, check_vma=False)
+    rng = np.random.default_rng(3)
+    args = [jax.device_put(rng.standard_normal((2, 64, 8)).astype(np.float32), NamedSharding(mesh, spec))
+            for _ in range(3)]
+    want = np.asarray(jax.jit(fn)(*args))
+    for strategy in ("auto", "zigzag"):
+        low = autofix_shardings(fn, ring_reorder=strategy, on_fix="ignore").lower(*args)
+        assert not any(r.applied for r in low.rings) and PERMUTATION not in low.as_text(), describe(low)
+        np.testing.assert_allclose(np.asarray(low.compile(compiler_options=FAST)(*args)), want, atol=1e-5)
+
+
 def test_registry_covers_every_kind():
     assert len(PROGRAMS) == len(BY_NAME) >= 80
     kinds = {"fori-", "scan-", "unrolled-", "blockwise-", "grad-", "vjp-", "nested-", "partial-", "refuse-", "@auto",

@@ -205,6 +205,29 @@ def bf16_state(cp: int, init: str = "q"):
     return body
 
 
+def both_axes_ring(axes: tuple[str, ...], sizes: tuple[int, ...]):
+    """Causal ring attention over the sequence split on two mesh axes ("dp", "cp" of sizes `sizes`): with
+    axes = ("dp", "cp") one ring of all the devices (`ppermute` and `axis_index` over both axes); with ("cp",) a
+    ring along "cp" within each "dp" group, the group's place in the sequence from `axis_index("dp")`."""
+    cp = sizes[1] if axes == ("cp",) else sizes[0] * sizes[1]
+
+    def body(q, k, v):
+        n = q.shape[1]
+        me = lax.axis_index(axes)
+        base = lax.axis_index("dp") * cp if axes == ("cp",) else 0
+        q_pos = _positions(base + me, n)
+
+        def step(i, carry):
+            state, k, v = carry
+            keep = q_pos[:, None] >= _positions(base + (me - i) % cp, n)[None, :]
+            state = merge_online(state, jnp.where(keep, scores(q, k), NEG), v, i)
+            return state, lax.ppermute(k, axes, ring(cp)), lax.ppermute(v, axes, ring(cp))
+
+        state, _, _ = lax.fori_loop(0, cp, step, (_state(q, "full"), k, v))
+        return _finish(state)
+    return body
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Look alike, but depend on where tokens sit: must be refused.
 
