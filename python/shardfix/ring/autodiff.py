@@ -10,7 +10,12 @@ module says which result a cotangent differentiates: a second result of F read o
 linear in it, the proved one read as aux or through stop_gradient) leaves its linear part in B alone, and the same
 source expression can build both (a comprehension, a loop), so neither types nor tracebacks tell them apart. And B's
 own ops are JAX's transposes (an online softmax's backward recomputes and compares the running maximum), which the
-analysis does not prove. So such a B is refused, saying so where the forward alone would be proved: a custom_vjp
+analysis does not prove. Nor would proving F's every result be enough: autodiff differentiates `max(a, b)` at a tie
+by halving the cotangent, so a running maximum folded block by block splits ties by the order the blocks arrive in,
+which is what the reorder changes (tests/test_ring_autodiff_ties.py: a proved ring max, reordered by hand before
+jax.grad, keeps its forward and changes its gradient by 3.0 where keys repeat). Only where every maximum's cotangent
+provably cancels (an online softmax's output o / l is the same for any running shift) is the order immaterial, an
+algebra over the transposed ops this module does not have. So such a B is refused, saying so where the forward alone would be proved: a custom_vjp
 whose backward is a ring of its own is proved like any ring. This module recognises B (`is_transpose`), finds a
 forward whose results the program dropped (`dropped_forward`), and gives the liveness that proves the forward alone
 with B's residuals set aside (`Liveness`), for the refusal's reason only.
