@@ -558,20 +558,28 @@ class _Body:
         if found is not None:
             return found
         key = hash(value)
+        # a value its op computes in permuted order is in another order than this one (else it would be at hand):
+        # a permutation reads it put back in contiguous order. So do the module's own: two ring regions given
+        # different layouts (zigzag and striped, or two stripes) with token-wise code between them, which runs in
+        # the first region's order, leave the second's forward permutation reading a value in the first order
+        source = self._restored(value) if key in self.own else value
         perm = self.forwards.get((key, order))
         if perm is None:
-            source = self._restored(value) if key in self.own else value
             perm = self._build(source, order, like, inverse=False)
             self.forwards[(key, order)] = perm
-        elif self.perm_place.get(id(perm), -1) > reader:
-            # the module's permutation sits before a later reader (a ring region): an earlier reader needs it where
-            # a new one would go, right after the definition
-            owner = value.owner
-            if isinstance(owner, ir.Block):
-                perm.op.move_before(self.ops[0])
-            else:
-                perm.op.move_after(owner.operation)
-            self.perm_place[id(perm)] = -1
+        else:
+            if perm.source != source:
+                perm.op.operands[0] = source
+            if self.perm_place.get(id(perm), -1) > reader or source is not value:
+                # the module's permutation sits before a later reader (a ring region): an earlier reader needs it
+                # where a new one would go, right after the definition (or after the restoring permutation, which
+                # sits there)
+                owner = source.owner
+                if isinstance(owner, ir.Block):
+                    perm.op.move_before(self.ops[0])
+                else:
+                    perm.op.move_after(owner.operation)
+                self.perm_place[id(perm)] = -1
         self.kept.add(id(perm))
         return perm.result
 
