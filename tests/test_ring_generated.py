@@ -1,12 +1,13 @@
-"""Generated ring bodies: random compositions of the pieces ring kernels are made of (blocks travelling one way or
-the other, with or without their positions, positions from data, from axis_index or from a source coordinate the
-loop carries, masks computed from positions by any arithmetic (causal, sliding window, a window offset by a
-constant, ALiBi, floor-divided chunks), order-free merges (step-0 resets, a sink logit in the start state among
-them), and the order-sensitive or position-reading steps that break them: a carried source stepped modulo the wrong
-number, a window measured from a block's first position, a running sum truncated to integers), some
-differentiated by jax.grad. Each program is either rewritten by ring-reorder
-and then computes what jax.jit of it computes (to 1e-5), or refused with the op and the line that broke a rule;
-never rewritten into something else."""
+"""Generated ring bodies: random compositions of the pieces ring kernels are made of (blocks travelling one way or the
+other, with or without their positions, positions from data, from axis_index or from a source coordinate the loop
+carries (stepped `(src - 1) % cp` or `(src + cp - 1) % cp`), in a loop of one ring step an iteration, of two (by
+hand, or lax.scan's unroll=2) or unrolled, masks computed from positions by any arithmetic (causal, sliding window,
+a window offset by a constant, ALiBi, floor-divided chunks), order-free merges (step-0 resets, a sink logit in the
+start state among them), and the order-sensitive or position-reading steps that break them: a carried source stepped
+modulo the wrong number or two steps while the blocks travel one, a window measured from a block's first position, a
+running sum truncated to integers), some differentiated by jax.grad. Each program is either rewritten by
+ring-reorder and then computes what jax.jit of it computes (to 1e-5), or refused with the op and the line that broke
+a rule; never rewritten into something else."""
 
 import re
 
@@ -28,9 +29,10 @@ NEG = -1e30
 CHOICES = {
     "direction": ([1, -1], [1, -1]),
     "steps": ([CP], [CP, CP - 1]),
-    "loop": (["fori", "unrolled"], ["fori", "unrolled"]),
-    "positions": (["data", "axis_index", "carried"],
-                  ["data", "axis_index", "carried", "axis_index_wrong_sign", "carried_wrong_modulus", "none"]),
+    "loop": (["fori", "unrolled", "by_two", "scan_unroll2"], ["fori", "unrolled", "by_two", "scan_unroll2"]),
+    "positions": (["data", "axis_index", "carried", "carried_plus_cp"],
+                  ["data", "axis_index", "carried", "carried_plus_cp", "axis_index_wrong_sign",
+                   "carried_wrong_modulus", "carried_two_behind", "none"]),
     "travel_positions": ([True], [True, False]),
     "merge": (["softmax", "sum", "max", "visiting_total", "reset"],
               ["softmax", "sum", "max", "visiting_total", "reset", "own_plus_visiting", "concat_visiting",
@@ -153,15 +155,26 @@ def build(spec):
                 k_pos = jax.lax.ppermute(k_pos, "cp", ring)
             if spec["positions"] == "carried":
                 src = (src - direction) % cp
+            elif spec["positions"] == "carried_plus_cp":  # kept non-negative before the modulo
+                src = (src + cp - direction) % cp
+            elif spec["positions"] == "carried_two_behind":
+                src = (src + cp - 2 * direction) % cp
             elif spec["positions"] == "carried_wrong_modulus":
                 src = (src - direction) % (cp - 1)
             return acc, k, k_pos, src
 
         carry = (acc, k, k_pos, me)
+        steps = spec["steps"]
         if spec["loop"] == "fori":
-            carry = jax.lax.fori_loop(0, spec["steps"], step, carry)
+            carry = jax.lax.fori_loop(0, steps, step, carry)
+        elif spec["loop"] == "by_two":  # two ring steps an iteration, an odd one left over after the loop
+            carry = jax.lax.fori_loop(0, steps // 2, lambda t, c: step(2 * t + 1, step(2 * t, c)), carry)
+            if steps % 2:
+                carry = step(steps - 1, carry)
+        elif spec["loop"] == "scan_unroll2":
+            carry = jax.lax.scan(lambda c, s: (step(s, c), None), carry, jnp.arange(steps), unroll=2)[0]
         else:
-            for s in range(spec["steps"]):
+            for s in range(steps):
                 carry = step(s, carry)
         (m, l, o), _, _, _ = carry
         out = o / (l[..., None] + 1.0) + m[..., None] * 1e-3

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from shardfix import autofix_shardings
+from support import ring_user_variants as uv
 from support.ring_user_programs import PROGRAMS, Program, meshes
 
 PERMUTATION = "shardfix.sequence_permutation"
@@ -279,6 +280,62 @@ def test_backward_of_a_result_made_by_the_same_expression_as_a_proved_one_is_lef
             np.testing.assert_allclose(np.asarray(got), np.asarray(ref), atol=1e-5, err_msg=describe(low))
 
 
+def _zigzag(cp: int, length: int):
+    """The zigzag layout of `length` tokens over cp devices (device r holds chunks r and 2cp - 1 - r): the order of
+    the tokens, and the positions of block c's n tokens in it."""
+    chunks = np.arange(length).reshape(2 * cp, -1)
+    order = np.concatenate([np.concatenate([chunks[r], chunks[2 * cp - 1 - r]]) for r in range(cp)])
+
+    def positions(c, n):
+        half, j = n // 2, jnp.arange(n)
+        return jnp.where(j < half, c * half + j, (2 * cp - 1 - c) * half + j - half)
+
+    return order, positions
+
+
+@pytest.mark.parametrize("name", sorted(uv.TWINS))
+def test_refused_look_alike_would_compute_something_else_if_reordered(name):
+    """Each accepted spelling and its refused look-alike, reordered by hand as the pass would with the proof off:
+    tokens in the zigzag layout, every position the kernel computes from a coordinate rewritten to the zigzag
+    positions, the result put back in order. The accepted spelling then computes what jax.jit computes; the
+    look-alike does not, so its refusal is needed, not just cautious."""
+    from support.ring_user_programs import qkv, sharded
+
+    mesh = _meshes()["explicit"]
+    cp = mesh.shape["cp"]
+    args = qkv(mesh)
+    order, zigzag = _zigzag(cp, args[0].shape[1])
+    permuted = [jax.device_put(np.asarray(x)[:, order], x.sharding) for x in args]
+    differences = []
+    for make in uv.TWINS[name]:
+        want = np.asarray(jax.jit(sharded(mesh, make(cp), 3))(*args))
+        got = np.asarray(jax.jit(sharded(mesh, make(cp, positions=zigzag), 3))(*permuted))[:, np.argsort(order)]
+        differences.append(float(np.max(np.abs(got - want))))
+    accepted, refused = differences
+    assert accepted <= 1e-5 and refused > 1e-2, differences
+
+
+@pytest.mark.parametrize("axes", [("dp", "cp"), ("cp",)], ids=["one-ring-of-both-axes", "ring-along-cp"])
+def test_sequence_split_on_two_mesh_axes_is_left_as_written(axes):
+    """The sequence split on ("dp", "cp"), the ring over both axes or along "cp" within each "dp" group: the pass
+    reorders along one mesh axis only, so it leaves these rings exactly as written, under the defaults and with a
+    layout asked, and they compute what jax.jit computes."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    mesh = _meshes()["explicit"]
+    spec = P(None, ("dp", "cp"), None)
+    fn = jax.shard_map(uv.both_axes_ring(axes, (mesh.shape["dp"], mesh.shape["cp"])), mesh=mesh,
+                       in_specs=(spec,) * 3, out_specs=spec, check_vma=False)
+    rng = np.random.default_rng(3)
+    args = [jax.device_put(rng.standard_normal((2, 64, 8)).astype(np.float32), NamedSharding(mesh, spec))
+            for _ in range(3)]
+    want = np.asarray(jax.jit(fn)(*args))
+    for strategy in ("auto", "zigzag"):
+        low = autofix_shardings(fn, ring_reorder=strategy, on_fix="ignore").lower(*args)
+        assert not any(r.applied for r in low.rings) and PERMUTATION not in low.as_text(), describe(low)
+        np.testing.assert_allclose(np.asarray(low.compile(compiler_options=FAST)(*args)), want, atol=1e-5)
+
+
 def test_registry_covers_every_kind():
     assert len(PROGRAMS) == len(BY_NAME) >= 80
     kinds = {"fori-", "scan-", "unrolled-", "blockwise-", "grad-", "vjp-", "nested-", "partial-", "refuse-", "@auto",
@@ -365,7 +422,6 @@ def test_bfloat16_merge_state_is_proved_and_rewritten_to_bfloat16_precision():
     rounds the state to bfloat16 (a relative step of 2^-8) after every step, so the two may differ by a few
     bfloat16 steps of the O(1) outputs. (A truncating integer convert in the same place is refused:
     refuse-int-truncated-sum.)"""
-    from support import ring_user_variants as uv
     from support.ring_user_programs import qkv, sharded
 
     mesh = _meshes()["explicit"]
@@ -384,7 +440,6 @@ def test_result_that_depends_on_the_ring_step_is_refused_in_the_users_words():
     """A temperature that grows with the ring step reaches the result (which keys meet which temperature changes
     with the layout): refused at the region, saying what depends on the step and what to do, without the
     analysis's own notation of the value."""
-    from support import ring_user_variants as uv
     from support.ring_user_programs import qkv, sharded
 
     mesh = _meshes()["explicit"]

@@ -404,9 +404,15 @@ def _registry() -> list[Program]:
     for name, mesh in (("full-init", "explicit"), ("full-init", "auto"), ("full-init-window20", "explicit"),
                        ("full-init-every5", "explicit"),
                        ("carried-source", "explicit"), ("ppermuted-source", "auto"),
-                       ("carried-source-window20", "cp8")):
+                       ("carried-source-window20", "cp8"), ("carried-source-plus-cp", "explicit"),
+                       ("carried-source-plus-cp", "cp8"), ("scan-unroll2", "explicit"), ("scan-unroll2", "cp8"),
+                       ("scan-unroll3", "explicit"), ("scan-unroll3", "cp8"), ("two-steps-an-iteration", "auto")):
+        # the spellings proved since the analysis reads coordinates modulo the ring size and loops that run
+        # several ring steps an iteration: under both layouts
+        wide = name in ("carried-source-plus-cp", "scan-unroll2", "scan-unroll3", "two-steps-an-iteration")
         add(f"variant-{name}" + ("" if mesh == "explicit" else f"@{mesh}"), refusal(uv.ACCEPTED[name]), "proved",
-            ZIGZAG, mesh=mesh)
+            BOTH if wide else ZIGZAG, mesh=mesh)
+    add("variant-vjp-scan-unroll2", refusal(uv.ACCEPTED["vjp-scan-unroll2"]), "proved", BOTH, grad=True)
     for make in uv.REFUSALS:
         add(f"refuse-{make.__name__.replace('_', '-')}", refusal(make), "refused", source=make)
     add("grad-refuse-attention-then-cumsum", refusal(ur.attention_then_cumsum), "refused", grad=True,

@@ -2,12 +2,14 @@
 state made with jnp.full / jnp.zeros rather than from q, the source coordinate carried from step to step
 (`kv_source = (kv_source - 1) % cp`, ejkernel) or sent round the ring with its block (flash_attn_jax's `k_ix`), a
 window written `q - w <= k`, the merge state kept in bfloat16 between steps (`.astype(q.dtype)`, as LWM runs Liu et
-al.'s kernel). Beside each, a program that looks alike but whose result depends on where tokens sit, which
+al.'s kernel), the carried source kept non-negative (`(kv_source + cp - 1) % cp`), the ring loop unrolled by two
+(`lax.scan(..., unroll=2)`, or two ring steps an iteration by hand). Beside each, a program that looks alike but whose result depends on where tokens sit, which
 ring-reorder must refuse (the line marked `# refused here`). Per-device bodies f(q, k, v) over [batch, n, dim] for
 jax.shard_map over "cp"."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -58,28 +60,123 @@ def full_init(cp: int, window: int | None = None, every: int | None = None):
     return body
 
 
-def carried_source(cp: int, travel: str = "carried", window: int | None = None):
+def carried_source(cp: int, travel: str = "carried", window: int | None = None, positions=_positions):
     """The visiting block's coordinate carried by the loop: `carried`, stepped as ejkernel does
-    (`(kv_source - 1) % cp`, from `axis_index`); `ppermuted`, sent round the ring with k and v (flash_attn_jax's
-    `k_ix`). `window`: also a window `k_pos + window > q_pos`."""
+    (`(kv_source - 1) % cp`, from `axis_index`); `plus-cp`, the same step kept non-negative before the modulo
+    (`(kv_source + cp - 1) % cp`); `ppermuted`, sent round the ring with k and v (flash_attn_jax's `k_ix`).
+    `window`: also a window `k_pos + window > q_pos`. `positions(c, n)`: the positions of block c's tokens (the
+    layout; contiguous as written)."""
     def body(q, k, v):
         n = q.shape[1]
         me = lax.axis_index("cp")
-        q_pos = _positions(me, n)
+        q_pos = positions(me, n)
 
         def step(carry, _):
             state, k, v, src = carry
-            k_pos = _positions(src, n)
+            k_pos = positions(src, n)
             keep = q_pos[:, None] >= k_pos[None, :]
             if window is not None:
                 keep &= k_pos[None, :] + window > q_pos[:, None]
             state = merge_online(state, jnp.where(keep, scores(q, k), NEG), v, 0)
-            src = (src - 1) % cp if travel == "carried" else lax.ppermute(src, "cp", ring(cp))
+            if travel == "ppermuted":
+                src = lax.ppermute(src, "cp", ring(cp))
+            else:
+                src = (src + cp - 1) % cp if travel == "plus-cp" else (src - 1) % cp
             return (state, lax.ppermute(k, "cp", ring(cp)), lax.ppermute(v, "cp", ring(cp)), src), None
 
         (state, _, _, _), _ = lax.scan(step, (_state(q, "full"), k, v, me), None, length=cp)
         return _finish(state)
     return body
+
+
+def unrolled_scan(cp: int, unroll: int = 2, positions=_positions):
+    """Causal ring attention in a partially unrolled lax.scan over the ring steps (`unroll=2`: each iteration of
+    the loop runs two ring steps, the step index read from the scanned `arange`; `unroll=3` on a ring of 4 or 8:
+    the steps left over run after the loop)."""
+    def body(q, k, v):
+        n = q.shape[1]
+        me = lax.axis_index("cp")
+        q_pos = positions(me, n)
+
+        def step(carry, i):
+            state, k, v = carry
+            keep = q_pos[:, None] >= positions((me - i) % cp, n)[None, :]
+            state = merge_online(state, jnp.where(keep, scores(q, k), NEG), v, i)
+            return (state, lax.ppermute(k, "cp", ring(cp)), lax.ppermute(v, "cp", ring(cp))), None
+
+        (state, _, _), _ = lax.scan(step, (_state(q, "full"), k, v), jnp.arange(cp), unroll=unroll)
+        return _finish(state)
+    return body
+
+
+def two_steps_an_iteration(cp: int, positions=_positions):
+    """The ring unrolled by two by hand: a fori_loop over cp / 2 iterations, each running ring steps 2t and
+    2t + 1, the second block's source `(me - 2 * t - 1) % cp`."""
+    def body(q, k, v):
+        n = q.shape[1]
+        me = lax.axis_index("cp")
+        q_pos = positions(me, n)
+
+        def one(state, k, v, src):
+            keep = q_pos[:, None] >= positions(src, n)[None, :]
+            state = merge_online(state, jnp.where(keep, scores(q, k), NEG), v, 0)
+            return state, lax.ppermute(k, "cp", ring(cp)), lax.ppermute(v, "cp", ring(cp))
+
+        def step(t, carry):
+            carry = one(*carry, (me - 2 * t) % cp)
+            return one(*carry, (me - 2 * t - 1) % cp)
+
+        state, _, _ = lax.fori_loop(0, cp // 2, step, (_state(q, "full"), k, v))
+        return _finish(state)
+    return body
+
+
+def vjp_unrolled(cp: int):
+    """A custom_vjp ring whose forward and backward are lax.scans unrolled by two (`unroll=2`); dk and dv travel
+    with k and v and come home after the full ring."""
+    def masked(q, k, me, i, n):
+        keep = _positions(me, n)[:, None] >= _positions((me - i) % cp, n)[None, :]
+        return jnp.where(keep, scores(q, k), NEG)
+
+    def forward(q, k, v):
+        n = q.shape[1]
+        me = lax.axis_index("cp")
+
+        def step(carry, i):
+            state, k, v = carry
+            state = merge_online(state, masked(q, k, me, i, n), v, i)
+            return (state, lax.ppermute(k, "cp", ring(cp)), lax.ppermute(v, "cp", ring(cp))), None
+
+        ((m, l, o), _, _), _ = lax.scan(step, (_state(q, "full"), k, v), jnp.arange(cp), unroll=2)
+        out = o / per_row(l, o)
+        return out, (q, k, v, out, m + jnp.log(l))
+
+    def backward(res, do):
+        q, k, v, out, lse = res
+        n = q.shape[1]
+        me = lax.axis_index("cp")
+        delta = jnp.sum(do * out, axis=-1)
+        scale = 1.0 / jnp.sqrt(jnp.float32(q.shape[-1]))
+
+        def step(carry, i):
+            dq, k, v, dk, dv = carry
+            p = jnp.exp(masked(q, k, me, i, n) - lse[..., None])
+            ds = p * (jnp.einsum("bqd,bkd->bqk", do, v) - delta[..., None]) * scale
+            dq = dq + jnp.einsum("bqk,bkd->bqd", ds, k)
+            dk = dk + jnp.einsum("bqk,bqd->bkd", ds, q)
+            dv = dv + jnp.einsum("bqk,bqd->bkd", p, do)
+            return (dq,) + tuple(lax.ppermute(t, "cp", ring(cp)) for t in (k, v, dk, dv)), None
+
+        zeros = (jnp.zeros_like(q), k, v, jnp.zeros_like(k), jnp.zeros_like(v))
+        (dq, _, _, dk, dv), _ = lax.scan(step, zeros, jnp.arange(cp), unroll=2)
+        return dq, dk, dv
+
+    @jax.custom_vjp
+    def attention(q, k, v):
+        return forward(q, k, v)[0]
+
+    attention.defvjp(forward, backward)
+    return attention
 
 
 def bf16_state(cp: int, init: str = "q"):
@@ -105,6 +202,29 @@ def bf16_state(cp: int, init: str = "q"):
         state = tuple(x.astype(q.dtype) for x in _state(q, init))
         (_, l, o), _, _ = lax.fori_loop(0, cp, step, (state, k, v))
         return (o.astype(jnp.float32) / l.astype(jnp.float32)[..., None]).astype(q.dtype)
+    return body
+
+
+def both_axes_ring(axes: tuple[str, ...], sizes: tuple[int, ...]):
+    """Causal ring attention over the sequence split on two mesh axes ("dp", "cp" of sizes `sizes`): with
+    axes = ("dp", "cp") one ring of all the devices (`ppermute` and `axis_index` over both axes); with ("cp",) a
+    ring along "cp" within each "dp" group, the group's place in the sequence from `axis_index("dp")`."""
+    cp = sizes[1] if axes == ("cp",) else sizes[0] * sizes[1]
+
+    def body(q, k, v):
+        n = q.shape[1]
+        me = lax.axis_index(axes)
+        base = lax.axis_index("dp") * cp if axes == ("cp",) else 0
+        q_pos = _positions(base + me, n)
+
+        def step(i, carry):
+            state, k, v = carry
+            keep = q_pos[:, None] >= _positions(base + (me - i) % cp, n)[None, :]
+            state = merge_online(state, jnp.where(keep, scores(q, k), NEG), v, i)
+            return state, lax.ppermute(k, axes, ring(cp)), lax.ppermute(v, axes, ring(cp))
+
+        state, _, _ = lax.fori_loop(0, cp, step, (_state(q, "full"), k, v))
+        return _finish(state)
     return body
 
 
@@ -182,6 +302,69 @@ def carried_source_wrong_way(cp: int):
             return (state, lax.ppermute(k, "cp", ring(cp)), lax.ppermute(v, "cp", ring(cp)), src), None
 
         (state, _, _, _), _ = lax.scan(step, (_state(q, "full"), k, v, me), None, length=cp)
+        return _finish(state)
+    return body
+
+
+def carried_source_two_behind(cp: int, positions=_positions):
+    """The carried source stepped two ring steps (`(kv_source + cp - 2) % cp`) while the blocks travel one: from
+    the second step on it names a block other than the one held."""
+    def body(q, k, v):
+        n = q.shape[1]
+        me = lax.axis_index("cp")
+        q_pos = positions(me, n)
+
+        def step(carry, _):
+            state, k, v, src = carry
+            keep = q_pos[:, None] >= positions(src, n)[None, :]  # refused here
+            state = merge_online(state, jnp.where(keep, scores(q, k), NEG), v, 0)  # refused here
+            src = (src + cp - 2) % cp
+            return (state, lax.ppermute(k, "cp", ring(cp)), lax.ppermute(v, "cp", ring(cp)), src), None
+
+        (state, _, _, _), _ = lax.scan(step, (_state(q, "full"), k, v, me), None, length=cp)
+        return _finish(state)
+    return body
+
+
+def unrolled_scan_double_step(cp: int, positions=_positions):
+    """Unrolled by two, but the scanned step indices count in twos (`2 * arange(cp)`) while the blocks travel one
+    ring step a step: every other block is masked with another block's positions."""
+    def body(q, k, v):
+        n = q.shape[1]
+        me = lax.axis_index("cp")
+        q_pos = positions(me, n)
+
+        def step(carry, i):
+            state, k, v = carry
+            keep = q_pos[:, None] >= positions((me - i) % cp, n)[None, :]  # refused here
+            state = merge_online(state, jnp.where(keep, scores(q, k), NEG), v, i)  # refused here
+            return (state, lax.ppermute(k, "cp", ring(cp)), lax.ppermute(v, "cp", ring(cp))), None
+
+        (state, _, _), _ = lax.scan(step, (_state(q, "full"), k, v), 2 * jnp.arange(cp), unroll=2)
+        return _finish(state)
+    return body
+
+
+def two_steps_an_iteration_same_source(cp: int, positions=_positions):
+    """Unrolled by two by hand, but the second ring step of an iteration masks its block with the first one's
+    source (`(me - 2 * t) % cp` twice): the second block is masked with another block's positions."""
+    def body(q, k, v):
+        n = q.shape[1]
+        me = lax.axis_index("cp")
+        q_pos = positions(me, n)
+
+        def one(state, k, v, src):  # merge_online written out, so that the merge a refusal names is here
+            (m0, l0, o0), s = state, jnp.where(q_pos[:, None] >= positions(src, n)[None, :], scores(q, k), NEG)
+            m = jnp.maximum(m0, s.max(-1))  # refused here
+            p, corr = jnp.exp(s - m[..., None]), jnp.exp(m0 - m)
+            state = m, l0 * corr + p.sum(-1), o0 * corr[..., None] + jnp.einsum("bqk,bkd->bqd", p, v)
+            return state, lax.ppermute(k, "cp", ring(cp)), lax.ppermute(v, "cp", ring(cp))
+
+        def step(t, carry):
+            carry = one(*carry, (me - 2 * t) % cp)
+            return one(*carry, (me - 2 * t) % cp)
+
+        state, _, _ = lax.fori_loop(0, cp // 2, step, (_state(q, "full"), k, v))
         return _finish(state)
     return body
 
@@ -270,6 +453,17 @@ def hop_temperature(cp: int):
 ACCEPTED = {"full-init": full_init, "full-init-window20": lambda cp: full_init(cp, window=20),
             "full-init-every5": lambda cp: full_init(cp, every=5),
             "carried-source": carried_source, "ppermuted-source": lambda cp: carried_source(cp, "ppermuted"),
-            "carried-source-window20": lambda cp: carried_source(cp, window=20)}
+            "carried-source-window20": lambda cp: carried_source(cp, window=20),
+            "carried-source-plus-cp": lambda cp: carried_source(cp, "plus-cp"),
+            "scan-unroll2": unrolled_scan, "scan-unroll3": lambda cp: unrolled_scan(cp, 3), "two-steps-an-iteration": two_steps_an_iteration,
+            "vjp-scan-unroll2": vjp_unrolled}
 REFUSALS = (int_truncated_sum, converted_decay, carried_source_wrong_modulus, carried_source_wrong_way,
-            carried_source_skip, window_from_block_start, window_by_local_index)
+            carried_source_skip, window_from_block_start, window_by_local_index, carried_source_two_behind,
+            unrolled_scan_double_step, two_steps_an_iteration_same_source)
+# Each accepted spelling beside its look-alike, as (accepted, refused) bodies taking the layout's positions: the
+# look-alike's result changes when its tokens are reordered and its positions rewritten as the pass would.
+TWINS = {"carried-source-plus-cp": (lambda cp, positions=_positions: carried_source(cp, "plus-cp",
+                                                                                  positions=positions),
+                                    carried_source_two_behind),
+         "scan-unroll2": (unrolled_scan, unrolled_scan_double_step),
+         "two-steps-an-iteration": (two_steps_an_iteration, two_steps_an_iteration_same_source)}

@@ -14,7 +14,7 @@ from . import coverage as cov_ops
 from .finite import float_max, float_to_float, may_be_infinite, narrowing
 from .analysis import Engine
 from .dims import shape
-from .symbolic import Aff, Var
+from .symbolic import Aff, Var, congruent
 from .values import CONST, EMPTY, FREE, Agg, Axis, Coverage, CoverageVar, Data, Stack, Tok, canonical
 
 SUM_LIKE = ("sum", "ssum")
@@ -32,7 +32,7 @@ def same_hop(engine: Engine, a: Aff, b: Aff, op, what: str) -> bool:
     if any(isinstance(x, Var) and x in engine.state.unknown_vars for x in diff.free_atoms()):
         engine.defer("hop", a, b, op, what)  # a discovery pass: the real pass decides
         return True
-    return False
+    return congruent(a, b, engine.ring.cp, engine.scope)
 
 
 def same_axis(engine: Engine, a: Axis, b: Axis, op) -> bool:

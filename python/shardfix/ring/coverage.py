@@ -67,12 +67,51 @@ def families_disjoint(a: Cells, b: Cells, scope: Scope) -> bool:
     """Whether no member of family `a` overlaps a member of family `b`."""
     a, b = _rename(a), _rename(b)
     inner = _scope_with(scope, (a, b))
-    if differs_mod(a.hop, b.hop, scope.cp, inner):
+    if _empty(a, inner) or _empty(b, inner) or differs_mod(a.hop, b.hop, scope.cp, inner):
         return True
     lo, hi = bounds(b.start - a.start, inner)  # b starts at or after a ends, or ends before a starts
     if lo >= a.size or hi <= -b.size:
         return True
-    return False
+    # member by member, where the families are small: blocks 3j and 3j' + 1 (j, j' in [0, 1]) of a ring of 8,
+    # a loop running three ring steps an iteration, never meet, though no one residue argument shows it
+    ma, mb = _members(a), _members(b)
+    if ma is None or mb is None or len(ma) * len(mb) > _PAIRS:
+        return False
+    return all(_apart(x, a.size, y, b.size, scope) for x in ma for y in mb)
+
+
+def _members(fam: Cells) -> list[tuple[Aff, Aff]] | None:
+    """(hop, start) of each member of a family whose variables have constant ranges, at most _MEMBERS of them."""
+    ordered, out = _order_vars(fam), []
+
+    def walk(i: int, mapping: dict) -> bool:
+        if i == len(ordered):
+            out.append((fam.hop.substitute(mapping), fam.start.substitute(mapping)))
+            return len(out) <= _MEMBERS
+        v, lo, hi = ordered[i]
+        lo_v, hi_v = lo.substitute(mapping), hi.substitute(mapping)
+        if not (lo_v.is_const and hi_v.is_const):
+            return False
+        return all(walk(i + 1, {**mapping, v: Aff.of(x)}) for x in range(lo_v.const, hi_v.const + 1))
+
+    return out if walk(0, {}) else None
+
+
+_MEMBERS, _PAIRS = 256, 4096  # beyond these, the families are too large to compare member by member
+
+
+def _apart(x: tuple[Aff, Aff], x_size: int, y: tuple[Aff, Aff], y_size: int, scope: Scope) -> bool:
+    """Whether two members (hop, start) never overlap: other blocks, or token ranges that don't meet."""
+    if differs_mod(x[0], y[0], scope.cp, scope):
+        return True
+    lo, hi = bounds(y[1] - x[1], scope)
+    return lo >= x_size or hi <= -y_size
+
+
+def _empty(fam: Cells, scope: Scope) -> bool:
+    """Whether the family has no members: a variable's range is empty (what the iterations before the first one
+    of a loop that runs once folded in)."""
+    return any(bounds(hi - lo, scope)[1] < 0 for _, lo, hi in fam.vars)
 
 
 def family_self_disjoint(fam: Cells, scope: Scope) -> bool:
@@ -83,6 +122,8 @@ def family_self_disjoint(fam: Cells, scope: Scope) -> bool:
     # v' = v + delta (delta >= 1) with the other variables equal, per variable.
     inner = _scope_with(scope, (fam,))
     for v, lo, hi in fam.vars:
+        if bounds(hi - lo, inner)[1] < 1:
+            continue  # one value at most: no two members differ in it
         d = fresh_var("d")
         shifted = {v: Aff.of(v) + Aff.of(d)}
         var_bounds = dict(inner.var_bounds)
@@ -94,7 +135,10 @@ def family_self_disjoint(fam: Cells, scope: Scope) -> bool:
         lo_d, hi_d = bounds(start2 - fam.start, s)
         if lo_d >= fam.size or hi_d <= -fam.size:
             continue
-        return False
+        members = _members(fam)  # member by member, where the family is small (see families_disjoint)
+        if members is None or len(members) ** 2 > _PAIRS:
+            return False
+        return all(_apart(x, fam.size, y, fam.size, scope) for i, x in enumerate(members) for y in members[i + 1:])
     return True
 
 

@@ -18,7 +18,7 @@ from . import coverage as cov_ops
 from .algebra import agg_fn, cov_prefix, start_value, try_complete
 from .analysis import Engine, Obligation, Refusal
 from .dims import shape
-from .symbolic import Aff, Coord, Node, Scope, Var, sourced_nodes
+from .symbolic import Aff, Coord, Node, Scope, Var, congruent, sourced_nodes
 from .symbolic import Dim as SymDim
 from .values import CONST, EMPTY, FREE, Axis, Cells, Coverage, CoverageVar, Data, Index, Stack, Tok, canonical
 
@@ -486,8 +486,11 @@ def _check_ring_steps(engine: Engine, op, plan: _Plan, trips, exits) -> None:
     cp = engine.ring.cp
     if trips is None or not steps or trips * max(steps) >= cp or (min(deltas) < 0 < max(deltas)):
         return  # (blocks travelling both ways cover the ring in fewer steps: the merges decide)
+    if any(next(iter(op.results[i].uses), None) is not None for i, ds in plan.hop_steps.items() if any(ds)):
+        return  # the blocks it leaves are read after it (a partially unrolled loop's last steps): the merges decide
     if any(isinstance(v, Data) and v.agg is not None and v.agg.op in ("sum", "max", "min", "ssum") for v in exits):
-        engine.refuse(f"runs {trips} of the {cp} ring steps: the blocks of {cp - trips} device(s) never arrive, so "
+        ran = trips * max(steps)
+        engine.refuse(f"runs {ran} of the {cp} ring steps: the blocks of {cp - ran} device(s) never arrive, so "
                       "its results leave their tokens out (and which tokens those are changes with the layout)", op)
 
 
@@ -591,10 +594,9 @@ def _mentions_unknown(x, state, exclude=None) -> bool:
 def _holds(engine: Engine, kind: str, a, b) -> bool:
     scope = engine.scope
     if kind == "hop":
-        d = a - b
-        return d.is_const and d.const % engine.ring.cp == 0
+        return congruent(a, b, engine.ring.cp, scope)
     if kind == "hop-any":
-        return any((a - h).is_const and (a - h).const % engine.ring.cp == 0 for h in b)
+        return any(congruent(a, h, engine.ring.cp, scope) for h in b)
     if kind == "equal":
         return (a - b) == Aff()
     if kind == "disjoint":

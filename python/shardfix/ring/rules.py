@@ -197,6 +197,10 @@ def elementwise(engine: Engine, op):
         folded = _index_elementwise(engine, op, ins)
         if folded is not None:
             return [folded]
+    if op.name == "stablehlo.select" and isinstance(ins[0], Index) and ins[0].expr.is_const:
+        # decided at compile time, the same on every device in every layout (`where(i == 0, fresh, merged)` at
+        # the second ring step of an iteration that runs two): the operand it picks
+        return [ins[1] if ins[0].expr.const else ins[2]]
     data = [engine.as_data(x, op, i) for i, x in enumerate(ins)]
     if op.name == "stablehlo.select" and isinstance(ins[0], Index):
         loop = loops.first_iteration_loop(engine, ins[0])

@@ -309,10 +309,27 @@ def _node_bounds(node: Node, scope: Scope) -> tuple[float, float]:
     return -math.inf, math.inf
 
 
+def congruent(a: Aff, b: Aff, n: int, scope: Scope | None) -> bool:
+    """Whether a = b (mod n) for every value of the atoms (integers): every coefficient of a - b and its constant
+    are multiples of n (`-3j` and `j` modulo 4), or the ranges leave a - b one value, a multiple of n (the
+    iteration variable of a loop that runs once)."""
+    diff = a - b
+    if diff.const % n == 0 and all(c % n == 0 for _, c in diff.terms):
+        return True
+    lo, hi = bounds(diff, scope)
+    return lo == hi and math.isfinite(lo) and lo % n == 0
+
+
 def differs_mod(a: Aff, b: Aff, n: int, scope: Scope) -> bool:
-    """Whether a != b (mod n) for every value of the atoms, as far as ranges show."""
-    lo, hi = bounds(a - b, scope)
-    return (0 < lo and hi < n) or (-n < lo and hi < 0)
+    """Whether a != b (mod n) for every value of the atoms (integers), as far as ranges and divisibility show:
+    `2j` and `2j' + 1` never meet modulo 4 (the even and odd ring steps of a loop that runs two an iteration),
+    because every value of `2j - 2j' - 1` is odd and 4 is even."""
+    diff = a - b
+    lo, hi = bounds(diff, scope)
+    if (0 < lo and hi < n) or (-n < lo and hi < 0):
+        return True
+    # sum(c_i x_i) + c0 = 0 (mod n) has integer solutions only if gcd(c_1, ..., c_m, n) divides c0
+    return diff.const % math.gcd(n, *(c for _, c in diff.terms)) != 0
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -370,16 +387,24 @@ def remainder(a: Aff, d: int, scope: Scope | None, coord_of=None, src=None) -> A
 def floor_mod(a: Aff, d: int, scope: Scope | None, src=None) -> Aff:
     """Python's `a % d` for a positive constant d: a ring coordinate shifted by whole hops stays a coordinate."""
     coords = [(atom, c) for atom, c in a.terms if isinstance(atom, Coord)]
-    if scope is not None and d == scope.cp and len(coords) == 1 and coords[0][1] == 1:
+    if scope is not None and d == scope.cp and len(coords) == 1 and coords[0][1] % d == 1 % d:
         (coord, _), = coords
         rest = a.without(coord)
         if all(isinstance(x, Var) for x in rest.atoms()):
-            return Aff.of(Coord(coord.hop - rest))  # (c_h + r) mod cp = c_{h - r}
+            # (c_h + r) mod cp = c_{h - r}, and r counts modulo cp: `(src + cp - 1) % cp` is `(src - 1) % cp`, the
+            # block one ring step further behind (each coefficient of r taken to its residue nearest zero)
+            shift = Aff(tuple((x, _residue(c, d)) for x, c in rest.terms if c % d), _residue(rest.const, d))
+            return Aff.of(Coord(coord.hop - shift))
     reduced = Aff(tuple((x, c % d) for x, c in a.terms if c % d), a.const % d)
     lo, hi = bounds(reduced, scope)
     if 0 <= lo and hi < d:
         return reduced
     return Aff.of(Node("fmod", (reduced, d), src))
+
+
+def _residue(x: int, n: int) -> int:
+    """x modulo n, in [-n/2, n/2)."""
+    return (x + n // 2) % n - n // 2
 
 
 def sign(a: Aff, scope: Scope | None, src=None) -> Aff:
