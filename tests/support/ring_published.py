@@ -337,7 +337,7 @@ def around_ring(m):
         "token-shift-between-layers": (lambda q, k, v: (lambda y: ring(y + _shift_right(y), k, v))(ring(q, k, v)),
                                        [True, True]),
         "beside-a-refused-ring": (lambda q, k, v: ring(q, k, v) + refused(q, k, v), [False, True]),
-        # chained to a refused ring, the rewritable one is refused with it (grouped by the value they share)
-        "after-a-refused-ring": (lambda q, k, v: ring(refused(q, k, v), k, v), [False, False]),
+        # chained to a refused ring by a sequence value: rewritten on its own (that value permuted, its result restored)
+        "after-a-refused-ring": (lambda q, k, v: ring(refused(q, k, v), k, v), [False, True]),
         "scan-over-layers": (scan_layers, one),
     }, args

@@ -22,6 +22,7 @@ import re
 
 from jaxlib.mlir import ir
 
+from ..ir.locations import frames
 from .detect import RingRegion
 from .dims import readers_across
 
@@ -60,6 +61,28 @@ def is_transpose(r: RingRegion) -> bool:
         parent = op.parent
         op = parent.operation if parent is not None and hasattr(parent, "operation") else parent
     return False
+
+
+def made_by_autodiff(backward: RingRegion, forwards: list[RingRegion]) -> bool:
+    """A transpose region (is_transpose) whose ops JAX's autodiff made from the forward's: most of them carry the
+    traceback of an op of the forward regions (a transpose keeps its primal op's). A custom_vjp backward called in
+    a shard_map body is named `transpose(...)` too, but its ops are the user's backward function's (made at other
+    lines, or, as JAX lowers them, with no traceback at all)."""
+    made = {key for r in forwards for key in _tracebacks(r.region) if key}
+    keys = _tracebacks(backward.region)
+    return bool(keys) and 2 * sum(1 for key in keys if key and key in made) >= len(keys)
+
+
+def _tracebacks(op: ir.Operation) -> list[tuple]:
+    """The (file, line) frames of every op nested in `op` (empty for an op whose location has none)."""
+    out: list[tuple] = []
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.operations:
+                inner = inner.operation
+                out.append(tuple((f.file, f.line) for f in frames(inner.location).frames))
+                out += _tracebacks(inner)
+    return out
 
 
 def _proved_results(forwards: list, transposes: list, rings: frozenset) -> list:
@@ -169,4 +192,4 @@ def _mark_while(op: ir.Operation, live_values: set, live: set, dead_slots: dict)
         dead_slots[op] = dead
 
 
-__all__ = ["OPAQUE", "Liveness", "dropped_forward", "is_transpose"]
+__all__ = ["OPAQUE", "Liveness", "dropped_forward", "is_transpose", "made_by_autodiff"]
