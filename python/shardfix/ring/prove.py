@@ -139,11 +139,11 @@ def _prove_apart(group: list[RingRegion], refused: RingRegion, funcs, verdicts: 
                  numbers: Iterator[int]) -> None:
     """The regions of a refused group but `refused`, each set of them still linked proved as a group of its own.
     Such a set, proved, is rewritten like any group: its sequence operands permuted and its results restored, or
-    the same in every layout, or read only by its own regions, so the regions left alone see the values they saw.
-    A region that `refused` hands a per-device value (residuals, softmax statistics) or reads one from is refused
-    by that proof (a per-device value no reordered region produces, or one read outside), as it must be: such a
-    value is only right in the layout both sides see. A set refused again keeps its group's reason and is split
-    again without the region refused."""
+    the same in every layout, or read only by its own regions, so the regions left alone see the values they saw,
+    whatever values they hand it (the proof holds for any tokens). A per-device value it hands `refused` (residuals,
+    softmax statistics) is checked as any value read outside a group: unless the same in every layout, the set is
+    refused, as it must be (such a value is only right in the layout both sides see). A set refused again keeps its
+    group's reason and is split again without the region refused."""
     rest = [r for r in group if r is not refused]
     for part in _groups(rest, shared.rings):
         kept = {id(r.region): verdicts[id(r.region)] for r in part}
