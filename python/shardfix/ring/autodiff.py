@@ -22,7 +22,6 @@ import re
 
 from jaxlib.mlir import ir
 
-from ..ir.locations import frames
 from .detect import RingRegion
 from .dims import readers_across
 
@@ -68,19 +67,27 @@ def made_by_autodiff(backward: RingRegion, forwards: list[RingRegion]) -> bool:
     traceback of an op of the forward regions (a transpose keeps its primal op's). A custom_vjp backward called in
     a shard_map body is named `transpose(...)` too, but its ops are the user's backward function's (made at other
     lines, or, as JAX lowers them, with no traceback at all)."""
-    made = {key for r in forwards for key in _tracebacks(r.region) if key}
     keys = _tracebacks(backward.region)
-    return bool(keys) and 2 * sum(1 for key in keys if key and key in made) >= len(keys)
+    if 2 * sum(1 for key in keys if key) < len(keys) or not keys:
+        return False  # most ops say nowhere where they were made
+    made = {key for r in forwards for key in _tracebacks(r.region)}
+    return 2 * sum(1 for key in keys if key and key in made) >= len(keys)
 
 
-def _tracebacks(op: ir.Operation) -> list[tuple]:
-    """The (file, line) frames of every op nested in `op` (empty for an op whose location has none)."""
-    out: list[tuple] = []
+_FRAME = re.compile(r'callsite\(|"[^"]*":\d+')
+
+
+def _tracebacks(op: ir.Operation) -> list[str]:
+    """The traceback of every op nested in `op`, as its location prints it less the names that lead it (a
+    transpose's name stack differs from its primal op's, its frames don't); empty for an op with no frame."""
+    out: list[str] = []
     for region in op.regions:
         for block in region.blocks:
             for inner in block.operations:
                 inner = inner.operation
-                out.append(tuple((f.file, f.line) for f in frames(inner.location).frames))
+                text = str(inner.location.attr)
+                found = _FRAME.search(text)
+                out.append(text[found.start():].rstrip(")") if found else "")
                 out += _tracebacks(inner)
     return out
 
