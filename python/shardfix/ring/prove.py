@@ -392,8 +392,8 @@ def _check_results(r: RingRegion, engine: Engine, results: list, outs, verdict: 
         for user in readers_across(result, rings):
             if user not in members:
                 name = user.name if hasattr(user, "name") else "an op"
-                raise _GroupRefusal(Refusal(f"{where} is a per-device value that '{name}' outside the ring regions "
-                                            "reads (it would see the reordered layout)", r.region), r)
+                _refuse_result(r, j, f"{where} is a per-device value that '{name}' outside the ring regions reads "
+                               "(it would see the reordered layout)")
     verdict.sequence_results = seq_out
 
 
