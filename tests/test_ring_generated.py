@@ -212,12 +212,14 @@ SEEN = {"rewritten": 0, "refused": 0}
 def test_generated_ring_bodies_are_rewritten_correctly_or_refused(spec):
     lowered = jax.jit(build(spec)).lower(*ARGS)
     patched, report = patch_lowered(lowered, "ring-reorder{strategy=zigzag}")
-    if not report.rings or not all(r.applied for r in report.rings):
-        assert patched is lowered and all(not r.applied for r in report.rings)
-        for r in report.rings:  # the op that broke a rule, at the line of this file that made it
+    for r in report.rings:  # a ring refused names the op that broke a rule, at the line of this file that made it
+        if not r.applied:
             assert LOCATED.search(r.why) and r.location.startswith(__file__ + ":"), (r.why, r.location, spec)
+    if not any(r.applied for r in report.rings):
+        assert patched is lowered
         SEEN["refused"] += 1
         return
+    # rewritten, all of it or a forward whose backward is refused (its results the same in every layout)
     SEEN["rewritten"] += 1
     expected = lowered.compile()(*ARGS)
     got = patched.compile()(*ARGS)

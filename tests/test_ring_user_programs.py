@@ -438,16 +438,30 @@ def test_bfloat16_merge_state_is_proved_and_rewritten_to_bfloat16_precision():
 
 def test_result_that_depends_on_the_ring_step_is_refused_in_the_users_words():
     """A temperature that grows with the ring step reaches the result (which keys meet which temperature changes
-    with the layout): refused at the region, saying what depends on the step and what to do, without the
-    analysis's own notation of the value."""
-    from support.ring_user_programs import qkv, sharded
-
-    mesh = _meshes()["explicit"]
-    low = autofix_shardings(sharded(mesh, uv.hop_temperature(mesh.shape["cp"]), 3), on_fix="ignore").lower(
-        *qkv(mesh))
+    with the layout): refused at the user's line that reads the step counter as a number, saying what depends on
+    the step and what to do, without the analysis's own notation of the value."""
+    p = BY_NAME["refuse-hop-temperature"]
+    low = lowered(p.name, "auto")
     (ring_decision,) = low.rings
-    why = ring_decision.why
-    assert not ring_decision.applied and why.startswith("not provably safe: 'sdy.manual_computation' at "), why
-    assert "result 0 depends on the ring step" in why and "compute it from the tokens' positions" in why, why
-    assert not re.search(r"data<|tok\(|\bfn \d", why), why
+    (line,) = p.refused_lines()
+    assert not ring_decision.applied and ring_decision.loc.line == line, ring_decision
+    assert ring_decision.why == (
+        f"not provably safe: 'stablehlo.convert' at {ring_decision.loc} result 0 depends on the ring step, not "
+        "only on tokens: a value computed from the loop's step counter (a temperature, bias or weight per step) "
+        "meets the tokens of the block that step brings, and which block that is changes with the layout; compute "
+        "it from the tokens' positions instead")
     assert PERMUTATION not in low.as_text()
+
+
+def test_ring_short_of_a_step_is_refused_at_the_users_last_merge():
+    """An unrolled ring that stops one step early (no loop to count): the result misses a block; refused at the
+    line of the last merge into it, saying what is left out and what to write."""
+    p = BY_NAME["refuse-ring-one-step-short-unrolled"]
+    (ring_decision,) = lowered(p.name, "auto").rings
+    (line,) = p.refused_lines()
+    assert ring_decision.loc.line == line, ring_decision
+    assert ring_decision.why == (
+        f"not provably safe: 'stablehlo.add' at {ring_decision.loc} result 0 is a merge over ring blocks that "
+        "has not folded in every block: a ring that runs fewer steps than its 4 devices, or skips a block, leaves "
+        "tokens out, and which tokens those are changes with the layout; merge one block at each of the 4 ring "
+        "steps")

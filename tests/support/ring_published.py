@@ -265,7 +265,7 @@ PROGRAMS = [
               at="return lax.cond(live,", why="reads a whole 16-token block as one run of positions"),
     Published("rolled-ring-row-sums", "ejkernel-online-rolled, also returning a device's softmax denominators",
               two_outputs(rolled_ring, row_sums=True), rolled_ring, "refused",
-              at="", why="result 1 is a per-device value"),
+              at="return out, l.sum(axis=1, keepdims=True)", why="result 1 is a per-device value"),
     Published("rolled-ring-dropout", "ejkernel-online-rolled with dropout keyed by the device (Liu's attn_pdrop)",
               attention(rolled_ring, dropout=True), rolled_ring, "refused",
               at="key = jax.random.fold_in(", why="other than by an order-free merge"),
@@ -337,7 +337,7 @@ def around_ring(m):
         "token-shift-between-layers": (lambda q, k, v: (lambda y: ring(y + _shift_right(y), k, v))(ring(q, k, v)),
                                        [True, True]),
         "beside-a-refused-ring": (lambda q, k, v: ring(q, k, v) + refused(q, k, v), [False, True]),
-        # chained to a refused ring, the rewritable one is refused with it (grouped by the value they share)
-        "after-a-refused-ring": (lambda q, k, v: ring(refused(q, k, v), k, v), [False, False]),
+        # chained to a refused ring by a sequence value: rewritten on its own (that value permuted, its result restored)
+        "after-a-refused-ring": (lambda q, k, v: ring(refused(q, k, v), k, v), [False, True]),
         "scan-over-layers": (scan_layers, one),
     }, args

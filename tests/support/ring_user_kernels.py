@@ -346,13 +346,15 @@ def blockwise_ring(cp: int, chunk: int, mask, live, *, merge: str = "online", se
 # custom_vjp: the backward recomputes each block from the forward's log-sum-exp; dk and dv travel with k and v.
 
 
-def vjp_ring(cp: int, mask, direction: int = 1):
-    """Body f(q, k, v) over [b, n, d] with a custom_vjp; blocks travel `direction` around the ring."""
+def vjp_ring(cp: int, mask, direction: int = 1, backward_source: int | None = None):
+    """Body f(q, k, v) over [b, n, d] with a custom_vjp; blocks travel `direction` around the ring.
+    `backward_source`: the backward masks the block of coordinate (me + backward_source * i) % cp at step i (a bug
+    where it isn't -direction: the mask follows other blocks than the ones the backward holds)."""
     perm = ring(cp, direction)
 
-    def masked_scores(q, k, me, i, n):
+    def masked_scores(q, k, me, i, n, source: int = -direction):
         q_pos = me * n + jnp.arange(n)
-        k_pos = ((me - direction * i) % cp) * n + jnp.arange(n)
+        k_pos = ((me + source * i) % cp) * n + jnp.arange(n)
         keep, bias = mask(q_pos[:, None], k_pos[None, :])
         s = scores(q, k) if bias is None else scores(q, k) + bias
         return s if keep is None else jnp.where(keep, s, NEG)
@@ -379,7 +381,7 @@ def vjp_ring(cp: int, mask, direction: int = 1):
 
         def step(i, carry):
             dq, k, v, dk, dv = carry
-            p = jnp.exp(masked_scores(q, k, me, i, n) - lse[..., None])
+            p = jnp.exp(masked_scores(q, k, me, i, n, backward_source or -direction) - lse[..., None])
             ds = p * (jnp.einsum("bqd,bkd->bqk", do, v) - delta[..., None]) * scale
             dq = dq + jnp.einsum("bqk,bkd->bqd", ds, k)
             dk = dk + jnp.einsum("bqk,bqd->bkd", ds, q)

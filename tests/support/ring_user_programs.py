@@ -415,6 +415,10 @@ def _registry() -> list[Program]:
     add("variant-vjp-scan-unroll2", refusal(uv.ACCEPTED["vjp-scan-unroll2"]), "proved", BOTH, grad=True)
     for make in uv.REFUSALS:
         add(f"refuse-{make.__name__.replace('_', '-')}", refusal(make), "refused", source=make)
+    # k, v sent both ways around the ring (two blocks a step, the opposite one after the loop)
+    add("bidirectional-ring-causal@cp8", refusal(uv.bidirectional), "proved", BOTH, mesh="cp8")
+    add("refuse-bidirectional-forgets-opposite", refusal(uv.bidirectional_forgets_opposite), "refused",
+        source=uv.bidirectional)
     add("grad-refuse-attention-then-cumsum", refusal(ur.attention_then_cumsum), "refused", grad=True,
         source=ur.attention_then_cumsum)
     add("grad-refuse-coordinate-skip", refusal(ur.coordinate_skip), "refused", grad=True,

@@ -442,12 +442,49 @@ def hop_temperature(cp: int):
         def step(carry, i):
             state, k, v = carry
             keep = q_pos[:, None] >= _positions((me - i) % cp, n)[None, :]
-            state = merge_online(state, jnp.where(keep, scores(q, k) * (1.0 + 0.1 * i), NEG), v, i)
+            state = merge_online(state, jnp.where(keep, scores(q, k) * (1.0 + 0.1 * i), NEG), v, i)  # refused here
             return (state, lax.ppermute(k, "cp", ring(cp)), lax.ppermute(v, "cp", ring(cp))), None
 
         (state, _, _), _ = lax.scan(step, (_state(q, "full"), k, v), jnp.arange(cp))
         return _finish(state)
     return body
+
+
+def bidirectional(cp: int, forget_opposite: bool = False):
+    """Causal ring attention with k, v sent both ways (as the shard_map tutorial's bidirectional collective matmul
+    sends its blocks): the own block, then cp/2 - 1 steps that each merge the block from the device i up the ring
+    and the one i down it, then the opposite block (cp/2 away) after the loop. `forget_opposite`: the opposite
+    block is never merged (its tokens are left out)."""
+    def body(q, k, v):
+        n = q.shape[1]
+        me = lax.axis_index("cp")
+        q_pos = _positions(me, n)
+        half = cp // 2
+
+        def merge(state, k, v, source):
+            keep = q_pos[:, None] >= _positions(source % cp, n)[None, :]
+            return merge_online(state, jnp.where(keep, scores(q, k), NEG), v, 0)
+
+        def step(i, carry):
+            state, k_up, v_up, k_down, v_down = carry
+            state = merge(merge(state, k_up, v_up, me - i), k_down, v_down, me + i)
+            up, down = ring(cp), ring(cp, -1)
+            return (state, lax.ppermute(k_up, "cp", up), lax.ppermute(v_up, "cp", up),
+                    lax.ppermute(k_down, "cp", down), lax.ppermute(v_down, "cp", down))
+
+        up, down = ring(cp), ring(cp, -1)
+        carry = (merge(_state(q, "q"), k, v, me), lax.ppermute(k, "cp", up), lax.ppermute(v, "cp", up),
+                 lax.ppermute(k, "cp", down), lax.ppermute(v, "cp", down))
+        state, k_up, v_up, _, _ = lax.fori_loop(1, half, step, carry)
+        if not forget_opposite:
+            state = merge(state, k_up, v_up, me - half)
+        _, l, o = state
+        return o / per_row(l, o)  # refused here
+    return body
+
+
+def bidirectional_forgets_opposite(cp: int):
+    return bidirectional(cp, forget_opposite=True)
 
 
 ACCEPTED = {"full-init": full_init, "full-init-window20": lambda cp: full_init(cp, window=20),
@@ -459,7 +496,7 @@ ACCEPTED = {"full-init": full_init, "full-init-window20": lambda cp: full_init(c
             "vjp-scan-unroll2": vjp_unrolled}
 REFUSALS = (int_truncated_sum, converted_decay, carried_source_wrong_modulus, carried_source_wrong_way,
             carried_source_skip, window_from_block_start, window_by_local_index, carried_source_two_behind,
-            unrolled_scan_double_step, two_steps_an_iteration_same_source)
+            unrolled_scan_double_step, two_steps_an_iteration_same_source, hop_temperature)
 # Each accepted spelling beside its look-alike, as (accepted, refused) bodies taking the layout's positions: the
 # look-alike's result changes when its tokens are reordered and its positions rewritten as the pass would.
 TWINS = {"carried-source-plus-cp": (lambda cp, positions=_positions: carried_source(cp, "plus-cp",

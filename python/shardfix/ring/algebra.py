@@ -581,7 +581,11 @@ def _scale(engine: Engine, op, values: list[Data]) -> Data:
             if x.op == y.op == "shift" and x.score == y.score:
                 _same_cov(engine, op, x.shift_cov, y.cov, "chains rescalings of different maxima")
                 return with_agg(engine, a, Agg("shift", x.home, 0, x.cov, x.score, y.shift_cov))
-        what = {"stablehlo.multiply": "multiplies", "stablehlo.divide": "divides"}.get(op.name, "combines")
+        if op.name == "stablehlo.divide":
+            engine.refuse("divides two partial aggregates: a running sum is read before every block is merged into "
+                          f"it (inside the ring loop, or after a ring that runs fewer than its {engine.ring.cp} "
+                          f"steps); divide once, after all {engine.ring.cp} blocks are merged", op)
+        what = {"stablehlo.multiply": "multiplies"}.get(op.name, "combines")
         engine.refuse(f"{what} two partial aggregates", op)
     s, t = (a, b) if a.agg is not None else (b, a)
     if op.name == "stablehlo.divide" and s is b:

@@ -101,21 +101,41 @@ class Rewrite:
 
 
 class FnTable:
-    """Interned descriptions of the functions values hold, with the loop variables each depends on."""
+    """Interned descriptions of the functions values hold, with the loop variables each depends on, and for each
+    function of a loop variable the op that first read that variable as data (what a refusal of a result that
+    depends on the ring step cites)."""
 
     def __init__(self):
         self._ids: dict = {}
         self.vars: list[frozenset] = []
         self.keys: list = []
         self.infinite: dict[int, bool] = {}  # algebra.may_be_infinite's answers
+        self.read_at: dict[int, tuple] = {}  # fn -> (op, calls) where a loop variable it depends on became data
 
-    def intern(self, key, depends: frozenset = frozenset()) -> int:
+    def intern(self, key, depends: frozenset = frozenset(), read_at: tuple | None = None) -> int:
+        """The function `key` describes; `read_at`: where it reads a loop variable as data, if it does (else the
+        place of the functions it is built from)."""
         found = self._ids.get(key)
         if found is None:
             found = self._ids[key] = len(self.vars)
             self.vars.append(frozenset(depends))
             self.keys.append(key)
+            if depends:
+                place = read_at if read_at is not None else self._read_in(key)
+                if place is not None:
+                    self.read_at[found] = place
         return found
+
+    def _read_in(self, key) -> tuple | None:
+        """The place recorded for a function a key is built from (the functions of a key are the ints in it)."""
+        for part in key if isinstance(key, tuple) else ():
+            if isinstance(part, tuple):
+                place = self._read_in(part)
+            else:
+                place = self.read_at.get(part) if type(part) is int else None
+            if place is not None:
+                return place
+        return None
 
     def constant(self, fn: int):
         """The number a constant fn holds, or None."""
@@ -516,7 +536,7 @@ def index_to_data(engine: Engine, value: Index, op) -> Data:
                     engine.fns.intern(("const", repr(float(value.expr.const)))))
     canon = visit(value.expr)
     dims = [CONST if d is None else d for d in dims]
-    fn = engine.fns.intern(("index", canon), frozenset(depends))
+    fn = engine.fns.intern(("index", canon), frozenset(depends), (op, tuple(engine.state.call_ops)))
     return canonical(Data(tuple(value.shape), tuple(dims), tuple(axes), fn))
 
 

@@ -67,6 +67,36 @@ def is_transpose(r: RingRegion) -> bool:
     return False
 
 
+def made_by_autodiff(backward: RingRegion, forwards: list[RingRegion]) -> bool:
+    """A transpose region (is_transpose) whose ops JAX's autodiff made from the forward's: most of them carry the
+    traceback of an op of the forward regions (a transpose keeps its primal op's). A custom_vjp backward called in
+    a shard_map body is named `transpose(...)` too, but its ops are the user's backward function's (made at other
+    lines, or, as JAX lowers them, with no traceback at all)."""
+    keys = _tracebacks(backward.region)
+    if 2 * sum(1 for key in keys if key) < len(keys) or not keys:
+        return False  # most ops say nowhere where they were made
+    made = {key for r in forwards for key in _tracebacks(r.region)}
+    return 2 * sum(1 for key in keys if key and key in made) >= len(keys)
+
+
+_FRAME = re.compile(r'callsite\(|"[^"]*":\d+')
+
+
+def _tracebacks(op: ir.Operation) -> list[str]:
+    """The traceback of every op nested in `op`, as its location prints it less the names that lead it (a
+    transpose's name stack differs from its primal op's, its frames don't); empty for an op with no frame."""
+    out: list[str] = []
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.operations:
+                inner = inner.operation
+                text = str(inner.location.attr)
+                found = _FRAME.search(text)
+                out.append(text[found.start():].rstrip(")") if found else "")
+                out += _tracebacks(inner)
+    return out
+
+
 def _proved_results(forwards: list, transposes: list, rings: frozenset) -> list:
     """(forward region, the results of it the proof covers): those read by anything but the transposes (the others
     are residuals)."""
@@ -174,4 +204,4 @@ def _mark_while(op: ir.Operation, live_values: set, live: set, dead_slots: dict)
         dead_slots[op] = dead
 
 
-__all__ = ["OPAQUE", "Liveness", "dropped_forward", "is_transpose"]
+__all__ = ["OPAQUE", "Liveness", "dropped_forward", "is_transpose", "made_by_autodiff"]

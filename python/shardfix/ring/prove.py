@@ -4,18 +4,22 @@ Regions are grouped when one passes another a per-device value (a result sharded
 with other axes, like the softmax statistics a forward attention hands its backward): such values are only
 meaningful if both sides see the same order. Each region of a group is interpreted (analysis.py) with its
 operands' abstract values; a group is proved when every region's results are complete functions of their own
-tokens (or token-independent), and every per-device value flows only into the group's regions.
+tokens (or token-independent), and every per-device value flows only into the group's regions. Where a group is
+refused, the regions it links to the refused one by values one permutes before and restores after (a result
+sharded along the sequence) are proved apart from it (`_prove_apart`).
 """
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from jaxlib.mlir import ir
 
 from ..locations import SourceLoc
 from .analysis import Engine, Refusal, RingInfo, Shared, State
-from .autodiff import Liveness, dropped_forward, is_transpose
+from .autodiff import Liveness, dropped_forward, is_transpose, made_by_autodiff
 
 AUTODIFF = ("is the backward that jax.grad made of a ring region without a custom_vjp: its forward is proved, but this "
             "backward is not: its own ops are no order-free merge (an online softmax's backward recomputes and "
@@ -71,7 +75,9 @@ def prove_rings(module: ir.Operation, analyse: bool = True, callers: dict[str, i
     # their place in their group, so equal names never meet across groups, which share no values.
     shared = Shared(meshes=module_meshes(module), apply_rule=apply_rule, rings=rings)
     memo = GroupMemo(funcs) if analyse else None
-    for index, group in enumerate(groups):
+    numbers = itertools.count()  # a group's regions proved apart from the rest (_prove_apart) get a number of their own
+    for group in groups:
+        index = next(numbers)
         for r in group:
             verdicts[id(r.region)].group = index
         if memo is None:
@@ -80,11 +86,14 @@ def prove_rings(module: ir.Operation, analyse: bool = True, callers: dict[str, i
         key = memo.key(group)
         carried = memo.get(key, group)
         if carried is not None:
+            renumbered: dict[int, int] = {}
             for r, verdict in zip(group, carried):
-                verdict.group = index
+                if verdict.group not in renumbered:
+                    renumbered[verdict.group] = index if not renumbered else next(numbers)
+                verdict.group = renumbered[verdict.group]
                 verdicts[id(r.region)] = verdict
             continue
-        _prove_group(group, funcs, verdicts, shared)
+        _prove_group(group, funcs, verdicts, shared, numbers)
         memo.put(key, group, [verdicts[id(r.region)] for r in group])
     return [verdicts[id(r.region)] for r in regions]
 
@@ -111,7 +120,7 @@ def _groups(regions: list[RingRegion], rings: frozenset) -> list[list[RingRegion
     return list(grouped.values())
 
 
-def _prove_group(group: list[RingRegion], funcs, verdicts: dict, shared: Shared) -> None:
+def _prove_group(group: list[RingRegion], funcs, verdicts: dict, shared: Shared, numbers: Iterator[int]) -> None:
     members = {r.region for r in group}
     try:
         _prove_members(group, funcs, verdicts, members, shared, frozenset())
@@ -120,9 +129,34 @@ def _prove_group(group: list[RingRegion], funcs, verdicts: dict, shared: Shared)
         e = _GroupRefusal(Refusal(DROPPED, dropped.region), dropped) if dropped is not None else \
             _autodiff_reason(group, funcs, verdicts, members, shared, first)
         _refuse_group(group, verdicts, e)
+        _prove_apart(group, e.region, funcs, verdicts, shared, numbers)
         return
     for r in group:
         verdicts[id(r.region)].proved = True
+
+
+def _prove_apart(group: list[RingRegion], refused: RingRegion, funcs, verdicts: dict, shared: Shared,
+                 numbers: Iterator[int]) -> None:
+    """The regions of a refused group but `refused`, each set of them still linked proved as a group of its own.
+    Such a set, proved, is rewritten like any group: its sequence operands permuted and its results restored, or
+    the same in every layout, or read only by its own regions, so the regions left alone see the values they saw,
+    whatever values they hand it (the proof holds for any tokens). A per-device value it hands `refused` (residuals,
+    softmax statistics) is checked as any value read outside a group: unless the same in every layout, the set is
+    refused, as it must be (such a value is only right in the layout both sides see). A set refused again keeps its
+    group's reason and is split again without the region refused."""
+    rest = [r for r in group if r is not refused]
+    for part in _groups(rest, shared.rings):
+        kept = {id(r.region): verdicts[id(r.region)] for r in part}
+        try:
+            _prove_members(part, funcs, verdicts, {r.region for r in part}, shared, frozenset())
+        except _GroupRefusal as e:
+            verdicts.update(kept)
+            _prove_apart(part, e.region, funcs, verdicts, shared, numbers)
+            continue
+        index = next(numbers)
+        for r in part:
+            verdicts[id(r.region)].proved = True
+            verdicts[id(r.region)].group = index
 
 
 def _autodiff_reason(group: list[RingRegion], funcs, verdicts: dict, members: set, shared: Shared,
@@ -134,8 +168,16 @@ def _autodiff_reason(group: list[RingRegion], funcs, verdicts: dict, members: se
     differentiates, so the backward can't be proved from its forward either: a second result read only through
     its derivative, made by the same code, would be rewritten with it); else the first reason found. The forward
     is proved here with the backwards' residuals set aside only to find that reason, never to accept anything."""
-    transposes = frozenset(r.region for r in group if is_transpose(r))
-    if not transposes or len(transposes) == len(group):
+    forwards = [r for r in group if not is_transpose(r)]
+    # a custom_vjp backward in a shard_map body is a transpose by name only: its own violation is its reason
+    transposes = frozenset(r.region for r in group if is_transpose(r) and made_by_autodiff(r, forwards))
+    if is_transpose(first.region) and first.region.region not in transposes and first.refusal.op is not None \
+            and not first.refusal.user_loc():
+        refusal = Refusal(f"{first.refusal}, in the backward of a custom_vjp this ring region's body calls (JAX "
+                          "keeps no source line for a custom_vjp backward's ops)", first.refusal.op,
+                          first.refusal.calls)
+        first = _GroupRefusal(refusal, first.region)
+    if not transposes or not forwards:
         return first
     try:
         _prove_members(group, funcs, verdicts, members, shared, transposes)
@@ -331,12 +373,12 @@ def _check_results(r: RingRegion, engine: Engine, results: list, outs, verdict: 
         where = f"result {j}"
         if kind is None:
             if not _layout_free(engine, value):
-                _refuse_result(r, f"{where} is replicated over \"{r.axis}\" but depends on which tokens a device "
-                               "holds", value)
+                _refuse_result(r, j, f"{where} is replicated over \"{r.axis}\" but depends on which tokens a device "
+                               "holds")
             continue
         if kind[0] == "sequence":
             try:
-                _check_sequence_result(r, engine, value, kind[1], verdict.block, where)
+                _check_sequence_result(r, j, engine, value, kind[1], verdict.block, where)
                 seq_out[j] = kind[1]
                 continue
             except _GroupRefusal:
@@ -350,8 +392,8 @@ def _check_results(r: RingRegion, engine: Engine, results: list, outs, verdict: 
         for user in readers_across(result, rings):
             if user not in members:
                 name = user.name if hasattr(user, "name") else "an op"
-                raise _GroupRefusal(Refusal(f"{where} is a per-device value that '{name}' outside the ring regions "
-                                            "reads (it would see the reordered layout)", r.region), r)
+                _refuse_result(r, j, f"{where} is a per-device value that '{name}' outside the ring regions reads "
+                               "(it would see the reordered layout)")
     verdict.sequence_results = seq_out
 
 
@@ -373,34 +415,44 @@ def _is_invariant(value) -> bool:
     return isinstance(value, Data) and value.is_invariant
 
 
-def _refuse_result(r: RingRegion, message: str, value) -> None:
-    """Refuse the region for one of its results (`value`, the analysis's own notation, is not for the user)."""
-    raise _GroupRefusal(Refusal(message, r.region), r)
+def _refuse_result(r: RingRegion, j: int, message: str, place: tuple | None = None) -> None:
+    """Refuse the region for its result j, citing `place` (op, calls) or else the op of the body that makes the
+    result (the region itself where the body returns one of its arguments)."""
+    if place is None:
+        owner = list(r.region.regions[0].blocks[0].operations)[-1].operation.operands[j].owner
+        place = (None, ()) if isinstance(owner, ir.Block) else (getattr(owner, "operation", owner), ())
+    op, calls = place
+    raise _GroupRefusal(Refusal(message, op or r.region, calls if op is not None else ()), r)
 
 
-def _check_sequence_result(r: RingRegion, engine: Engine, value, dim: int, block: int, where: str) -> None:
+def _check_sequence_result(r: RingRegion, j: int, engine: Engine, value, dim: int, block: int, where: str) -> None:
     if not isinstance(value, Data):
-        _refuse_result(r, f"{where} is sharded on the sequence but computed from the device index", value)
+        _refuse_result(r, j, f"{where} is sharded on the sequence but computed from the device index")
     if value.agg is not None:
-        _refuse_result(r, f"{where} is an aggregate that has not folded in every block", value)
+        _refuse_result(r, j, f"{where} is a merge over ring blocks that has not folded in every block: a ring that "
+                       f"runs fewer steps than its {engine.ring.cp} devices, or skips a block, leaves tokens out, and "
+                       f"which tokens those are changes with the layout; merge one block at each of the "
+                       f"{engine.ring.cp} ring steps")
     if any(isinstance(role, Stack) for role in value.dims):
-        _refuse_result(r, f"{where} holds a buffer stacked by a loop", value)
+        _refuse_result(r, j, f"{where} holds a buffer stacked by a loop")
     toks = [(d, role) for d, role in enumerate(value.dims) if isinstance(role, Tok)]
     if len(toks) != 1 or toks[0][0] != dim or toks[0][1].stride != 1:
-        _refuse_result(r, f"{where} does not hold its own tokens along its sequence dim", value)
+        _refuse_result(r, j, f"{where} does not hold its own tokens along its sequence dim")
     axis = value.axis_map[toks[0][1].axis]
     if len(value.axes) > 1:
-        _refuse_result(r, f"{where} depends on the token at a fixed place of a block (a position read as one "
+        _refuse_result(r, j, f"{where} depends on the token at a fixed place of a block (a position read as one "
                        "number, like the block's first position), which the reorder changes: compute it from "
-                       "each token's own position instead", value)
+                       "each token's own position instead")
     hop = axis.hop
     if not hop.is_const or hop.const % engine.ring.cp or axis.offset != Aff() or value.shape[dim] != block:
-        _refuse_result(r, f"{where} holds the tokens of another block (or only some of its own)", value)
+        _refuse_result(r, j, f"{where} holds the tokens of another block (or only some of its own): a block that "
+                       f"travels comes home after {engine.ring.cp} ring steps")
     if engine.fns.depends(value.fn):
-        _refuse_result(r, f"{where} depends on the ring step, not only on tokens: a value computed from the loop's "
-                       "step counter (a temperature, bias or weight per step) meets the tokens of the block that "
-                       "step brings, and which block that is changes with the layout; compute it from the tokens' "
-                       "positions instead", value)
+        # cited where the step counter is first read as data (a temperature `1 + 0.1 * i`, a bias per step)
+        _refuse_result(r, j, f"{where} depends on the ring step, not only on tokens: a value computed from the "
+                       "loop's step counter (a temperature, bias or weight per step) meets the tokens of the block "
+                       "that step brings, and which block that is changes with the layout; compute it from the "
+                       "tokens' positions instead", engine.fns.read_at.get(value.fn))
 
 
 def unit_problem(verdict: Verdict, strategy: str, stripe: int) -> tuple[str, SourceLoc] | None:

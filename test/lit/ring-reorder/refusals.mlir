@@ -296,15 +296,14 @@ func.func @all_gather_on_ring_axis(%arg0: tensor<16x8xf32>) -> tensor<16x8xf32> 
 // -----
 
 // A result declared replicated over the ring axis that is the device's own block sum (it differs from device
-// to device, and which tokens it sums depends on the layout). The remark is at the region, whose result breaks
-// the rule.
+// to device, and which tokens it sums depends on the layout). The remark is at the op that makes the result.
 sdy.mesh @mesh = <["cp"=4]>
 
 func.func @replicated_result(%arg0: tensor<16x8xf32>) -> tensor<8xf32> {
-  // REPORT: ring: {{.*}}refusals.mlir:[[# @LINE + 2]]:8: axis "cp", zigzag: not applied (not provably safe: 'sdy.manual_computation' at {{.*}}refusals.mlir:[[# @LINE + 2]]:8 result 0 is replicated over "cp" but depends on which tokens a device holds){{$}}
-  // expected-remark @+1 {{result 0 is replicated over "cp" but depends on which tokens a device holds}}
   %0 = sdy.manual_computation(%arg0) in_shardings=[<@mesh, [{"cp"}, {}]>] out_shardings=[<@mesh, [{}]>] manual_axes={"cp"} (%x: tensor<4x8xf32>) {
     %zero = stablehlo.constant dense<0.0> : tensor<f32>
+    // REPORT: ring: {{.*}}refusals.mlir:[[# @LINE + 2]]:26: axis "cp", zigzag: not applied (not provably safe: 'stablehlo.reduce' at {{.*}}refusals.mlir:[[# @LINE + 2]]:26 result 0 is replicated over "cp" but depends on which tokens a device holds){{$}}
+    // expected-remark @+1 {{result 0 is replicated over "cp" but depends on which tokens a device holds}}
     %s = stablehlo.reduce(%x init: %zero) applies stablehlo.add across dimensions = [0] : (tensor<4x8xf32>, tensor<f32>) -> tensor<8xf32>
     %p1 = "stablehlo.collective_permute"(%s) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, source_target_pairs = dense<[[0, 1], [1, 2], [2, 3], [3, 0]]> : tensor<4x2xi64>}> : (tensor<8xf32>) -> tensor<8xf32>
     %p2 = "stablehlo.collective_permute"(%p1) <{channel_handle = #stablehlo.channel_handle<handle = 2, type = 1>, source_target_pairs = dense<[[0, 1], [1, 2], [2, 3], [3, 0]]> : tensor<4x2xi64>}> : (tensor<8xf32>) -> tensor<8xf32>
@@ -344,15 +343,16 @@ func.func @double_count(%arg0: tensor<16x8xf32>) -> tensor<16x8xf32> {
 
 // -----
 
-// The block three steps behind returned as the result: the ring doesn't bring it home.
+// The block three steps behind returned as the result: the ring doesn't bring it home. The remark is at the last
+// step it travels.
 sdy.mesh @mesh = <["cp"=4]>
 
 func.func @visiting_block_result(%arg0: tensor<16x8xf32>) -> tensor<16x8xf32> {
-  // REPORT: ring: {{.*}}refusals.mlir:[[# @LINE + 2]]:8: axis "cp", zigzag: not applied (not provably safe: 'sdy.manual_computation' at {{.*}}refusals.mlir:[[# @LINE + 2]]:8 result 0 holds the tokens of another block (or only some of its own)){{$}}
-  // expected-remark @+1 {{result 0 holds the tokens of another block (or only some of its own)}}
   %0 = sdy.manual_computation(%arg0) in_shardings=[<@mesh, [{"cp"}, {}]>] out_shardings=[<@mesh, [{"cp"}, {}]>] manual_axes={"cp"} (%x: tensor<4x8xf32>) {
     %p1 = "stablehlo.collective_permute"(%x) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, source_target_pairs = dense<[[0, 1], [1, 2], [2, 3], [3, 0]]> : tensor<4x2xi64>}> : (tensor<4x8xf32>) -> tensor<4x8xf32>
     %p2 = "stablehlo.collective_permute"(%p1) <{channel_handle = #stablehlo.channel_handle<handle = 2, type = 1>, source_target_pairs = dense<[[0, 1], [1, 2], [2, 3], [3, 0]]> : tensor<4x2xi64>}> : (tensor<4x8xf32>) -> tensor<4x8xf32>
+    // REPORT: ring: {{.*}}refusals.mlir:[[# @LINE + 2]]:11: axis "cp", zigzag: not applied (not provably safe: 'stablehlo.collective_permute' at {{.*}}refusals.mlir:[[# @LINE + 2]]:11 result 0 holds the tokens of another block (or only some of its own): a block that travels comes home after 4 ring steps){{$}}
+    // expected-remark @+1 {{result 0 holds the tokens of another block (or only some of its own): a block that travels comes home after 4 ring steps}}
     %p3 = "stablehlo.collective_permute"(%p2) <{channel_handle = #stablehlo.channel_handle<handle = 3, type = 1>, source_target_pairs = dense<[[0, 1], [1, 2], [2, 3], [3, 0]]> : tensor<4x2xi64>}> : (tensor<4x8xf32>) -> tensor<4x8xf32>
     sdy.return %p3 : tensor<4x8xf32>
   } : (tensor<16x8xf32>) -> tensor<16x8xf32>
