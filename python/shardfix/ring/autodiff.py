@@ -109,8 +109,9 @@ def dropped_forward(group: list[RingRegion], rings: frozenset) -> RingRegion | N
     """A transpose of the group whose forward regions hand it residuals only: the program reads the forward's
     results only through their derivative (a loss linear in them), so JAX dropped them and nothing is there to
     prove the transpose from."""
-    transposes = [r for r in group if is_transpose(r)]
     forwards = [r for r in group if not is_transpose(r)]
+    # a custom_vjp's backward (named a transpose too) is proved from its own ops: a dropped forward is no reason
+    transposes = [r for r in group if is_transpose(r) and made_by_autodiff(r, forwards)]
     if transposes and forwards and not any(live for _, live in _proved_results(forwards, transposes, rings)):
         return transposes[0]
     return None
