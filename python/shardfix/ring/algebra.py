@@ -15,9 +15,12 @@ from .finite import float_max, float_to_float, may_be_infinite, narrowing
 from .analysis import Engine
 from .dims import shape
 from .symbolic import Aff, Var, congruent
-from .values import CONST, EMPTY, FREE, Agg, Axis, Coverage, CoverageVar, Data, Stack, Tok, canonical
+from .values import (CONST, EMPTY, FREE, Agg, AggOp, Axis, Coverage, CoverageVar, Data, ObligationKind, Stack, Tok,
+                     canonical)
 
-SUM_LIKE = ("sum", "ssum")
+SUM_LIKE = (AggOp.SUM, AggOp.SSUM)
+# the aggregates that become a plain function of their home tokens once every block is folded in
+_COMPLETES = frozenset({AggOp.SUM, AggOp.MAX, AggOp.MIN, AggOp.SSUM, AggOp.MUL, AggOp.AND, AggOp.OR, AggOp.SHIFT})
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -30,7 +33,7 @@ def same_hop(engine: Engine, a: Aff, b: Aff, op, what: str) -> bool:
     if diff.is_const:
         return diff.const % engine.ring.cp == 0
     if any(isinstance(x, Var) and x in engine.state.unknown_vars for x in diff.free_atoms()):
-        engine.defer("hop", a, b, op, what)  # a discovery pass: the real pass decides
+        engine.defer(ObligationKind.HOP, a, b, op, what)  # a discovery pass: the real pass decides
         return True
     return congruent(a, b, engine.ring.cp, engine.scope)
 
@@ -44,7 +47,7 @@ def same_axis(engine: Engine, a: Axis, b: Axis, op) -> bool:
     if diff.is_const:
         return diff.const == 0
     if any(isinstance(x, Var) and x in engine.state.unknown_vars for x in diff.free_atoms()):
-        engine.defer("equal", a.offset, b.offset, op, "combines different tokens of one block")
+        engine.defer(ObligationKind.EQUAL, a.offset, b.offset, op, "combines different tokens of one block")
         return True
     return False
 
@@ -153,12 +156,12 @@ def with_agg(engine: Engine, value: Data, agg: Agg) -> Data:
 
 def try_complete(engine: Engine, value: Data) -> Data:
     agg = value.agg
-    if agg is None or agg.op not in ("sum", "max", "min", "ssum", "mul", "and", "or", "shift"):
+    if agg is None or agg.op not in _COMPLETES:
         return value
     scope, block = engine.scope, engine.ring.block
     if not cov_ops.is_complete(agg.cov, scope, block):
         return value
-    if agg.op in ("ssum", "shift") and not cov_ops.is_complete(agg.shift_cov, scope, block):
+    if agg.op in (AggOp.SSUM, AggOp.SHIFT) and not cov_ops.is_complete(agg.shift_cov, scope, block):
         return value
     fn = engine.fns.intern(("complete", agg.op, agg.term, agg.score),
                            engine.fns.depends(agg.term) | engine.fns.depends(agg.score))
@@ -219,7 +222,7 @@ def _rescaling(op, values: list[Data]) -> bool:
     if op.name != "stablehlo.subtract":
         return False
     x, m = values
-    return x.agg is None and m.agg is not None and m.agg.op == "max" and m.agg.score == x.fn
+    return x.agg is None and m.agg is not None and m.agg.op == AggOp.MAX and m.agg.score == x.fn
 
 
 def _combine_elements(engine: Engine, op, values: list[Data], roles) -> tuple:
@@ -296,14 +299,14 @@ def _aggregate_rule(engine: Engine, op, values: list[Data], out) -> Data:
     name = op.name
     aggs = [v for v in values if v.agg is not None]
     plain = [v for v in values if v.agg is None]
-    if name in _UNIT_OPS and all(v.agg is None or (v.agg.home is None and v.agg.op in ("max", "min", "sum",
-                                                                                        "unitfn"))
+    if name in _UNIT_OPS and all(v.agg is None or (v.agg.home is None and v.agg.op in (AggOp.MAX, AggOp.MIN, AggOp.SUM,
+                                                                                        AggOp.UNITFN))
                                  for v in values) and all(not v.axes for v in plain):
         # a predicate of whole units (the largest position in a query chunk, the smallest in a key chunk): a
         # function of those units' tokens, fine where it decides to skip exactly that pair of units
         covered = Coverage(tuple(p for v in aggs for p in v.agg.cov.parts))
         base = Data(tuple(out), tuple(CONST for _ in out), (), 0)
-        return with_agg(engine, base, Agg("unitfn", None, ew_fn(engine, name, _attrs(op), values), covered))
+        return with_agg(engine, base, Agg(AggOp.UNITFN, None, ew_fn(engine, name, _attrs(op), values), covered))
     if name == "stablehlo.convert" and float_to_float(op):
         target = ir.ShapedType(op.results[0].type).element_type
         engine.refuse(f"converts a partial aggregate (a running sum or max) to {target}, "
@@ -324,19 +327,20 @@ def _aggregate_rule(engine: Engine, op, values: list[Data], out) -> Data:
         return _maximum(engine, op, values)
     if name == "stablehlo.subtract":
         return _subtract(engine, op, values)
-    if name == "stablehlo.exponential" and aggs[0].agg.op in ("diff", "mdiff"):
+    if name == "stablehlo.exponential" and aggs[0].agg.op in (AggOp.DIFF, AggOp.MDIFF):
         a = aggs[0].agg
         nan = not a.finite and may_be_infinite(engine, a.score)
-        new = Agg("exp" if a.op == "diff" else "shift", a.home, a.term, a.cov, a.score, a.shift_cov, nan=nan)
+        new = Agg(AggOp.EXP if a.op == AggOp.DIFF else AggOp.SHIFT, a.home, a.term, a.cov, a.score, a.shift_cov,
+                  nan=nan)
         return with_agg(engine, aggs[0], new)
     if name == "stablehlo.is_finite":
         a = aggs[0].agg
-        return with_agg(engine, aggs[0], Agg("finite", a.home, aggs[0].fn, a.cov, a.score, a.shift_cov))
+        return with_agg(engine, aggs[0], Agg(AggOp.FINITE, a.home, aggs[0].fn, a.cov, a.score, a.shift_cov))
     if name == "stablehlo.select":
         return _select(engine, op, values)
     if name in ("stablehlo.multiply", "stablehlo.divide"):
         return _scale(engine, op, values)
-    if name in ("stablehlo.log", "stablehlo.abs", "stablehlo.log_plus_one") and aggs[0].agg.op == "ssum":
+    if name in ("stablehlo.log", "stablehlo.abs", "stablehlo.log_plus_one") and aggs[0].agg.op == AggOp.SSUM:
         # log(sum of exp(s - max)): a block's log-sum-exp (jax.nn.logsumexp takes it of abs), the lse merge that
         # flash-attention kernels' per-block results invite (logaddexp of lses); not an algebra proved here
         engine.refuse("takes the log of a softmax sum, a log-sum-exp (jax.nn.logsumexp, or m + log(l)), to merge "
@@ -360,7 +364,7 @@ def _union(engine: Engine, op, a: Coverage, b: Coverage) -> Coverage:
     if verdict is False:
         engine.refuse(f"merges aggregates that may count the same tokens twice ({a} and {b})", op)
     if verdict is None:
-        engine.defer("disjoint", a, b, op, "merges aggregates that may count the same tokens twice")
+        engine.defer(ObligationKind.DISJOINT, a, b, op, "merges aggregates that may count the same tokens twice")
     return a.union(b)
 
 
@@ -379,7 +383,7 @@ def cells_equal(engine: Engine, op, x, y, message: str) -> bool:
     if diff.is_const:
         return diff.const == 0
     if any(isinstance(v, Var) and v in engine.state.unknown_vars for v in diff.free_atoms()):
-        engine.defer("equal", x.start, y.start, op, message)
+        engine.defer(ObligationKind.EQUAL, x.start, y.start, op, message)
         return True
     return False
 
@@ -414,7 +418,7 @@ def _same_cov(engine: Engine, op, a: Coverage, b: Coverage, message: str) -> Non
             for x, y in zip(a.parts, b.parts):
                 if x != y:
                     engine.state.cov_alias[x] = y
-        engine.defer("same-cov", a, b, op, message)
+        engine.defer(ObligationKind.SAME_COV, a, b, op, message)
         return
     engine.refuse(message, op)
 
@@ -430,7 +434,7 @@ def _aligned(engine: Engine, op, a: Data, b: Data) -> None:
 def _add(engine: Engine, op, values: list[Data]) -> Data:
     a, b = values
     for p, q in ((a, b), (b, a)):
-        if p.agg is not None and q.agg is not None and p.agg.op == "sstart" and q.agg.op == "ssum" and \
+        if p.agg is not None and q.agg is not None and p.agg.op == AggOp.SSTART and q.agg.op == AggOp.SSUM and \
                 p.agg.score == q.agg.score:
             # a sum that starts from a start value: the sum, the start folded in once whatever the order
             _aligned(engine, op, p, q)
@@ -446,7 +450,7 @@ def _add(engine: Engine, op, values: list[Data]) -> Data:
     if x.op != y.op or x.op not in SUM_LIKE or x.term != y.term or x.score != y.score:
         engine.refuse("adds two different aggregates", op)
     _aligned(engine, op, a, b)
-    if x.op == "ssum":
+    if x.op == AggOp.SSUM:
         _same_cov(engine, op, x.shift_cov, y.shift_cov, "adds softmax sums rescaled to different maxima")
     merged = Agg(x.op, x.home, x.term, _union(engine, op, x.cov, y.cov), x.score, x.shift_cov)
     return with_agg(engine, a, merged)
@@ -455,34 +459,34 @@ def _add(engine: Engine, op, values: list[Data]) -> Data:
 def _maximum(engine: Engine, op, values: list[Data]) -> Data:
     a, b = values
     for p, q in ((a, b), (b, a)):
-        if q.agg is None and p.agg is not None and p.agg.op == "max" and start_value(engine, q, p):
+        if q.agg is None and p.agg is not None and p.agg.op == AggOp.MAX and start_value(engine, q, p):
             # a constant floor (the running max's start value) is part of the fold, in every order; a finite one
             # keeps the max finite
             number = engine.fns.constant(q.fn)
             if p.agg.finite or number is None or not math.isfinite(number):
                 return p  # a start of input data (a sink logit) may be -inf itself
             return with_agg(engine, p, dataclasses.replace(p.agg, finite=True))
-    if a.agg is None or b.agg is None or a.agg.op != "max" or b.agg.op != "max" or a.agg.score != b.agg.score:
+    if a.agg is None or b.agg is None or a.agg.op != AggOp.MAX or b.agg.op != AggOp.MAX or a.agg.score != b.agg.score:
         engine.refuse("takes the maximum of different aggregates", op)
     _aligned(engine, op, a, b)
-    merged = Agg("max", a.agg.home, a.agg.term, _union(engine, op, a.agg.cov, b.agg.cov), a.agg.score,
+    merged = Agg(AggOp.MAX, a.agg.home, a.agg.term, _union(engine, op, a.agg.cov, b.agg.cov), a.agg.score,
                  finite=a.agg.finite or b.agg.finite)
     return with_agg(engine, a, merged)
 
 
 def _subtract(engine: Engine, op, values: list[Data]) -> Data:
     x, m = values
-    if x.agg is None and m.agg is not None and m.agg.op == "max" and start_value(engine, x, m):
+    if x.agg is None and m.agg is not None and m.agg.op == AggOp.MAX and start_value(engine, x, m):
         # the running max before anything was folded in, minus the new one: a rescaling from nothing
-        return with_agg(engine, m, Agg("mdiff", m.agg.home, 0, EMPTY, m.agg.score, m.agg.cov,
+        return with_agg(engine, m, Agg(AggOp.MDIFF, m.agg.home, 0, EMPTY, m.agg.score, m.agg.cov,
                                        finite=m.agg.finite))
-    if x.agg is None and m.agg is not None and m.agg.op == "max" and m.agg.score == x.fn:
+    if x.agg is None and m.agg is not None and m.agg.op == AggOp.MAX and m.agg.score == x.fn:
         # scores minus their running max: exp of it weights a softmax sum
         home = _match_home(engine, op, x, m)
-        return with_agg(engine, x, Agg("diff", home, 0, m.agg.cov, x.fn, finite=m.agg.finite))
-    if x.agg is not None and m.agg is not None and x.agg.op == m.agg.op == "max" and x.agg.score == m.agg.score:
+        return with_agg(engine, x, Agg(AggOp.DIFF, home, 0, m.agg.cov, x.fn, finite=m.agg.finite))
+    if x.agg is not None and m.agg is not None and x.agg.op == m.agg.op == AggOp.MAX and x.agg.score == m.agg.score:
         _aligned(engine, op, x, m)
-        return with_agg(engine, x, Agg("mdiff", x.agg.home, 0, x.agg.cov, x.agg.score, m.agg.cov,
+        return with_agg(engine, x, Agg(AggOp.MDIFF, x.agg.home, 0, x.agg.cov, x.agg.score, m.agg.cov,
                                        finite=m.agg.finite))
     engine.refuse("subtracts a partial aggregate in a way that is not a softmax rescaling", op)
 
@@ -509,21 +513,22 @@ def _match_home(engine: Engine, op, pair: Data, agg_value: Data) -> str:
 
 def _select(engine: Engine, op, values: list[Data]) -> Data:
     cond, a, b = values
-    guard = cond.agg.term if cond.agg is not None and cond.agg.op == "finite" else None
+    guard = cond.agg.term if cond.agg is not None and cond.agg.op == AggOp.FINITE else None
     plain_guard = cond.fn if cond.agg is None else None
     # select(is_finite(m), m, c) for a running max m (`m_safe`, the shift flash kernels use): m itself wherever m
     # is finite; where it is not, no unmasked score has been folded in yet, every sum rescaled by it is the empty
     # sum in every order, and a complete max is the same in every order anyway. A function of the merge state.
-    if a.agg is not None and a.agg.op in ("max", "min") and guard == a.fn and b.agg is None \
+    if a.agg is not None and a.agg.op in (AggOp.MAX, AggOp.MIN) and guard == a.fn and b.agg is None \
             and engine.fns.constant(b.fn) is not None:
         return with_agg(engine, a, dataclasses.replace(a.agg, finite=math.isfinite(engine.fns.constant(b.fn))))
     # select(is_finite(x), exp(x - max), 0) is exp(x - max): masked scores contribute nothing either way
-    if a.agg is not None and a.agg.op == "exp" and b.agg is None and _is_const(engine, b, 0.0):
+    if a.agg is not None and a.agg.op == AggOp.EXP and b.agg is None and _is_const(engine, b, 0.0):
         if plain_guard == _finite_fn(engine, a.agg.score):
             return with_agg(engine, a, dataclasses.replace(a.agg, nan=False))
     # select(is_finite(max_new), exp(max_old - max_new), 1) is the rescaling (1 where nothing is unmasked yet)
-    if a.agg is not None and a.agg.op == "shift" and b.agg is None and _is_const(engine, b, 1.0) and guard is not None:
-        target = agg_fn(engine, Agg("max", a.agg.home, a.agg.term, a.agg.shift_cov, a.agg.score))
+    if a.agg is not None and a.agg.op == AggOp.SHIFT and b.agg is None and _is_const(engine, b, 1.0) \
+            and guard is not None:
+        target = agg_fn(engine, Agg(AggOp.MAX, a.agg.home, a.agg.term, a.agg.shift_cov, a.agg.score))
         if guard == target:
             return with_agg(engine, a, dataclasses.replace(a.agg, nan=False))
     engine.refuse("selects between partial aggregates", op)
@@ -547,7 +552,7 @@ def reset_select(engine: Engine, loop: int, first: Data, later: Data) -> Data | 
 
     x = later.agg
     if first.agg is None:
-        if _is_const(engine, first, 0.0) and (x.op in SUM_LIKE or x.op == "shift") and not own(x.cov).parts:
+        if _is_const(engine, first, 0.0) and (x.op in SUM_LIKE or x.op == AggOp.SHIFT) and not own(x.cov).parts:
             return later
         return None
     y = first.agg
@@ -567,20 +572,20 @@ def _scale(engine: Engine, op, values: list[Data]) -> Data:
     if op.name == "stablehlo.multiply":
         for zero, other in ((a, b), (b, a)):
             if zero.agg is None and _is_const(engine, zero, 0.0) and other.agg is not None \
-                    and other.agg.op in ("shift", "exp"):
+                    and other.agg.op in (AggOp.SHIFT, AggOp.EXP):
                 return zero.with_(shape=other.shape)  # an empty sum rescaled is still empty
     if a.agg is not None and b.agg is not None:
         x, y = a.agg, b.agg
         if op.name == "stablehlo.multiply":
             for s, t in ((a, b), (b, a)):
-                if s.agg.op == "ssum" and t.agg.op == "shift" and s.agg.score == t.agg.score:
+                if s.agg.op == AggOp.SSUM and t.agg.op == AggOp.SHIFT and s.agg.score == t.agg.score:
                     _same_cov(engine, op, s.agg.shift_cov, t.agg.cov, "rescales a softmax sum from another maximum")
                     _aligned_broadcast(engine, op, s, t)
-                    return with_agg(engine, s, Agg("ssum", s.agg.home, s.agg.term, s.agg.cov, s.agg.score,
+                    return with_agg(engine, s, Agg(AggOp.SSUM, s.agg.home, s.agg.term, s.agg.cov, s.agg.score,
                                                    t.agg.shift_cov))
-            if x.op == y.op == "shift" and x.score == y.score:
+            if x.op == y.op == AggOp.SHIFT and x.score == y.score:
                 _same_cov(engine, op, x.shift_cov, y.cov, "chains rescalings of different maxima")
-                return with_agg(engine, a, Agg("shift", x.home, 0, x.cov, x.score, y.shift_cov))
+                return with_agg(engine, a, Agg(AggOp.SHIFT, x.home, 0, x.cov, x.score, y.shift_cov))
         if op.name == "stablehlo.divide":
             engine.refuse("divides two partial aggregates: a running sum is read before every block is merged into "
                           f"it (inside the ring loop, or after a ring that runs fewer than its {engine.ring.cp} "
@@ -590,12 +595,12 @@ def _scale(engine: Engine, op, values: list[Data]) -> Data:
     s, t = (a, b) if a.agg is not None else (b, a)
     if op.name == "stablehlo.divide" and s is b:
         engine.refuse("divides by a partial aggregate", op)
-    if op.name == "stablehlo.multiply" and s.agg.op == "shift" and not engine.canonical_cov(s.agg.cov).parts \
+    if op.name == "stablehlo.multiply" and s.agg.op == AggOp.SHIFT and not engine.canonical_cov(s.agg.cov).parts \
             and start_value(engine, t, s):
         # a softmax sum's start value (1 for an attention sink's logit folded into the initial state) rescaled
         # from the start maximum: a pseudo-token's term, the same in every layout, rescaled as the sum will be
-        return with_agg(engine, s, Agg("sstart", s.agg.home, 0, EMPTY, s.agg.score, s.agg.shift_cov))
-    if s.agg.op not in SUM_LIKE and s.agg.op != "exp":
+        return with_agg(engine, s, Agg(AggOp.SSTART, s.agg.home, 0, EMPTY, s.agg.score, s.agg.shift_cov))
+    if s.agg.op not in SUM_LIKE and s.agg.op != AggOp.EXP:
         engine.refuse("scales a running maximum", op)
     home = home_axis(s)
     for d, role in enumerate(t.dims):  # the factor may vary with the home tokens only

@@ -20,7 +20,8 @@ from ..locations import SourceLoc, is_library_file
 from . import coverage as cov_ops
 from .symbolic import Aff, Coord, Node, Other, Pid, PidDiv, Scope, Var, bounds, gpos, map_sources, sourced_nodes
 from .symbolic import Dim as SymDim
-from .values import CONST, FREE, Axis, Coverage, CoverageVar, Data, Index, Stack, Tok, canonical
+from .values import (CONST, FREE, Axis, Coverage, CoverageVar, Data, Index, Obligation, ObligationKind, Stack,
+                     Tok, canonical)
 
 
 class Refusal(Exception):
@@ -148,18 +149,6 @@ class FnTable:
 
 
 @dataclass
-class Obligation:
-    """A fact assumed while a loop body was analysed with symbolic carried values, checked once they are solved."""
-
-    kind: str  # "equal" (two Affs) | "disjoint" (two Coverages) | "same-cov" (two Coverages)
-    a: object
-    b: object
-    op: ir.Operation | None
-    message: str
-    calls: tuple = ()
-
-
-@dataclass
 class Shared:
     """What the analyses of all the regions of a module share: the naming of functions, and the calls analysed
     (callee, abstract arguments, scope, ring) -> (results, rewrites, units, obligations, ring directions)."""
@@ -246,7 +235,7 @@ class Engine:
     def scope_for(self, shape) -> Scope:
         return self.scope.with_dims(shape)
 
-    def defer(self, kind: str, a, b, op, message: str) -> None:
+    def defer(self, kind: ObligationKind, a, b, op, message: str) -> None:
         self.state.obligations.append(Obligation(kind, a, b, op, message, tuple(self.state.call_ops)))
 
     def cov_root(self, var):

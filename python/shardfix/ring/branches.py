@@ -11,7 +11,7 @@ from __future__ import annotations
 from .algebra import cov_prefix, covs_equal, start_value
 from .analysis import Engine
 from .symbolic import Aff, Node, Var, bounds
-from .values import Agg, Cells, Coverage, CoverageVar, Data, Index
+from .values import Agg, AggOp, Cells, Coverage, CoverageVar, Data, Index, ObligationKind
 
 
 def branches(engine: Engine, op):
@@ -122,7 +122,7 @@ def _folded(engine: Engine, skip, compute) -> Coverage | None:
     c = compute.agg
     if skip.agg is None:
         # a constant start value (the identity, or a floor like -1e30 for a max): nothing folded in yet
-        if c.op in ("sum", "ssum", "max", "min") and start_value(engine, skip, compute) and \
+        if c.op in (AggOp.SUM, AggOp.SSUM, AggOp.MAX, AggOp.MIN) and start_value(engine, skip, compute) and \
                 not any(isinstance(p, CoverageVar) for p in c.cov.parts):
             return c.cov
         return None
@@ -135,7 +135,7 @@ def _folded(engine: Engine, skip, compute) -> Coverage | None:
     added = cov_prefix(engine, None, s.cov, c.cov, message)
     if added is None:
         return None
-    if c.op in ("ssum", "shift"):
+    if c.op in (AggOp.SSUM, AggOp.SHIFT):
         shifted = cov_prefix(engine, None, s.shift_cov, c.shift_cov, message)
         if shifted is None or (shifted.parts and not covs_equal(engine, None, shifted, added, message)):
             return None
@@ -159,7 +159,7 @@ def _check_predicate(engine: Engine, op, selector, units) -> None:
         if pred.agg is None and engine.fns.depends(pred.fn) - engine.state.unknown_vars:
             engine.refuse(_COUNTERS, op)  # a table read at the ring step, say
         if pred.agg is not None:
-            if pred.agg.home is not None or pred.agg.op not in ("unitfn", "max", "min", "sum"):
+            if pred.agg.home is not None or pred.agg.op not in (AggOp.UNITFN, AggOp.MAX, AggOp.MIN, AggOp.SUM):
                 engine.refuse("skips blocks by a predicate of token data", op)
             for p in pred.agg.cov.parts:
                 if not isinstance(p, Cells) or p.vars or not _inside(engine, op, p.hop, p.start, p.size, units):
@@ -212,7 +212,7 @@ def _inside(engine: Engine, op, hop: Aff, local: Aff, width: int, units) -> bool
             continue
         candidates.append(u_hop)
     if candidates:  # decided once the loops' unknowns are solved: one of them must be that block
-        engine.defer("hop-any", hop, tuple(candidates), op,
+        engine.defer(ObligationKind.HOP_ANY, hop, tuple(candidates), op,
                      "skips blocks by a predicate that reads positions outside the two units it skips")
         return True
     return False

@@ -14,7 +14,7 @@ from .algebra import (SUM_LIKE, combine, depends, ew_fn, extent, home_axis, rela
 from .analysis import Engine
 from .dims import shape
 from .symbolic import Aff, Var
-from .values import CONST, EMPTY, FREE, Agg, Axis, Cells, Coverage, Data, Index, Stack, Tok, canonical
+from .values import CONST, EMPTY, FREE, Agg, AggOp, Axis, Cells, Coverage, Data, Index, Stack, Tok, canonical
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -128,16 +128,16 @@ def reduce(engine: Engine, op, value: Data, init: Data, combiner: str, dims: lis
     home = value.axis_map[home_key] if home_key else None
     cell = _cell(engine, op, value, key, home)
     if value.agg is not None:
-        if value.agg.op == "exp" and combiner == "stablehlo.add":
+        if value.agg.op == AggOp.EXP and combiner == "stablehlo.add":
             one = engine.fns.intern(("const", repr(1.0)))
-            agg = Agg("ssum", value.agg.home, one, cell, value.agg.score, value.agg.cov)
+            agg = Agg(AggOp.SSUM, value.agg.home, one, cell, value.agg.score, value.agg.cov)
             return with_agg(engine, base, agg)
         engine.refuse("reduces a partial aggregate over tokens again", op)
-    op_name = {"stablehlo.add": "sum", "stablehlo.maximum": "max", "stablehlo.minimum": "min",
-               "stablehlo.multiply": "mul", "stablehlo.and": "and", "stablehlo.or": "or"}[combiner]
+    op_name = {"stablehlo.add": AggOp.SUM, "stablehlo.maximum": AggOp.MAX, "stablehlo.minimum": AggOp.MIN,
+               "stablehlo.multiply": AggOp.MUL, "stablehlo.and": AggOp.AND, "stablehlo.or": AggOp.OR}[combiner]
     term = value.fn
-    agg = Agg(op_name, home_key, term if op_name not in ("max", "min") else 0, cell,
-              term if op_name in ("max", "min") else 0)
+    agg = Agg(op_name, home_key, term if op_name not in (AggOp.MAX, AggOp.MIN) else 0, cell,
+              term if op_name in (AggOp.MAX, AggOp.MIN) else 0)
     return with_agg(engine, base, agg)
 
 
@@ -197,12 +197,12 @@ def dot(engine: Engine, op, lhs: Data, rhs: Data, dims: dict, out) -> Data:
     cell = _cell(engine, op, source, key, home)
     if aggs:
         (e,) = aggs if len(aggs) == 1 else engine.refuse("contracts two partial aggregates", op)
-        if e.agg.op != "exp":
+        if e.agg.op != AggOp.EXP:
             engine.refuse("contracts a partial aggregate over tokens again", op)
         weight = rhs if e is lhs else lhs
         term = engine.fns.intern(("weight", weight.fn, str(dims)), engine.fns.depends(weight.fn))
-        return with_agg(engine, base, Agg("ssum", home_key, term, cell, e.agg.score, e.agg.cov))
-    return with_agg(engine, base, Agg("sum", home_key, fn, cell))
+        return with_agg(engine, base, Agg(AggOp.SSUM, home_key, term, cell, e.agg.score, e.agg.cov))
+    return with_agg(engine, base, Agg(AggOp.SUM, home_key, fn, cell))
 
 
 def _restrict(value: Data, dims: list[int]) -> Data:
@@ -301,7 +301,8 @@ def all_reduce(engine: Engine, op):
                                                             engine.fns.depends(value.fn))))
             continue
         agg = value.agg
-        expected = {"stablehlo.add": "sum", "stablehlo.maximum": "max", "stablehlo.minimum": "min"}.get(combiner)
+        expected = {"stablehlo.add": AggOp.SUM, "stablehlo.maximum": AggOp.MAX,
+                    "stablehlo.minimum": AggOp.MIN}.get(combiner)
         if agg.home is not None or agg.op != expected:
             engine.refuse("all-reduces a partial aggregate that is not a reduction over the device's own tokens",
                           op)

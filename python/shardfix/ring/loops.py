@@ -16,11 +16,12 @@ from jaxlib.mlir import ir
 
 from . import coverage as cov_ops
 from .algebra import agg_fn, cov_prefix, start_value, try_complete
-from .analysis import Engine, Obligation, Refusal
+from .analysis import Engine, Refusal
 from .dims import shape
 from .symbolic import Aff, Coord, Node, Scope, Var, congruent, sourced_nodes
 from .symbolic import Dim as SymDim
-from .values import CONST, EMPTY, FREE, Axis, Cells, Coverage, CoverageVar, Data, Index, Stack, Tok, canonical
+from .values import (CONST, EMPTY, FREE, AggOp, Axis, Cells, Coverage, CoverageVar, Data, Index, Obligation,
+                     ObligationKind, Stack, Tok, canonical)
 
 
 @dataclass(frozen=True)
@@ -392,8 +393,8 @@ def _carried(engine: Engine, op, i: int, value: Data, coverage) -> Data:
     if agg is not None and coverage is not None:
         cv, sv = coverage
         agg = replace(agg, cov=agg.cov.union(Coverage((cv,))),
-                      shift_cov=agg.shift_cov.union(Coverage((sv,))) if agg.op in ("ssum", "shift", "mdiff") else
-                      agg.shift_cov)
+                      shift_cov=agg.shift_cov.union(Coverage((sv,)))
+                      if agg.op in (AggOp.SSUM, AggOp.SHIFT, AggOp.MDIFF) else agg.shift_cov)
         value = value.with_(agg=agg, fn=agg_fn(engine, agg))
     return _register(engine, op, i, value)
 
@@ -488,7 +489,8 @@ def _check_ring_steps(engine: Engine, op, plan: _Plan, trips, exits) -> None:
         return  # (blocks travelling both ways cover the ring in fewer steps: the merges decide)
     if any(next(iter(op.results[i].uses), None) is not None for i, ds in plan.hop_steps.items() if any(ds)):
         return  # the blocks it leaves are read after it (a partially unrolled loop's last steps): the merges decide
-    if any(isinstance(v, Data) and v.agg is not None and v.agg.op in ("sum", "max", "min", "ssum") for v in exits):
+    if any(isinstance(v, Data) and v.agg is not None and v.agg.op in (AggOp.SUM, AggOp.MAX, AggOp.MIN, AggOp.SSUM)
+           for v in exits):
         ran = trips * max(steps)
         engine.refuse(f"runs {ran} of the {cp} ring steps: the blocks of {cp - ran} device(s) never arrive, so "
                       "its results leave their tokens out (and which tokens those are changes with the layout)", op)
@@ -534,7 +536,7 @@ def _solve(engine: Engine, op, placeholders, returned, changing, k: Var) -> dict
             engine.refuse("changes a loop-carried aggregate other than by merging a block into it", op)
         cv, sv = _unknown_coverage(op, i, ph)
         solution[cv] = _added(engine, op, x.cov, y.cov, k, i)
-        if x.op in ("ssum", "shift", "mdiff"):
+        if x.op in (AggOp.SSUM, AggOp.SHIFT, AggOp.MDIFF):
             solution[sv] = _added(engine, op, x.shift_cov, y.shift_cov, k, i)
     return solution
 
@@ -591,17 +593,17 @@ def _mentions_unknown(x, state, exclude=None) -> bool:
     return False
 
 
-def _holds(engine: Engine, kind: str, a, b) -> bool:
+def _holds(engine: Engine, kind: ObligationKind, a, b) -> bool:
     scope = engine.scope
-    if kind == "hop":
+    if kind == ObligationKind.HOP:
         return congruent(a, b, engine.ring.cp, scope)
-    if kind == "hop-any":
+    if kind == ObligationKind.HOP_ANY:
         return any(congruent(a, h, engine.ring.cp, scope) for h in b)
-    if kind == "equal":
+    if kind == ObligationKind.EQUAL:
         return (a - b) == Aff()
-    if kind == "disjoint":
+    if kind == ObligationKind.DISJOINT:
         return cov_ops.disjoint(a, b, scope) is True
-    if kind == "same-cov":
+    if kind == ObligationKind.SAME_COV:
         return sorted(map(str, a.parts)) == sorted(map(str, b.parts))
     return False
 

@@ -24,7 +24,7 @@ from .analysis import Engine
 from .dims import (ELEMENTWISE, ORDER_FREE_REDUCERS, dot_dims, dot_result_dims, element_type, ints, is_integer,
                    rank, reducer, reshape_groups, row_major_strides, shape, splat_number)
 from .symbolic import Aff, Coord, Dim, Pid
-from .values import CONST, FREE, Axis, Data, Index, Stack, Tok, canonical
+from .values import CONST, FREE, AggOp, Axis, Data, Index, Stack, Tok, canonical
 
 @dataclass
 class OpRule:
@@ -66,7 +66,7 @@ def apply_rule(engine: Engine, op: ir.Operation) -> list:
         engine.refuse("is not known to treat tokens alike (no rule for it)", op)
     results = entry.transfer(engine, op)
     for value, result in zip(op.results, results):
-        if isinstance(result, Data) and result.agg is not None and result.agg.op in ("sum", "ssum") and \
+        if isinstance(result, Data) and result.agg is not None and result.agg.op in (AggOp.SUM, AggOp.SSUM) and \
                 finite.narrow_range(element_type(value)):
             engine.refuse(f"accumulates a running sum in {element_type(value)}, whose range is narrower than "
                           "float32's: whether it overflows depends on the order the blocks come in, which differs "

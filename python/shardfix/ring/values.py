@@ -1,4 +1,4 @@
-"""The abstract values of the sequence-layout analysis.
+"""The domain of the sequence-layout analysis: its abstract values, and the obligations it defers.
 
 Every value in a ring region is one of:
 
@@ -12,7 +12,11 @@ Every value in a ring region is one of:
     Stack   it indexes a buffer stacked by a loop; the element's abstract value depends on the index (its Var).
   `fn` names the function that maps the tokens (or pairs of tokens) to the data: two Data with the same fn hold the
   same function of their tokens, whichever tokens those are. `agg` marks an aggregate over the other side's tokens
-  (a running max, a sum, a softmax-weighted sum), with the set of blocks already folded in (`Coverage`).
+  (a running max, a sum, a softmax-weighted sum: `AggOp` says which), with the set of blocks already folded in
+  (`Coverage`).
+
+An `Obligation` (of an `ObligationKind`) is a fact a loop body's analysis assumes of carried values not solved yet,
+checked once they are (loops.py).
 
 Reordering the sequence keeps a region's results when each result is a complete function of its own tokens: the
 rules of analysis.py only ever build values for which that is proved.
@@ -21,8 +25,13 @@ rules of analysis.py only ever build values for which that is proved.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from .symbolic import Aff, Var
+
+if TYPE_CHECKING:
+    from jaxlib.mlir import ir
 
 CONST = "const"
 FREE = "free"
@@ -101,23 +110,43 @@ class Coverage:
 EMPTY = Coverage()
 
 
+class AggOp(StrEnum):
+    """What an aggregate over the other side's tokens holds, per token t of its home axis (s ranges over the tokens
+    folded in so far, its coverage; m is a running max of a score over its own coverage). The merges that keep each
+    one an order-free function of the blocks folded in are algebra.py's."""
+
+    SUM = "sum"  # sum over s of term(t, s)
+    MUL = "mul"  # product over s of term(t, s)
+    MAX = "max"  # max over s of score(t, s)
+    MIN = "min"  # min over s of score(t, s)
+    AND = "and"  # all over s of a truth value
+    OR = "or"  # any over s of a truth value
+    SSUM = "ssum"  # the online softmax's rescaled sum: sum over s of exp(score(t, s) - m(t)) * term(t, s)
+    DIFF = "diff"  # score(t, s) - m(t), per pair, before its exp
+    EXP = "exp"  # exp(score(t, s) - m(t)), per pair: a softmax sum's term before it is summed
+    MDIFF = "mdiff"  # m_a(t) - m_b(t), two running maxes of one score (cov and shift_cov)
+    SHIFT = "shift"  # exp(m_a(t) - m_b(t)): the factor that rescales a sum from one running max to another
+    SSTART = "sstart"  # a softmax sum's start value (a sink's logit) rescaled from the start max: no tokens yet
+    FINITE = "finite"  # is_finite of an aggregate (the guard `where(is_finite(m), m, c)` reads)
+    UNITFN = "unitfn"  # a predicate of whole units (a chunk's largest position), deciding a skip of that pair
+
+
 @dataclass(frozen=True)
 class Agg:
     """An aggregate over the other side's tokens, per token of the home axis.
 
-    op: "sum" (sum over s of term(t, s)), "max" (max over s of term(t, s)), "ssum" (sum over s of
-    exp(score(t, s) - shift(t)) * term(t, s), where shift is the running max of the same score over `shift_cov`),
-    "shift" (exp(max_a(t) - max_b(t)) for two running maxes of `score` over `cov` and `shift_cov`).
+    op: what it holds (AggOp). For SSUM the shift subtracted is the running max of the same score over `shift_cov`;
+    for SHIFT and MDIFF the two running maxes of `score` are over `cov` and `shift_cov`.
 
     Infinities are what the analysis's exact arithmetic leaves out, and a running max is -inf wherever every score
     folded in so far is (masked with -inf, no finite start): exp(-inf - -inf) is nan there, and which rows meet it
-    depends on what each block holds. `finite`: for "max", the max is never -inf (a finite start was folded in, or
-    it is guarded as where(is_finite(m), m, c)); for "diff"/"mdiff", the max subtracted is. `nan`: for
-    "exp"/"shift", the exponent may be -inf - -inf; only a guard on the result (where(is_finite(s), exp(s - m), 0),
+    depends on what each block holds. `finite`: for MAX, the max is never -inf (a finite start was folded in, or
+    it is guarded as where(is_finite(m), m, c)); for DIFF/MDIFF, the max subtracted is. `nan`: for
+    EXP/SHIFT, the exponent may be -inf - -inf; only a guard on the result (where(is_finite(s), exp(s - m), 0),
     where(is_finite(m_new), exp(m_old - m_new), 1)) may read it (rules.apply_rule refuses any other reader).
     """
 
-    op: str
+    op: AggOp
     home: str | None  # axis key of the home tokens (None: a reduction over own tokens to a scalar)
     term: int  # fn id of the summed/maxed function (ssum: the weight; shift: unused)
     cov: Coverage
@@ -127,7 +156,7 @@ class Agg:
     nan: bool = False
 
     def __str__(self) -> str:
-        extra = f", score {self.score}, shift {self.shift_cov}" if self.op in ("ssum", "shift") else ""
+        extra = f", score {self.score}, shift {self.shift_cov}" if self.op in (AggOp.SSUM, AggOp.SHIFT) else ""
         return f"{self.op}[{self.term}{extra}] over {self.cov}"
 
 
@@ -210,3 +239,29 @@ def canonical(value: Data) -> Data:
     if agg is not None and agg.home is not None:
         agg = replace(agg, home=rename.get(agg.home, agg.home))
     return Data(value.shape, dims, axes, value.fn, agg, value.elements)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Obligations: facts a loop body's analysis assumes about the carried values it does not know yet (their closed
+# forms come from that very analysis), each checked once they are solved; one that fails refuses the region.
+
+
+class ObligationKind(StrEnum):
+    HOP = "hop"  # two hops (Affs) name the same block: equal modulo the ring size
+    HOP_ANY = "hop-any"  # a hop (Aff) names the same block as one of several (a tuple of Affs)
+    EQUAL = "equal"  # two Affs are equal (two token offsets)
+    DISJOINT = "disjoint"  # two Coverages share no token (a merge counts each token once)
+    SAME_COV = "same-cov"  # two Coverages are the same tokens (sums rescaled to the same running max)
+
+
+@dataclass
+class Obligation:
+    """A fact assumed while a loop body was analysed with symbolic carried values, checked once they are solved:
+    `kind` of `a` and `b`, refused at `op` (inside `calls`) with `message` where it does not hold."""
+
+    kind: ObligationKind
+    a: object
+    b: object
+    op: "ir.Operation | None"
+    message: str
+    calls: tuple = ()
