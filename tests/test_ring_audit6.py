@@ -10,27 +10,15 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from shardfix import autofix_shardings
 from support import ring_user_kernels as ruk
 from support import ring_user_refusals as refusals
 from support import ring_user_variants as variants
+from test_ring_audit5 import MESH, SPEC, _max_error, _placed
 
 CP, B, S, D = 4, 2, 64, 8
-MESH = jax.make_mesh((2, CP), ("dp", "cp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
-SPEC = P("dp", "cp", None)
 TABLE = np.random.default_rng(3).standard_normal((S, D)).astype(np.float32)
-
-
-def _placed(*shapes, seed=0):
-    rng = np.random.default_rng(seed)
-    return tuple(jax.device_put(rng.standard_normal(s).astype(np.float32), NamedSharding(MESH, SPEC)) for s in shapes)
-
-
-def _max_error(got, want) -> float:
-    return max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in
-               zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True))
 
 
 def _ring(body):
