@@ -63,7 +63,8 @@ def full_init(cp: int, window: int | None = None, every: int | None = None):
 def carried_source(cp: int, travel: str = "carried", window: int | None = None, positions=_positions):
     """The visiting block's coordinate carried by the loop: `carried`, stepped as ejkernel does
     (`(kv_source - 1) % cp`, from `axis_index`); `plus-cp`, the same step kept non-negative before the modulo
-    (`(kv_source + cp - 1) % cp`); `ppermuted`, sent round the ring with k and v (flash_attn_jax's `k_ix`).
+    (`(kv_source + cp - 1) % cp`); `plus-dp`, plus a multiple of cp that the modulo drops
+    (`(kv_source - 1 + cp * axis_index("dp")) % cp`); `ppermuted`, sent round the ring with k and v (flash_attn_jax's `k_ix`).
     `window`: also a window `k_pos + window > q_pos`. `positions(c, n)`: the positions of block c's tokens (the
     layout; contiguous as written)."""
     def body(q, k, v):
@@ -80,6 +81,8 @@ def carried_source(cp: int, travel: str = "carried", window: int | None = None, 
             state = merge_online(state, jnp.where(keep, scores(q, k), NEG), v, 0)
             if travel == "ppermuted":
                 src = lax.ppermute(src, "cp", ring(cp))
+            elif travel == "plus-dp":  # a multiple of cp that the modulo drops, whatever it multiplies
+                src = (src - 1 + cp * lax.axis_index("dp")) % cp
             else:
                 src = (src + cp - 1) % cp if travel == "plus-cp" else (src - 1) % cp
             return (state, lax.ppermute(k, "cp", ring(cp)), lax.ppermute(v, "cp", ring(cp)), src), None
@@ -492,6 +495,7 @@ ACCEPTED = {"full-init": full_init, "full-init-window20": lambda cp: full_init(c
             "carried-source": carried_source, "ppermuted-source": lambda cp: carried_source(cp, "ppermuted"),
             "carried-source-window20": lambda cp: carried_source(cp, window=20),
             "carried-source-plus-cp": lambda cp: carried_source(cp, "plus-cp"),
+            "carried-source-plus-dp": lambda cp: carried_source(cp, "plus-dp"),
             "scan-unroll2": unrolled_scan, "scan-unroll3": lambda cp: unrolled_scan(cp, 3), "two-steps-an-iteration": two_steps_an_iteration,
             "vjp-scan-unroll2": vjp_unrolled}
 REFUSALS = (int_truncated_sum, converted_decay, carried_source_wrong_modulus, carried_source_wrong_way,

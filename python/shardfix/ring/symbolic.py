@@ -390,10 +390,11 @@ def floor_mod(a: Aff, d: int, scope: Scope | None, src=None) -> Aff:
     if scope is not None and d == scope.cp and len(coords) == 1 and coords[0][1] % d == 1 % d:
         (coord, _), = coords
         rest = a.without(coord)
-        if all(isinstance(x, Var) for x in rest.atoms()):
-            # (c_h + r) mod cp = c_{h - r}, and r counts modulo cp: `(src + cp - 1) % cp` is `(src - 1) % cp`, the
-            # block one ring step further behind (each coefficient of r taken to its residue nearest zero)
-            shift = Aff(tuple((x, _residue(c, d)) for x, c in rest.terms if c % d), _residue(rest.const, d))
+        # (c_h + r) mod cp = c_{h - r}, and r counts modulo cp: `(src + cp - 1) % cp` is `(src - 1) % cp`, the block
+        # one ring step further behind (each coefficient of r taken to its residue nearest zero, and a term that is a
+        # multiple of cp dropped whatever integer it multiplies: `cp * axis_index("dp")`)
+        shift = Aff(tuple((x, _residue(c, d)) for x, c in rest.terms if c % d), _residue(rest.const, d))
+        if all(isinstance(x, Var) for x in shift.atoms()):
             return Aff.of(Coord(coord.hop - shift))
     reduced = Aff(tuple((x, c % d) for x, c in a.terms if c % d), a.const % d)
     lo, hi = bounds(reduced, scope)
