@@ -3,9 +3,9 @@ state made with jnp.full / jnp.zeros rather than from q, the source coordinate c
 (`kv_source = (kv_source - 1) % cp`, ejkernel) or sent round the ring with its block (flash_attn_jax's `k_ix`), a
 window written `q - w <= k`, the merge state kept in bfloat16 between steps (`.astype(q.dtype)`, as LWM runs Liu et
 al.'s kernel), the carried source kept non-negative (`(kv_source + cp - 1) % cp`), the ring loop unrolled by two
-(`lax.scan(..., unroll=2)`, or two ring steps an iteration by hand). Beside each, a program that looks alike but whose result depends on where tokens sit, which
-ring-reorder must refuse (the line marked `# refused here`). Per-device bodies f(q, k, v) over [batch, n, dim] for
-jax.shard_map over "cp"."""
+(`lax.scan(..., unroll=2)`, or two ring steps an iteration by hand). Beside each, a program that looks alike but
+whose result depends on where tokens sit, which ring-reorder must refuse (the line marked `# refused here`).
+Per-device bodies f(q, k, v) over [batch, n, dim] for jax.shard_map over "cp"."""
 
 from __future__ import annotations
 
@@ -64,7 +64,8 @@ def carried_source(cp: int, travel: str = "carried", window: int | None = None, 
     """The visiting block's coordinate carried by the loop: `carried`, stepped as ejkernel does
     (`(kv_source - 1) % cp`, from `axis_index`); `plus-cp`, the same step kept non-negative before the modulo
     (`(kv_source + cp - 1) % cp`); `plus-dp`, plus a multiple of cp that the modulo drops
-    (`(kv_source - 1 + cp * axis_index("dp")) % cp`); `ppermuted`, sent round the ring with k and v (flash_attn_jax's `k_ix`).
+    (`(kv_source - 1 + cp * axis_index("dp")) % cp`); `mod-2cp`, modulo 2 cp first
+    (`((kv_source - 1) % (2 * cp)) % cp`); `ppermuted`, sent round the ring with k and v (flash_attn_jax's `k_ix`).
     `window`: also a window `k_pos + window > q_pos`. `positions(c, n)`: the positions of block c's tokens (the
     layout; contiguous as written)."""
     def body(q, k, v):
@@ -83,6 +84,8 @@ def carried_source(cp: int, travel: str = "carried", window: int | None = None, 
                 src = lax.ppermute(src, "cp", ring(cp))
             elif travel == "plus-dp":  # a multiple of cp that the modulo drops, whatever it multiplies
                 src = (src - 1 + cp * lax.axis_index("dp")) % cp
+            elif travel == "mod-2cp":  # taken modulo a multiple of cp first
+                src = ((src - 1) % (2 * cp)) % cp
             else:
                 src = (src + cp - 1) % cp if travel == "plus-cp" else (src - 1) % cp
             return (state, lax.ppermute(k, "cp", ring(cp)), lax.ppermute(v, "cp", ring(cp)), src), None
@@ -496,7 +499,9 @@ ACCEPTED = {"full-init": full_init, "full-init-window20": lambda cp: full_init(c
             "carried-source-window20": lambda cp: carried_source(cp, window=20),
             "carried-source-plus-cp": lambda cp: carried_source(cp, "plus-cp"),
             "carried-source-plus-dp": lambda cp: carried_source(cp, "plus-dp"),
-            "scan-unroll2": unrolled_scan, "scan-unroll3": lambda cp: unrolled_scan(cp, 3), "two-steps-an-iteration": two_steps_an_iteration,
+            "carried-source-mod-2cp": lambda cp: carried_source(cp, "mod-2cp"),
+            "scan-unroll2": unrolled_scan, "scan-unroll3": lambda cp: unrolled_scan(cp, 3),
+            "two-steps-an-iteration": two_steps_an_iteration,
             "vjp-scan-unroll2": vjp_unrolled}
 REFUSALS = (int_truncated_sum, converted_decay, carried_source_wrong_modulus, carried_source_wrong_way,
             carried_source_skip, window_from_block_start, window_by_local_index, carried_source_two_behind,

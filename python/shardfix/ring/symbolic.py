@@ -386,6 +386,11 @@ def remainder(a: Aff, d: int, scope: Scope | None, coord_of=None, src=None) -> A
 
 def floor_mod(a: Aff, d: int, scope: Scope | None, src=None) -> Aff:
     """Python's `a % d` for a positive constant d: a ring coordinate shifted by whole hops stays a coordinate."""
+    # x % m differs from x by a multiple of m, so modulo a divisor d of m it is x: `((me - i) % (2 * cp)) % cp`
+    nested = [(atom, c) for atom, c in a.terms if isinstance(atom, Node) and atom.op == "fmod"
+              and isinstance(atom.args[1], int) and atom.args[1] % d == 0]
+    for atom, c in nested:
+        a = a.without(atom) + Aff.of(atom.args[0]).scale(c)
     coords = [(atom, c) for atom, c in a.terms if isinstance(atom, Coord)]
     if scope is not None and d == scope.cp and len(coords) == 1 and coords[0][1] % d == 1 % d:
         (coord, _), = coords
