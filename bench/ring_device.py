@@ -3,20 +3,27 @@
 A machine with one accelerator can't run a ring of eight, but the work of each ring device can be timed alone:
 what decides which tiles a device computes is its ring coordinate and the hop counter (positions), not the data
 that travels. So for each coordinate r the ring region is cut out of the module as its own function, every
-`partition_id` becomes the constant r and every `collective_permute` passes its operand through (the device keeps
-its own block: same shapes, same skips), and that program is compiled and timed. The ring's critical path is the
-slowest r; max over mean says how even the work is.
+`partition_id` becomes the constant r (or, for the user kernels, the program's argument, so that one compile serves
+every r) and every `collective_permute` passes its operand through (the device keeps its own block: same shapes,
+same skips), and that program is compiled and timed. The ring's critical path is the slowest r; max over mean says
+how even the work is. Timed alone, a device doesn't wait for its neighbours at each ring step, and the permutation
+into a layout is not run: the slowest r compares with the busiest device's tiles, not with ring-reorder's
+step-synchronised critical path, and the permutation's cost is left out.
 
 Two steps, because the kernel's client and the accelerator may sit in different environments:
 
-    python bench/ring_device.py extract OUT_DIR [--kernel ejkernel|liu] [--grad] [--cp 8] [--tokens 8192]
-            [--heads 8] [--dim 128] [--chunk 1024]
+    python bench/ring_device.py extract OUT_DIR [--kernel ejkernel|liu|user] [--grad] [--cp 8] [--tokens 8192]
+            [--heads 8] [--dim 128] [--chunk 1024] [--masks causal,alibi,...]
         (ejkernel's causal ring attention (in .venv-oldest: it needs jax~=0.10) or Liu et al.'s RingAttention
         (PyPI ringattention), lowered on cp simulated CPU devices as written and through @autofix_shardings;
-        writes one module per layout and coordinate, and manifest.json)
-    python bench/ring_device.py time OUT_DIR [--rounds 20] [--section]
-        (where the accelerator is: compiles and times every program on jax.devices()[0]; prints the table,
-        with --section writes it to bench/RESULTS.md)
+        writes one module per layout and coordinate, and manifest.json. `user`: the blockwise kernels of
+        tests/support/ring_user_kernels.py, one directory a mask kind, each with the program as written, in the
+        layout ring-reorder's defaults pick (its decision and tile figures recorded), and in every other layout
+        the pass can be forced to, with the tiles each coordinate computes in each)
+    python bench/ring_device.py time OUT_DIR [--rounds 20 (10 for user)] [--section]
+        (where the accelerator is: jax, jaxlib, numpy and this repository's python/ on PYTHONPATH; compiles and
+        times every program on jax.devices()[0]; prints the table, with --section writes it to bench/RESULTS.md;
+        for user: whether the picked layout's slowest coordinate is the fastest, and measured against tiles)
 """
 
 from __future__ import annotations
@@ -29,7 +36,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-KERNELS = {"ejkernel": "ejkernel's causal ring attention", "liu": "Liu et al.'s causal RingAttention"}
+KERNELS = {"ejkernel": "ejkernel's causal ring attention", "liu": "Liu et al.'s causal RingAttention",
+           "user": "the blockwise kernels users write, each mask kind"}
 TITLE = "## ring-reorder on an accelerator: each ring device's program of {}, timed alone"
 PERMUTATION_ATTR = "shardfix.sequence_permutation"
 
@@ -69,9 +77,10 @@ def _main(module):
                 and ir.StringAttr(op.attributes["sym_name"]).value == "main")
 
 
-def device_program(text: str, coordinate: int, which: int = 0) -> str:
+def device_program(text: str, coordinate: int | None, which: int = 0) -> str:
     """Ring region number `which` of `text` (a lowered module) as a single-device module for ring coordinate
-    `coordinate`."""
+    `coordinate`; with None, for any coordinate: `partition_id` becomes the program's last argument (one compile
+    serves every coordinate; the skips still run on the device, as they do with a constant)."""
     from jaxlib.mlir import ir
     from jaxlib.mlir.dialects import func
 
@@ -86,8 +95,11 @@ def device_program(text: str, coordinate: int, which: int = 0) -> str:
         body = region_op.regions[0].blocks[0]
         terminator = next(op for op in body.operations if op.operation.name == "sdy.return")
         results = [value.type for value in terminator.operands]  # the local (per-device) types
+        inputs = [a.type for a in body.arguments]
+        if coordinate is None:
+            inputs.append(ir.RankedTensorType.get([], ir.IntegerType.get_unsigned(32)))
         with ir.InsertionPoint(main):
-            program = func.FuncOp("ring_device", ([a.type for a in body.arguments], results))
+            program = func.FuncOp("ring_device", (inputs, results))
         entry = program.add_entry_block()
         with ir.InsertionPoint(entry):
             anchor = func.ReturnOp([])
@@ -107,7 +119,12 @@ def device_program(text: str, coordinate: int, which: int = 0) -> str:
                 op.erase()
         for fn in top.operations:
             for op in list(_ops(fn.regions[0].blocks[0])) if fn.regions else ():
-                if op.operation.name == "stablehlo.partition_id":
+                if op.operation.name == "stablehlo.partition_id" and coordinate is None:
+                    if ir.StringAttr(fn.attributes["sym_name"]).value != "main":  # a callee would need it passed down
+                        raise ValueError("partition_id outside the ring region's own body")
+                    op.result.replace_all_uses_with(entry.arguments[-1])
+                    op.erase()
+                elif op.operation.name == "stablehlo.partition_id":
                     kind = ir.RankedTensorType(op.result.type)
                     value = ir.DenseElementsAttr.get_splat(kind, ir.IntegerAttr.get(kind.element_type, coordinate))
                     with ir.InsertionPoint(op):
@@ -128,9 +145,6 @@ def device_program(text: str, coordinate: int, which: int = 0) -> str:
 
 def extract(out_dir: str, cp: int, tokens: int, heads: int, dim: int, chunk: int, batch: int, grad: bool,
             kernel: str = "ejkernel", dtype: str = "bfloat16") -> None:
-    os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={cp}")
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding
@@ -179,13 +193,137 @@ def extract(out_dir: str, cp: int, tokens: int, heads: int, dim: int, chunk: int
     print(json.dumps(manifest, indent=1))
 
 
+# The blockwise kernels users write (tests/support/ring_user_kernels.blockwise_ring: a lax.cond skips each (q chunk,
+# kv chunk) pair its mask hides), with each mask kind scaled to the block n of tokens a device and the chunk.
+USER = ("causal", "alibi", "window", "sinks", "prefix", "chunked", "short-window")
+
+
+def _user_mask(name: str, n: int, chunk: int):
+    """(mask, chunk-pair predicate, description) of user kernel `name`."""
+    from support import ring_user_kernels as uk
+    return {"causal": (uk.causal, uk.live_causal, "causal"),
+            "alibi": (uk.alibi, uk.live_causal, "causal with an ALiBi bias"),
+            "window": (uk.window(3 * n), uk.live_window(3 * n), f"sliding window of {3 * n} tokens"),
+            "sinks": (uk.sinks(4, 2 * n), uk.live_sinks(4, 2 * n), f"StreamingLLM: 4 sinks + a window of {2 * n}"),
+            "prefix": (uk.prefix_lm(2 * n), uk.live_prefix(2 * n), f"prefix-LM, a prefix of {2 * n} tokens"),
+            "chunked": (uk.chunked(4 * n), uk.live_chunked(4 * n), f"chunked-local, chunks of {4 * n} tokens"),
+            "short-window": (uk.window(chunk), uk.live_window(chunk), f"sliding window of {chunk} tokens"),
+            }[name]
+
+
+def _passed(text: str, pipeline: str) -> tuple[str, list]:
+    """`text` after shardfix's `pipeline`, and its ring decisions."""
+    from jaxlib.mlir import ir
+
+    from shardfix.ir import make_context
+    from shardfix.pipeline import PassContext, parse_pipeline, run_pipeline
+    ctx, pass_ctx = make_context(), PassContext()
+    with ctx:
+        module = ir.Module.parse(text)
+    run_pipeline(module.operation, parse_pipeline(pipeline), ctx, pass_ctx)
+    with ctx:
+        return str(module), pass_ctx.report.rings
+
+
+def tiles_per_device(text: str, cp: int) -> tuple[list[int], int]:
+    """(tiles each ring coordinate computes, the pass's critical path: sum over steps of the busiest device's
+    tiles) of the first ring region of `text`, counted from its skip conditionals as ring-reorder counts them."""
+    from jaxlib.mlir import ir
+
+    from shardfix.ir import make_context
+    from shardfix.ring.cost import Counter
+    from shardfix.ring.detect import module_funcs
+    with make_context():
+        module = ir.Module.parse(text)
+        region = _ring_regions(_main(module))[0]
+        tiles = Counter(module_funcs(module.operation), set()).count(region, list(range(cp)), [], None, "")
+    return [sum(row) for row in tiles.counts], tiles.critical
+
+
+def _candidates(contiguous: str, tokens: int, cp: int) -> tuple[dict[str, str], dict[str, str]]:
+    """({layout name: module} for every layout ring-reorder can be forced to: strategy=zigzag, striped with its
+    smallest stripe and each multiple of it that fits (a block holds cp stripes or more), {layout: why not})."""
+    texts, refused = {}, {}
+
+    def force(strategy: str, stripe: int) -> str | None:
+        text, rings = _passed(contiguous, f"ring-reorder{{strategy={strategy} stripe={stripe}}},hoist-permutations")
+        if all(r.applied for r in rings):
+            texts[rings[0].strategy] = text
+            return rings[0].strategy
+        refused[f"{strategy} stripe={stripe}"] = rings[0].why
+        return None
+
+    force("zigzag", 0)
+    smallest = force("striped", 0)
+    if smallest is not None:
+        unit = int(smallest.split("=")[1].rstrip("}"))
+        for stripe in range(2 * unit, tokens // cp + 1, unit):
+            if tokens % (cp * stripe) == 0:
+                force("striped", stripe)
+    return texts, refused
+
+
+def extract_user(out_dir: str, names: list[str], cp: int, tokens: int, heads: int, dim: int, chunk: int,
+                 batch: int) -> None:
+    """For each user kernel, a directory of programs: as written, the layout ring-reorder's defaults pick, and
+    every other layout it can be forced to; each program takes the ring coordinate as its last argument."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from shardfix import autofix_shardings
+    from support import ring_user_kernels as uk
+    from support.ring_user_programs import sharded
+    mesh = jax.make_mesh((1, cp), ("dp", "cp"))
+    # q, k, v [batch * heads, S, dim] (the kernel's [b, n, d] form: the heads folded into the batch), float32
+    args = [jax.ShapeDtypeStruct((batch * heads, tokens * cp, dim), jnp.float32,
+                                 sharding=NamedSharding(mesh, P("dp", "cp", None)))] * 3
+    for name in names:
+        mask, live, described = _user_mask(name, tokens, chunk)
+        program = sharded(mesh, uk.blockwise_ring(cp, chunk, mask, live), 3)
+        contiguous = jax.jit(program).lower(*args).as_text()
+        fixed = autofix_shardings(program, on_fix="ignore").lower(*args)
+        (decision,) = fixed.rings
+        picked = decision.strategy if decision.applied else "contiguous"
+        texts = {"contiguous": contiguous, picked: fixed.as_text()}
+        forced, refused = _candidates(contiguous, tokens, cp)
+        for layout, text in forced.items():
+            texts.setdefault(layout, text)
+        os.makedirs(os.path.join(out_dir, name), exist_ok=True)
+        files, tiles = {}, {}
+        for layout, text in texts.items():
+            file = f"{layout.replace('{', '_').replace('=', '').replace('}', '')}.mlir"
+            with open(os.path.join(out_dir, name, file), "w") as f:
+                f.write(device_program(text, None))
+            files[layout] = [[file]] * cp  # the coordinate is the program's argument
+            tiles[layout] = tiles_per_device(text, cp)
+        manifest = {"kernel": f"blockwise ring attention as users write it: {described}, forward", "kernel_id": name,
+                    "cp": cp, "tokens_per_device": tokens, "heads": heads, "dim": dim, "chunk": chunk,
+                    "batch": batch, "dtype": "float32", "grad": False, "coordinate_argument": True,
+                    "picked": picked, "decision": _decision_text(decision), "refused": refused,
+                    "tiles": tiles, "files": files, "lowered_with": f"jax {jax.__version__}"}
+        with open(os.path.join(out_dir, name, "manifest.json"), "w") as f:
+            json.dump(manifest, f, indent=1)
+        print(name, picked, manifest["decision"], {k: (max(v[0]), v[1]) for k, v in tiles.items()}, flush=True)
+    with open(os.path.join(out_dir, "manifest.json"), "w") as f:
+        json.dump({"suite": list(names)}, f)
+
+
+def _decision_text(r) -> str:
+    tiles = "" if r.critical_before is None else (
+        f"; tiles on the critical path {r.critical_before} -> {r.critical_after}, ideal {r.ideal:g}")
+    return f"{r.strategy}: {'applied' if r.applied else 'not applied'} ({r.why}{tiles})"
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # time (where the accelerator is)
 
 
 def _numpy_dtype(element: str):
     import jax.numpy as jnp
-    return {"bf16": jnp.bfloat16, "f16": jnp.float16, "f32": jnp.float32, "i32": jnp.int32, "i1": jnp.bool_}[element]
+    return {"bf16": jnp.bfloat16, "f16": jnp.float16, "f32": jnp.float32, "i32": jnp.int32, "ui32": jnp.uint32,
+            "i1": jnp.bool_}[element]
 
 
 def compiled_program(text: str):
@@ -217,29 +355,42 @@ def compiled_program(text: str):
 
 
 def time_programs(out_dir: str, rounds: int) -> dict:
+    """Each coordinate's program compiled (once where the coordinate is an argument) and timed alone: the median of
+    `rounds` runs after two warm-up runs, in ms; several programs of one coordinate (forward, backward) add up."""
     import jax
     import numpy as np
 
     with open(os.path.join(out_dir, "manifest.json")) as f:
         manifest = json.load(f)
     rng = np.random.default_rng(0)
+    compiled: dict[str, tuple] = {}
+    inputs: dict[tuple, list] = {}  # one set of device arrays a signature
     times: dict[str, list[float]] = {}
+    started = time.perf_counter()
     for layout, per_coordinate in manifest["files"].items():
-        for names in per_coordinate:
+        for r, names in enumerate(per_coordinate):
             total = 0.0
             for name in names:
-                with open(os.path.join(out_dir, name)) as f:
-                    compiled, ins = compiled_program(f.read())
-                args = [jax.device_put(rng.standard_normal(s.shape).astype(s.dtype)) for s in ins]
-                for _ in range(3):
-                    jax.block_until_ready(compiled(*args))
+                if name not in compiled:
+                    with open(os.path.join(out_dir, name)) as f:
+                        compiled[name] = compiled_program(f.read())
+                program, ins = compiled[name]
+                if manifest.get("coordinate_argument"):
+                    ins = ins[:-1]
+                key = tuple((s.shape, str(s.dtype)) for s in ins)
+                if key not in inputs:
+                    inputs[key] = [jax.device_put(rng.standard_normal(s.shape).astype(s.dtype)) for s in ins]
+                args = inputs[key] + ([jax.device_put(np.uint32(r))] if manifest.get("coordinate_argument") else [])
+                for _ in range(2):
+                    jax.block_until_ready(program(*args))
                 samples = []
                 for _ in range(rounds):
                     start = time.perf_counter()
-                    jax.block_until_ready(compiled(*args))
+                    jax.block_until_ready(program(*args))
                     samples.append(time.perf_counter() - start)
                 total += statistics.median(samples) * 1e3
-                print(layout, name, f"{statistics.median(samples) * 1e3:.2f} ms", file=sys.stderr, flush=True)
+            print(f"{manifest['kernel_id']} {layout} r={r}: {total:.2f} ms "
+                  f"({time.perf_counter() - started:.0f} s in)", file=sys.stderr, flush=True)
             times.setdefault(layout, []).append(total)
     device = jax.devices()[0]
     return {**manifest, "ms": times, "rounds": rounds, "device": getattr(device, "device_kind", str(device)),
@@ -247,7 +398,8 @@ def time_programs(out_dir: str, rounds: int) -> dict:
 
 
 def title(result: dict) -> str:
-    return TITLE.format(KERNELS[result.get("kernel_id", "ejkernel")]) + (": jax.grad (forward and backward rings)" if result.get("grad") else ": forward")
+    kind = ": jax.grad (forward and backward rings)" if result.get("grad") else ": forward"
+    return TITLE.format(KERNELS[result.get("kernel_id", "ejkernel")]) + kind
 
 
 def render(result: dict) -> str:
@@ -271,6 +423,61 @@ def render(result: dict) -> str:
             "`python bench/ring_device.py time DIR --section` on the accelerator.\n")
 
 
+USER_TITLE = ("## ring-reorder on an accelerator: the layout the tile count picks, for the blockwise kernels users "
+              "write (forward)")
+TIE = 0.03  # two layouts whose slowest coordinates are within 3% of each other are as fast (timing noise)
+
+
+def _user_rows(result: dict) -> tuple[str, str]:
+    """(summary row, the kernel's table) of one user kernel's timings."""
+    ms, tiles, picked = result["ms"], result["tiles"], result["picked"]
+    slowest = {layout: max(values) for layout, values in ms.items()}
+    fastest = min(slowest, key=slowest.get)
+    verdict = "yes" if slowest[picked] <= slowest[fastest] * (1 + TIE) else "no"
+    verdict += f" ({slowest[picked] / slowest[fastest] - 1:+.1%})"
+    if slowest[picked] > slowest[fastest] * (1 + TIE) and "permutation costs" in result["decision"]:
+        verdict += ": left alone for the permutation's cost, which these timings leave out"
+    busiest = {layout: max(tiles[layout][0]) for layout in ms}
+    measured, counted = (slowest["contiguous"] / slowest[picked], busiest["contiguous"] / busiest[picked])
+    summary = (f"| {result['kernel_id']} | {picked} | {fastest} ({slowest[fastest]:.1f} ms) | {verdict} "
+               f"| {measured:.2f}x | {counted:.2f}x |")
+    rows = [f"### {result['kernel_id']}: {result['kernel'].split(': ', 1)[1]}", "",
+            f"Decision under the defaults: {result['decision']}." + (
+                f" Not forced: {result['refused']}." if result.get("refused") else ""), "",
+            "| layout | tiles a device, r = 0 .. cp-1 (critical path) | ms a device, r = 0 .. cp-1 | slowest (ms) "
+            "| max / mean | contiguous / this: measured, by tiles |", "|---|---|---|---:|---:|---|"]
+    for layout, values in ms.items():
+        mark = " (picked)" if layout == picked else ""
+        rows.append(f"| {layout}{mark} | {', '.join(map(str, tiles[layout][0]))} ({tiles[layout][1]}) "
+                    f"| {', '.join(f'{v:.1f}' for v in values)} | {slowest[layout]:.1f} "
+                    f"| {slowest[layout] / statistics.mean(values):.2f} "
+                    f"| {slowest['contiguous'] / slowest[layout]:.2f}x, "
+                    f"{busiest['contiguous'] / busiest[layout]:.2f}x |")
+    return summary, "\n".join(rows)
+
+
+def render_user(results: list[dict]) -> str:
+    first = results[0]
+    summaries, tables = zip(*(_user_rows(r) for r in results))
+    return (f"{USER_TITLE}\n\n"
+            f"Device: {first['device']} ({first['timed_with']}; modules lowered with {first['lowered_with']}). "
+            f"tests/support/ring_user_kernels.blockwise_ring (lax.scan over ring steps and over q and kv chunks, a "
+            f"chunk pair skipped by lax.cond when its mask hides it whole), each mask kind: cp={first['cp']}, "
+            f"{first['tokens_per_device']} tokens a device, {first['batch'] * first['heads']} heads of "
+            f"{first['dim']} (in the kernel's batch), chunk {first['chunk']}, float32. Each layout's ring "
+            f"region compiled once for the one device with partition_id as an argument and collective_permutes "
+            f"passing their operand through, run as each coordinate r, median of {first['rounds']} runs. Tiles: "
+            f"the chunk pairs each coordinate computes, counted by ring-reorder's counter on that layout's module "
+            f"(in brackets the pass's critical path, the sum over ring steps of the busiest device's). The "
+            f"slowest coordinate is the critical path of a ring whose steps don't wait on one another; a picked "
+            f"layout within {TIE:.0%} of the fastest counts as the fastest.\n\n"
+            "| kernel | picked (defaults) | fastest measured (slowest coordinate) | picked is the fastest "
+            "| contiguous / picked: measured | by tiles (busiest device) |\n|---|---|---|---|---:|---:|\n"
+            + "\n".join(summaries) + "\n\n" + "\n\n".join(tables)
+            + f"\n\nCommands: `python bench/ring_device.py extract DIR --kernel user` (in .venv-oldest), then "
+            "`python bench/ring_device.py time DIR --section` on the accelerator.\n")
+
+
 def _extract_flags(result: dict) -> str:
     kernel = result.get("kernel_id", "ejkernel")
     flags = f"--kernel {kernel} --dtype {result['dtype']}" + (" --grad" if result.get("grad") else "")
@@ -287,25 +494,40 @@ def main(argv=None) -> None:
     ex.add_argument("--grad", action="store_true", help="jax.grad of the attention: forward and backward rings")
     ex.add_argument("--kernel", choices=sorted(KERNELS), default="ejkernel")
     ex.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    ex.add_argument("--masks", default=",".join(USER), help=f"--kernel user: which of {', '.join(USER)}")
     tm = sub.add_parser("time", help="compile and time each coordinate's program on jax.devices()[0]")
     tm.add_argument("out_dir")
-    tm.add_argument("--rounds", type=int, default=20)
+    tm.add_argument("--rounds", type=int, help="runs timed a program (a suite: 10 unless given)")
     tm.add_argument("--section", action="store_true", help="write the table to bench/RESULTS.md")
     tm.add_argument("--json", help="also write the raw figures here")
     args = ap.parse_args(argv)
     if args.command == "extract":
-        extract(args.out_dir, args.cp, args.tokens, args.heads, args.dim, args.chunk, args.batch, args.grad, args.kernel, args.dtype)
+        os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={args.cp}")
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+        if args.kernel == "user":
+            extract_user(args.out_dir, args.masks.split(","), args.cp, args.tokens, args.heads, args.dim, args.chunk,
+                         args.batch)
+        else:
+            extract(args.out_dir, args.cp, args.tokens, args.heads, args.dim, args.chunk, args.batch, args.grad,
+                    args.kernel, args.dtype)
         return
-    result = time_programs(args.out_dir, args.rounds)
+    with open(os.path.join(args.out_dir, "manifest.json")) as f:
+        suite = json.load(f).get("suite")
+    if suite:
+        result = [time_programs(os.path.join(args.out_dir, name), args.rounds or 10) for name in suite]
+        heading, section = USER_TITLE, render_user(result)
+    else:
+        result = time_programs(args.out_dir, args.rounds or 20)
+        heading, section = title(result), render(result)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
-    section = render(result)
     print(section)
     if args.section:
         sys.path.insert(0, HERE)
         import results
-        results.replace_section(title(result), section)
+        results.replace_section(heading, section)
 
 
 if __name__ == "__main__":
