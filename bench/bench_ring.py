@@ -138,10 +138,6 @@ def own_inputs(mesh, layers: int, length: int, batch: int = 2, d_model: int = 16
 def lowered_text(model: str, layers: int, mesh) -> str:
     import jax
     if model == "own":
-        # Auto axes: on Explicit ones JAX 0.12 constrains the custom_vjp's residuals outside the regions, which
-        # the analysis doesn't prove yet (the ejkernel stacks, on jax 0.10, have no such constraints)
-        mesh = jax.make_mesh(tuple(mesh.shape.values()), tuple(mesh.axis_names),
-                             axis_types=(jax.sharding.AxisType.Auto,) * len(mesh.axis_names))
         loss, (weights, x) = own_shard_map_loss(mesh, mesh.shape["cp"]), own_inputs(mesh, layers, 64)
     else:
         from support import ejkernel_models as ejk
@@ -196,13 +192,14 @@ def render_cost(rows: list[dict], rounds: int) -> str:
     return (f"{COST} (goal: at most 0.25x at 64 and 256 layers, linear)\n\n"
             f"Command: `make bench-ring` (`python bench/bench_ring.py` in `.venv-oldest`; CPU seconds, median of "
             f"{rounds} runs, each pipeline on a freshly parsed module, the two alternating). Training steps "
-            "(value_and_grad), dp=2 x cp=4, lowered with debug info, a forward and a backward ring region per "
-            "layer, ring-reorder with strategy=auto (proof, tile counts, layout: what the decorator runs). "
+            "(value_and_grad), dp=2 x cp=4 on jax.make_mesh's default (Explicit) axes, lowered with debug info, a "
+            "forward and a backward ring region per layer, ring-reorder with strategy=auto (proof, tile counts, "
+            "layout: what the decorator runs). "
             "*attention*: residual attention layers (q/k/v/o projections) and *llama*: Llama-style blocks (RMSNorm, "
             "attention, RMSNorm, SwiGLU MLP through jax.nn.silu, residual adds), one ejkernel ring attention (its "
             "custom_vjp entry) per layer, all layers calling the same kernel functions "
             "(tests/support/ejkernel_models.py); *own*: attention layers each under its own jax.shard_map of a "
-            "fresh blockwise custom_vjp kernel (tests/support/ring_kernels.py, chunk 8, Auto axes), whose bodies are "
+            "fresh blockwise custom_vjp kernel (tests/support/ring_kernels.py, chunk 8), whose bodies are "
             "inline in every region, so no two layers share a function. Tile counts are made once per distinct "
             "kernel (regions are keyed by their structure); hoist-permutations looks at each op between the rings "
             "once each way, and asks the rule table once per kind of op.\n\n"
