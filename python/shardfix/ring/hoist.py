@@ -45,10 +45,12 @@ from ..locations import SourceLoc
 from ..sharding import AxisRef, DimSharding, Mesh, TensorSharding
 from .calls import CallMotion, TokenwiseCalls
 from .detect import module_funcs
-from .dims import ELEMENTWISE, is_integer, reducer
+from .dims import is_integer, reducer
 from .dims import shape as _shape
 from .permutation import PERMUTATION_ATTR, Permutations
 from .positions import mapped_index
+from .optable import OPS, UNKNOWN, Regions
+from .optable import Motion as OpMotion
 from .rules import REDUCED, Blocked, carriers, moves, reduced_with
 
 
@@ -146,31 +148,11 @@ class Motion:
     remarks: list[tuple[str, SourceLoc]]
 
 
-# Ops whose operands all have their result's shape, each element of the result computed from the elements at the
-# same place (StableHLO's verifier holds them to that, up to dynamic dims): elementwise ops but select and clamp,
-# whose predicate or bounds may be scalars, and where values sit. Their moves and carries (the rule table's, for
-# these) need no types read.
-_SAME_SHAPE = (ELEMENTWISE - {"stablehlo.select", "stablehlo.clamp"}) | {"sdy.sharding_constraint", "sdy.reshard"}
-
-# Ops that only say where their one operand lives; their result has its type (the verifier holds them to that).
-_WHERE_IT_LIVES = frozenset({"sdy.sharding_constraint", "sdy.reshard"})
-
-# Ops that never hold a region (their regions aren't asked for: the bindings build a list each time).
-_NO_REGIONS = _SAME_SHAPE | frozenset({
-    "stablehlo.constant", "stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.transpose",
-    "stablehlo.dot_general", "stablehlo.convert", "stablehlo.select", "stablehlo.slice", "stablehlo.concatenate",
-    "stablehlo.pad", "stablehlo.gather",
-    "stablehlo.iota", "stablehlo.dynamic_slice", "stablehlo.dynamic_update_slice", "func.call", "func.return",
-    "stablehlo.collective_permute", "stablehlo.custom_call", "stablehlo.clamp"})
-
 _TYPE = operator.attrgetter("type")
 
-# Ops without operands that may give a value in permuted order as they are or beside them (`_computed_permuted`).
-_COMPUTED_PERMUTED = frozenset({"stablehlo.iota", "stablehlo.constant"})
-
-# Ops that read their operands in the order they are in: a ring region reads them as its own (its permutations
-# are the module's forward permutations), a function returns them to its caller.
-_READS_AS_IS = frozenset({"func.return", "sdy.manual_computation"})
+# The motions of the ops whose sequence dims land where they were (elementwise over one shape, and where values
+# live): their moves and carries need no types read.
+_IN_PLACE = frozenset({OpMotion.SAME_SHAPE, OpMotion.WHERE_IT_LIVES})
 
 
 class Mover:
@@ -244,7 +226,7 @@ class Mover:
         don't each hash all of that again."""
         attributes = op.attributes  # iterated, its names
         names = list(attributes)
-        body = reducer(op) if name in ("stablehlo.reduce", "stablehlo.scatter") else None
+        body = reducer(op) if OPS.get(name, UNKNOWN).motion in (OpMotion.REDUCE, OpMotion.SCATTER) else None
         whole = (name, tuple(map(_TYPE, values)), tuple(map(_TYPE, op.results)),
                  tuple(zip(names, map(attributes.__getitem__, names))), body)
         return self._signatures.setdefault(whole, len(self._signatures))
@@ -260,9 +242,10 @@ class Mover:
         return self.calls.motion(op, operand, dim)
 
     def carriers(self, op: ir.Operation, dim: int, name: str) -> dict[int, int]:
-        if name in _SAME_SHAPE:
+        motion = OPS.get(name, UNKNOWN).motion
+        if motion in _IN_PLACE:
             return {i: dim for i in range(len(op.operands))}
-        if name == "func.call":
+        if motion is OpMotion.CALL:
             return self.calls.carriers(op, dim)
         return carriers(op, dim)
 
@@ -344,7 +327,9 @@ class _Body:
             for key in keys:
                 count[key] = count.get(key, 0) + 1
             name = names[place]
-            if name in _WHERE_IT_LIVES:
+            entry = OPS.get(name, UNKNOWN)
+            motion = entry.motion
+            if motion is OpMotion.WHERE_IT_LIVES:
                 # nearly half the ops between the rings on Explicit axes: one operand, a result of its type, so a
                 # permuted operand is read in its order and the result is at hand in it, with nothing to check
                 found = permuted.get(keys[0])
@@ -359,7 +344,7 @@ class _Body:
                     permuted[key] = (order, result, like)
                     own.add(key)
                 continue
-            if name not in _NO_REGIONS and name != "sdy.manual_computation" and len(op.regions):
+            if entry.regions is Regions.NESTED and len(op.regions):
                 _count_nested(op, count)
             perm = perms.get(place)
             if perm is not None:
@@ -370,7 +355,7 @@ class _Body:
                     self.forwards.setdefault((hash(perm.source), perm.order), perm)
                     self._read(place, None, perm.source, perm.order, perm)
                 continue
-            if name in _READS_AS_IS:
+            if motion is OpMotion.AS_IS:
                 continue
             for i, key in enumerate(keys):
                 first = permuted.get(key)
@@ -379,13 +364,13 @@ class _Body:
             else:
                 continue
             order, _, like = first
-            if name in _SAME_SHAPE:
+            if motion is OpMotion.SAME_SHAPE:
                 same_shape(place, op, values, keys, order, like)
                 continue
             mover = self.mover
             try:
                 signature = self.signatures[place] = mover.signature(op, name, values)
-                if name == "func.call":  # the operands the callee needs permuted with this one
+                if motion is OpMotion.CALL:  # the operands the callee needs permuted with this one
                     motion = mover.rule((signature, "call", i, order.dim), lambda: mover.call(op, i, order.dim))
                     dim, operand_dims = motion.dim, motion.operands
                 else:
@@ -458,7 +443,7 @@ class _Body:
             for value, order, like in self.needs.pop(place, ()):
                 if self._in(value, order) is not None:
                     continue
-                if self.names[place] in _COMPUTED_PERMUTED:
+                if OPS.get(self.names[place], UNKNOWN).motion is OpMotion.SOURCE:
                     self._computed_permuted(op, value, order, like)
                 elif self._all_reads_permuted(place, order):
                     name, mover = self.names[place], self.mover
@@ -516,7 +501,7 @@ class _Body:
         """The op may run in permuted order: not a permutation or a region, not already running permuted, and
         every use of each of its results reads it in `order`."""
         op = self.ops[place]
-        if place in self.perms or op.name in _READS_AS_IS or any(hash(r) in self.permuted for r in op.results):
+        if place in self.perms or OPS.get(op.name, UNKNOWN).motion is OpMotion.AS_IS or any(hash(r) in self.permuted for r in op.results):
             return False
         return all(sum(1 for _ in r.uses) == self.read_count.get((hash(r), order), 0) for r in op.results)
 
