@@ -177,8 +177,9 @@ class Mover:
 
     def fits(self, value_type: ir.Type, order: Order) -> bool:
         """Whether a value of this type has the sequence's length along the order's dim (types are uniqued: each
-        is read once)."""
-        key = (value_type, order.dim, order.kind.length)
+        is read once; keyed by its hash, the address of what it names, so that a hit compares no types through
+        the bindings)."""
+        key = (hash(value_type), order.dim, order.kind.length)
         found = self._fits.get(key)
         if found is None:
             shaped = ir.ShapedType(value_type)
@@ -225,10 +226,12 @@ class Mover:
         (two reductions alike but for their bodies aren't alike). A number, so that the several rule keys of an op
         don't each hash all of that again."""
         attributes = op.attributes  # iterated, its names
-        names = list(attributes)
+        names = tuple(attributes)
         body = reducer(op) if OPS.get(name, UNKNOWN).motion in (OpMotion.REDUCE, OpMotion.SCATTER) else None
-        whole = (name, tuple(map(_TYPE, values)), tuple(map(_TYPE, op.results)),
-                 tuple(zip(names, map(attributes.__getitem__, names))), body)
+        # types and attributes by their hashes (the addresses of what they name): a hit then compares no types or
+        # attributes through the bindings
+        whole = (name, tuple(map(hash, map(_TYPE, values))), tuple(map(hash, map(_TYPE, op.results))), names,
+                 tuple(map(hash, map(attributes.__getitem__, names))), body)
         return self._signatures.setdefault(whole, len(self._signatures))
 
     @property
@@ -274,7 +277,7 @@ class _Body:
         self.block = block
         self.ops = [op.operation for op in block.operations]
         self.names = [op.name for op in self.ops]
-        self.position: dict[int, int] | None = None  # op result -> its op's place (see `_place_of`)
+        self.position: dict[int, int] | None = None  # an op's first result -> its place (`_place_of`)
         self.perms: dict[int, Perm] = {}  # place -> the permutation there
         for i, name in enumerate(self.names):
             if name == "sdy.manual_computation":
@@ -321,29 +324,34 @@ class _Body:
         same_shape = self._same_shape
         read_order, read_count, reads, runs_permuted, own = (self.read_order, self.read_count, self.reads,
                                                              self.runs_permuted, self.own)
+        table, unknown, where_it_lives = OPS.get, UNKNOWN, OpMotion.WHERE_IT_LIVES
         for place, op in enumerate(self.ops):
-            values = list(op.operands)
-            keys = list(map(hash, values))
-            for key in keys:
-                count[key] = count.get(key, 0) + 1
             name = names[place]
-            entry = OPS.get(name, UNKNOWN)
+            entry = table(name, unknown)
             motion = entry.motion
-            if motion is OpMotion.WHERE_IT_LIVES:
+            if motion is where_it_lives:
                 # nearly half the ops between the rings on Explicit axes: one operand, a result of its type, so a
                 # permuted operand is read in its order and the result is at hand in it, with nothing to check
-                found = permuted.get(keys[0])
+                # (its operand and result read alone: the bindings build no lists)
+                value = op.operands[0]
+                key = hash(value)
+                count[key] = count.get(key, 0) + 1
+                found = permuted.get(key)
                 if found is not None:
-                    order, like, key = found[0], found[2], keys[0]
+                    order, like = found[0], found[2]
                     read_order[(place, 0)] = order
-                    reads.append((place, 0, values[0], order, like, key))
+                    reads.append((place, 0, value, order, like, key))
                     read_count[(key, order)] = read_count.get((key, order), 0) + 1
-                    result = op.results[0]
+                    result = op.result
                     key = hash(result)
                     runs_permuted.append([key])
                     permuted[key] = (order, result, like)
                     own.add(key)
                 continue
+            values = list(op.operands)
+            keys = list(map(hash, values))
+            for key in keys:
+                count[key] = count.get(key, 0) + 1
             if entry.regions is Regions.NESTED and len(op.regions):
                 _count_nested(op, count)
             perm = perms.get(place)
@@ -408,8 +416,8 @@ class _Body:
             if why is not None:
                 self.mover.say(order.kind, True, op, Blocked(why))
                 return
-        results = list(op.results)
-        if not all(fits(r.type, order) for r in results):  # a dynamic sequence dim: it couldn't be put back
+        result = op.result  # (one result: elementwise)
+        if not fits(result.type, order):  # a dynamic sequence dim: it couldn't be put back
             self.mover.say(order.kind, True, op, Blocked("changes the sequence length"))
             return
         read_order, read_count, reads, needs = self.read_order, self.read_count, self.reads, self.needs
@@ -420,19 +428,15 @@ class _Body:
             read_count[counted] = read_count.get(counted, 0) + 1
             found = permuted.get(key)
             if found is None or found[0] is not order:  # not at hand in that order: its op may compute it so
-                owner = self._place_of(key)
+                owner = self._place_of(values[j])
                 if owner is not None:
                     if owner not in needs:
                         heapq.heappush(self.heap, -owner)
                     needs.setdefault(owner, []).append((values[j], order, like))
-        own = self.own
-        keys = []
-        for result in results:
-            key = hash(result)
-            keys.append(key)
-            permuted[key] = (order, result, like)
-            own.add(key)
-        self.runs_permuted.append(keys)
+        key = hash(result)
+        permuted[key] = (order, result, like)
+        self.own.add(key)
+        self.runs_permuted.append([key])
 
     # -- 2. backward: forward permutations rise -----------------------------------------------------------------
 
@@ -607,18 +611,21 @@ class _Body:
         self.read_count[key] = self.read_count.get(key, 0) + 1
         found = self.permuted.get(key[0])
         if found is None or found[0] is not order:  # not at hand in that order: its op may compute it so
-            owner = self._place_of(key[0])  # None: a function argument
+            owner = self._place_of(value)  # None: a function argument
             if owner is not None:
                 if owner not in self.needs:
                     heapq.heappush(self.heap, -owner)
                 self.needs.setdefault(owner, []).append((value, order, like))
 
-    def _place_of(self, key: int) -> int | None:
-        """The place of the op whose result `key` is (None for a block argument); the map is made on first
-        use, which few bodies have."""
+    def _place_of(self, value: ir.Value) -> int | None:
+        """The place of the op whose result `value` is (None for a block argument); the map, from each op's first
+        result (an op's own hash follows its operands), is made on first use, which few bodies have."""
+        owner = value.owner
+        if isinstance(owner, ir.Block):
+            return None
         if self.position is None:
-            self.position = {hash(result): i for i, op in enumerate(self.ops) for result in op.results}
-        return self.position.get(key)
+            self.position = {hash(op.results[0]): i for i, op in enumerate(self.ops) if len(op.results)}
+        return self.position.get(hash(owner.results[0]))
 
     def _run_permuted(self, place: int, order: Order, like: Perm) -> None:
         keys = []
