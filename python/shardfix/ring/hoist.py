@@ -35,6 +35,7 @@ from __future__ import annotations
 import heapq
 import math
 import operator
+from itertools import repeat
 from dataclasses import dataclass
 
 from jaxlib.mlir import ir
@@ -150,6 +151,15 @@ class Motion:
 
 _TYPE = operator.attrgetter("type")
 
+
+def _attribute_hash(attributes, name: str) -> int | None:
+    """The hash of an op's attribute, None where the op has none of that name (one call into the bindings where
+    it has: a miss is rare, an optional flag)."""
+    try:
+        return hash(attributes[name])
+    except KeyError:
+        return None
+
 # The motions of the ops whose sequence dims land where they were (elementwise over one shape, and where values
 # live): their moves and carries need no types read.
 _IN_PLACE = frozenset({OpMotion.SAME_SHAPE, OpMotion.WHERE_IT_LIVES})
@@ -221,18 +231,38 @@ class Mover:
         return found
 
     def signature(self, op: ir.Operation, name: str, values: list) -> int:
-        """A number for what the rules read of an op: its name, operand and result types, attributes (MLIR uniques
-        types and attributes, so equal ones are equal objects, cheap to hash), and the combine of a reduction's body
-        (two reductions alike but for their bodies aren't alike). A number, so that the several rule keys of an op
-        don't each hash all of that again."""
-        attributes = op.attributes  # iterated, its names
-        names = tuple(attributes)
-        body = reducer(op) if OPS.get(name, UNKNOWN).motion in (OpMotion.REDUCE, OpMotion.SCATTER) else None
-        # types and attributes by their hashes (the addresses of what they name): a hit then compares no types or
-        # attributes through the bindings
-        whole = (name, tuple(map(hash, map(_TYPE, values))), tuple(map(hash, map(_TYPE, op.results))), names,
-                 tuple(map(hash, map(attributes.__getitem__, names))), body)
+        """A number for what the rules read of an op: its name, operand and result types, the attributes its table
+        entry says the rules read (all of them for an op without one), and the combine of a reduction's body (two
+        reductions alike but for their bodies aren't alike). MLIR uniques types and attributes, so they are keyed
+        by their hashes, the addresses of what they name: a hit compares none of them through the bindings. A
+        number, so that the several rule keys of an op don't each hash all of that again."""
+        entry = OPS.get(name, UNKNOWN)
+        attributes = op.attributes
+        names = entry.hoist_reads
+        if names is None:
+            names = tuple(attributes)  # iterated, its names
+            read = tuple(map(hash, map(attributes.__getitem__, names)))
+        else:
+            read = tuple(map(_attribute_hash, repeat(attributes), names))
+        body = reducer(op) if entry.motion in (OpMotion.REDUCE, OpMotion.SCATTER) else None
+        results = (hash(op.result.type),) if entry.single_result else tuple(map(hash, map(_TYPE, op.results)))
+        whole = (name, tuple(map(hash, map(_TYPE, values))), results, names, read, body)
         return self._signatures.setdefault(whole, len(self._signatures))
+
+    def sinks(self, op: ir.Operation, name: str, motion: OpMotion, operand: int, order: Order) -> tuple:
+        """How an op runs when operand `operand` is read in `order` (`_Body._sink`): the result dim the sequence
+        lands in (REDUCED: an order-free reduction sums it away) and the operand dims read in that order with it;
+        Blocked when it can't. The op's result must fit the order (else it couldn't be put back in order)."""
+        if motion is OpMotion.CALL:  # the operands the callee needs permuted with this one
+            found = self.call(op, operand, order.dim)
+            dim, operand_dims = found.dim, found.operands
+        else:
+            dim = moves(op, operand, order.dim)
+            operand_dims = ({operand: order.dim, **reduced_with(op, operand, order.dim)} if dim == REDUCED else
+                            self.carriers(op, dim, name))
+        if dim != REDUCED and not all(self.fits(r.type, self.order(order.kind, dim)) for r in op.results):
+            raise Blocked("changes the sequence length")
+        return dim, operand_dims
 
     @property
     def calls(self) -> TokenwiseCalls:
@@ -378,20 +408,9 @@ class _Body:
             mover = self.mover
             try:
                 signature = self.signatures[place] = mover.signature(op, name, values)
-                if motion is OpMotion.CALL:  # the operands the callee needs permuted with this one
-                    motion = mover.rule((signature, "call", i, order.dim), lambda: mover.call(op, i, order.dim))
-                    dim, operand_dims = motion.dim, motion.operands
-                else:
-                    dim = mover.rule((signature, "moves", i, order.dim), lambda: moves(op, i, order.dim))
-                    operand_dims = ({i: order.dim, **mover.rule((signature, "reduced", i, order.dim),
-                                                                lambda: reduced_with(op, i, order.dim))}
-                                    if dim == REDUCED else
-                                    mover.rule((signature, "carriers", dim), lambda: mover.carriers(op, dim, name)))
-                # (its results' types are in the signature: whether they fit is asked once per kind of op too)
-                if dim != REDUCED and not mover.rule(
-                        (signature, "fits", dim, order.kind.length),
-                        lambda: all(mover.fits(r.type, mover.order(order.kind, dim)) for r in op.results)):
-                    raise Blocked("changes the sequence length")  # its result couldn't be put back in order
+                # asked once per kind of op, operand and order (the layers of a model repeat the same ops)
+                dim, operand_dims = mover.rule((signature, i, order.dim, order.kind.length),
+                                               lambda: mover.sinks(op, name, motion, i, order))
             except Blocked as why:
                 self.mover.say(order.kind, True, op, why)
                 continue
@@ -513,8 +532,8 @@ class _Body:
 
     def _edit(self) -> None:
         # Which uses read contiguous order, found before anything changes: every use of a value computed in
-        # permuted order that is not one of the reads above (readers named by their first result; a reader
-        # without results is a return)
+        # permuted order that is not one of the reads above (readers found by their first result, `_positions`;
+        # a reader without results is a return, one in a region or made here no reader of the body's)
         reads = None
         contiguous = []
         count = self.use_count
@@ -526,11 +545,12 @@ class _Body:
                     continue  # every use is one of the reads in permuted order
                 result = held[1]  # (the result itself: its op runs in permuted order)
                 if reads is None:
-                    reads = {(hash(self.ops[place].results[0]), j if j is not None else 0)
-                             for place, j, _, _, _, _ in self.reads}
+                    reads = {(place, j if j is not None else 0) for place, j, _, _, _, _ in self.reads}
+                    positions = self._positions()
                 for use in result.uses:
                     owner = use.owner.operation
-                    if not len(owner.results) or (hash(owner.results[0]), use.operand_number) not in reads:
+                    if not len(owner.results) or \
+                            (positions.get(hash(owner.results[0])), use.operand_number) not in reads:
                         contiguous.append((result, owner, use.operand_number))
         permuted, own = self.permuted, self.own
         for place, j, value, order, like, key in self.reads:
@@ -623,13 +643,24 @@ class _Body:
         owner = value.owner
         if isinstance(owner, ir.Block):
             return None
+        return self._positions().get(hash(owner.results[0]))
+
+    def _positions(self) -> dict[int, int]:
+        """The body's ops' places, by their first results (made once, before the edits)."""
         if self.position is None:
-            self.position = {hash(op.results[0]): i for i, op in enumerate(self.ops) if len(op.results)}
-        return self.position.get(hash(owner.results[0]))
+            position = self.position = {}
+            table, unknown = OPS.get, UNKNOWN
+            for i, (op, name) in enumerate(zip(self.ops, self.names)):
+                if table(name, unknown).single_result:  # its one result read alone: the bindings build no list
+                    position[hash(op.result)] = i
+                elif len(op.results):
+                    position[hash(op.results[0])] = i
+        return self.position
 
     def _run_permuted(self, place: int, order: Order, like: Perm) -> None:
         keys = []
-        for result in self.ops[place].results:
+        op = self.ops[place]
+        for result in ((op.result,) if OPS.get(self.names[place], UNKNOWN).single_result else op.results):
             key = hash(result)
             keys.append(key)
             self.permuted[key] = (order, result, like)

@@ -101,7 +101,9 @@ class OpInfo:
     guards it (a move, or a region or callee whose ops are judged in turn); `unit`: a predicate of whole units
     (comparisons and logic on the extreme positions of a chunk); `order_free`: as a reduction's body, its result
     doesn't depend on the order of the elements; `algebra`: see Algebra; `fold`: its arithmetic on constants;
-    `verb`: what a POSITIONAL op does along the data, for its refusal."""
+    `verb`: what a POSITIONAL op does along the data, for its refusal; `hoist_reads`: the attributes its hoisting
+    rules read (besides its operand and result types, and a reduction's body), None for all of them: hoisting
+    asks the rules once per kind of op, ops alike in these being one kind."""
 
     transfer: Transfer | None
     motion: Motion = Motion.NONE
@@ -114,6 +116,15 @@ class OpInfo:
     algebra: Algebra = Algebra.NONE
     fold: Callable | None = None
     verb: str | None = None
+    hoist_reads: tuple[str, ...] | None = ()
+
+
+# The attributes each motion's rules read (rules.py's `moves`, `carriers`, `reduced_with`; calls.py's callee).
+_HOIST_READS: Mapping[Motion, tuple[str, ...]] = MappingProxyType({
+    Motion.BROADCAST: ("broadcast_dimensions",), Motion.TRANSPOSE: ("permutation",), Motion.REDUCE: ("dimensions",),
+    Motion.DOT: ("dot_dimension_numbers",), Motion.WHOLE_DIM: ("start_indices", "limit_indices", "strides"),
+    Motion.CONCATENATE: ("dimension",), Motion.GATHER: ("dimension_numbers", "indices_are_sorted"),
+    Motion.SCATTER: ("scatter_dimension_numbers", "indices_are_sorted"), Motion.CALL: ("callee",)})
 
 
 def _entries() -> dict[str, OpInfo]:
@@ -121,6 +132,7 @@ def _entries() -> dict[str, OpInfo]:
 
     def put(name: str, transfer: Transfer | None, **facts) -> None:
         assert name not in ops, name
+        facts.setdefault("hoist_reads", _HOIST_READS.get(facts.get("motion", Motion.NONE), ()))
         ops[name] = OpInfo(transfer, **facts)
 
     # Elementwise ops. StableHLO's verifier holds them to one shape for operands and results (up to dynamic dims),
@@ -200,7 +212,9 @@ def _entries() -> dict[str, OpInfo]:
     motions = {"pad": Motion.WHOLE_DIM, "scatter": Motion.SCATTER}
     nested = {"sort", "reduce_window", "scatter", "select_and_scatter"}
     for short, verb in positional.items():
+        reads = {"pad": ("edge_padding_low", "edge_padding_high", "interior_padding")}.get(short)
         put(f"stablehlo.{short}", Transfer.POSITIONAL, verb=verb, motion=motions.get(short, Motion.NONE),
+            **({"hoist_reads": reads} if reads else {}),
             regions=Regions.NESTED if short in nested else Regions.NONE,
             single_result=short not in ("sort", "reduce_window", "scatter", "rng_bit_generator"))
     return ops
@@ -209,7 +223,7 @@ def _entries() -> dict[str, OpInfo]:
 OPS: Mapping[str, OpInfo] = MappingProxyType(_entries())
 
 # What an op without an entry is taken to be: nothing known, its regions looked at.
-UNKNOWN = OpInfo(None, regions=Regions.NESTED, single_result=False)
+UNKNOWN = OpInfo(None, regions=Regions.NESTED, single_result=False, hoist_reads=None)
 
 
 def info(name: str) -> OpInfo:
