@@ -524,7 +524,7 @@ class _Body:
         """The op may run in permuted order: not a permutation or a region, not already running permuted, and
         every use of each of its results reads it in `order`."""
         op = self.ops[place]
-        if place in self.perms or OPS.get(op.name, UNKNOWN).motion is OpMotion.AS_IS or any(hash(r) in self.permuted for r in op.results):
+        if place in self.perms or OPS.get(self.names[place], UNKNOWN).motion is OpMotion.AS_IS or any(hash(r) in self.permuted for r in op.results):
             return False
         return all(sum(1 for _ in r.uses) == self.read_count.get((hash(r), order), 0) for r in op.results)
 
