@@ -14,6 +14,7 @@ from . import coverage as cov_ops
 from .finite import float_max, float_to_float, may_be_infinite, narrowing
 from .analysis import Engine
 from .dims import shape
+from .optable import Algebra, info
 from .symbolic import Aff, Var, congruent
 from .values import (CONST, EMPTY, FREE, Agg, AggOp, Axis, Coverage, CoverageVar, Data, ObligationKind, Stack, Tok,
                      canonical)
@@ -177,7 +178,8 @@ def try_complete(engine: Engine, value: Data) -> Data:
 
 def combine(engine: Engine, op, values: list[Data]) -> Data:
     out = shape(op.results[0])
-    if op.name == "stablehlo.convert" and float_to_float(op) and not narrowing(op):
+    kind = info(op.name).algebra
+    if kind is Algebra.CONVERT and float_to_float(op) and not narrowing(op):
         # A float->float convert (bf16 <-> f32, a carry made `.astype(q.dtype)`) is the identity in exact
         # arithmetic, a rounding like that of every add: the same function of the same tokens, partial aggregates
         # included, so a merge run in bf16 with converts around it is the merge. The reorder changes only the order
@@ -193,7 +195,7 @@ def combine(engine: Engine, op, values: list[Data]) -> Data:
         # softmax sums are rescaled to)
         return _aggregate_rule(engine, op, values, out)
     values = completed
-    if op.name == "stablehlo.convert" and values[0].agg is None and engine.fns.constant(values[0].fn) is not None \
+    if kind is Algebra.CONVERT and values[0].agg is None and engine.fns.constant(values[0].fn) is not None \
             and not isinstance(ir.ShapedType(op.results[0].type).element_type, ir.IntegerType):
         # a constant converted between float types is the same constant, or an infinity beyond the new range
         # (-1e30 in float16 is -inf)
@@ -202,7 +204,7 @@ def combine(engine: Engine, op, values: list[Data]) -> Data:
         if top is not None and abs(number) > top and math.isfinite(number):
             return _const_data(engine, math.copysign(math.inf, number), out)
         return values[0].with_(shape=tuple(out))
-    if op.name == "stablehlo.select":
+    if kind is Algebra.SELECT:
         cond, a, b = values
         # select(is_finite(x), x, -inf) is x with NaN and +inf scores masked: the same scores for the softmax
         if cond.fn == _finite_fn(engine, a.fn) and _is_const(engine, b, -math.inf):
@@ -219,7 +221,7 @@ def combine(engine: Engine, op, values: list[Data]) -> Data:
 def _rescaling(op, values: list[Data]) -> bool:
     """scores - their running max, the max complete: still the rescaling a softmax sum is merged under (an unrolled
     ring's last step completes the max before the last block's sum is rescaled to it)."""
-    if op.name != "stablehlo.subtract":
+    if info(op.name).algebra is not Algebra.SUBTRACT:
         return False
     x, m = values
     return x.agg is None and m.agg is not None and m.agg.op == AggOp.MAX and m.agg.score == x.fn
@@ -242,21 +244,16 @@ def _combine_elements(engine: Engine, op, values: list[Data], roles) -> tuple:
     return tuple(out)
 
 
-_FOLD = {"stablehlo.add": lambda a, b: a + b, "stablehlo.subtract": lambda a, b: a - b,
-         "stablehlo.multiply": lambda a, b: a * b, "stablehlo.divide": lambda a, b: a / b if b else None,
-         "stablehlo.maximum": max, "stablehlo.minimum": min, "stablehlo.negate": lambda a: -a,
-         "stablehlo.sqrt": math.sqrt, "stablehlo.rsqrt": lambda a: 1 / math.sqrt(a)}
-
-
 def _fold_constants(engine: Engine, op, values: list[Data], out) -> Data | None:
     """Arithmetic on constants is a constant; anything times zero is zero (the analysis reasons about finite
     numbers, as it does about reassociation)."""
     numbers = [engine.fns.constant(v.fn) if v.agg is None else None for v in values]
     if op.name == "stablehlo.multiply" and 0.0 in numbers:
         return _const_data(engine, 0.0, out)
-    if op.name in _FOLD and None not in numbers:
+    fold = info(op.name).fold
+    if fold is not None and None not in numbers:
         try:
-            result = _FOLD[op.name](*numbers)
+            result = fold(*numbers)
         except (OverflowError, ZeroDivisionError, ValueError):
             return None
         if result is not None and not math.isnan(result):
@@ -291,15 +288,13 @@ def home_axis(value: Data) -> Axis | None:
     return value.axis_map.get(value.agg.home)
 
 
-_UNIT_OPS = {"stablehlo.compare", "stablehlo.and", "stablehlo.or", "stablehlo.not", "stablehlo.xor",
-             "stablehlo.convert", "stablehlo.select"}
-
-
 def _aggregate_rule(engine: Engine, op, values: list[Data], out) -> Data:
     name = op.name
+    entry = info(name)
+    kind = entry.algebra
     aggs = [v for v in values if v.agg is not None]
     plain = [v for v in values if v.agg is None]
-    if name in _UNIT_OPS and all(v.agg is None or (v.agg.home is None and v.agg.op in (AggOp.MAX, AggOp.MIN, AggOp.SUM,
+    if entry.unit and all(v.agg is None or (v.agg.home is None and v.agg.op in (AggOp.MAX, AggOp.MIN, AggOp.SUM,
                                                                                         AggOp.UNITFN))
                                  for v in values) and all(not v.axes for v in plain):
         # a predicate of whole units (the largest position in a query chunk, the smallest in a key chunk): a
@@ -307,40 +302,40 @@ def _aggregate_rule(engine: Engine, op, values: list[Data], out) -> Data:
         covered = Coverage(tuple(p for v in aggs for p in v.agg.cov.parts))
         base = Data(tuple(out), tuple(CONST for _ in out), (), 0)
         return with_agg(engine, base, Agg(AggOp.UNITFN, None, ew_fn(engine, name, _attrs(op), values), covered))
-    if name == "stablehlo.convert" and float_to_float(op):
+    if kind is Algebra.CONVERT and float_to_float(op):
         target = ir.ShapedType(op.results[0].type).element_type
         engine.refuse(f"converts a partial aggregate (a running sum or max) to {target}, "
                       "a type of narrower range, before every block is merged in: whether it overflows depends on "
                       "the order the blocks come in, which differs in each layout; keep the merge state in a type of "
                       "the scores' range (float32 or bfloat16)", op)
-    if name == "stablehlo.convert":
+    if kind is Algebra.CONVERT:
         # float->float converts of the same range never get here (the identity, above); truncating a running sum or
         # max to an integer mid-merge (or widening an integer sum that may have wrapped) depends on the order
         engine.refuse("converts a partial aggregate (a running sum or max) to or from an integer type before every "
                       "block is merged in, which truncates or wraps differently in each layout: convert the terms "
                       "before reducing them, or the finished result after the ring", op)
-    if name == "stablehlo.negate" and aggs[0].agg.op in SUM_LIKE:
+    if kind is Algebra.NEGATE and aggs[0].agg.op in SUM_LIKE:
         return relabel(engine, op, aggs[0], plain)
-    if name == "stablehlo.add":
+    if kind is Algebra.ADD:
         return _add(engine, op, values)
-    if name == "stablehlo.maximum":
+    if kind is Algebra.MAXIMUM:
         return _maximum(engine, op, values)
-    if name == "stablehlo.subtract":
+    if kind is Algebra.SUBTRACT:
         return _subtract(engine, op, values)
-    if name == "stablehlo.exponential" and aggs[0].agg.op in (AggOp.DIFF, AggOp.MDIFF):
+    if kind is Algebra.EXP and aggs[0].agg.op in (AggOp.DIFF, AggOp.MDIFF):
         a = aggs[0].agg
         nan = not a.finite and may_be_infinite(engine, a.score)
         new = Agg(AggOp.EXP if a.op == AggOp.DIFF else AggOp.SHIFT, a.home, a.term, a.cov, a.score, a.shift_cov,
                   nan=nan)
         return with_agg(engine, aggs[0], new)
-    if name == "stablehlo.is_finite":
+    if kind is Algebra.IS_FINITE:
         a = aggs[0].agg
         return with_agg(engine, aggs[0], Agg(AggOp.FINITE, a.home, aggs[0].fn, a.cov, a.score, a.shift_cov))
-    if name == "stablehlo.select":
+    if kind is Algebra.SELECT:
         return _select(engine, op, values)
-    if name in ("stablehlo.multiply", "stablehlo.divide"):
+    if kind is Algebra.SCALE:
         return _scale(engine, op, values)
-    if name in ("stablehlo.log", "stablehlo.abs", "stablehlo.log_plus_one") and aggs[0].agg.op == AggOp.SSUM:
+    if kind is Algebra.LOG and aggs[0].agg.op == AggOp.SSUM:
         # log(sum of exp(s - max)): a block's log-sum-exp (jax.nn.logsumexp takes it of abs), the lse merge that
         # flash-attention kernels' per-block results invite (logaddexp of lses); not an algebra proved here
         engine.refuse("takes the log of a softmax sum, a log-sum-exp (jax.nn.logsumexp, or m + log(l)), to merge "

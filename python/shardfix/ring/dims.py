@@ -12,15 +12,12 @@ import numpy as np
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
-ELEMENTWISE = frozenset(f"stablehlo.{name}" for name in (
-    "abs add and atan2 cbrt ceil clamp compare complex convert cosine divide exponential exponential_minus_one floor "
-    "imag is_finite log log_plus_one logistic maximum minimum multiply negate not or popcnt power real remainder "
-    "round_nearest_afz round_nearest_even rsqrt select shift_left shift_right_arithmetic shift_right_logical sign "
-    "sine sqrt subtract tan tanh xor").split()) | frozenset({"chlo.erf", "chlo.erf_inv", "chlo.lgamma",
-                                                           "chlo.digamma", "chlo.tan"})
+from .optable import Motion, Transfer, names
+
+# The op sets the rules read, from the op table.
+ELEMENTWISE = names(lambda op: op.transfer is Transfer.ELEMENTWISE)
 # Reducers whose result doesn't depend on the order of the reduced elements.
-ORDER_FREE_REDUCERS = frozenset({"stablehlo.add", "stablehlo.maximum", "stablehlo.minimum", "stablehlo.multiply",
-                                 "stablehlo.and", "stablehlo.or"})
+ORDER_FREE_REDUCERS = names(lambda op: op.order_free)
 
 
 def shape(value: ir.Value) -> tuple[int, ...]:
@@ -173,7 +170,7 @@ def total(sizes) -> int:
 
 # Ops that only re-assert a value's layout (JAX puts a sharding constraint on the residuals a forward passes to its
 # backward on Explicit axes): a value read through them reaches its reader unchanged.
-RESTATING = frozenset({"sdy.sharding_constraint", "sdy.reshard"})
+RESTATING = names(lambda op: op.motion is Motion.WHERE_IT_LIVES)
 
 
 def origin(value: ir.Value) -> ir.Value:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import heapq
 import math
 import operator
+from itertools import repeat
 from dataclasses import dataclass
 
 from jaxlib.mlir import ir
@@ -45,10 +46,12 @@ from ..locations import SourceLoc
 from ..sharding import AxisRef, DimSharding, Mesh, TensorSharding
 from .calls import CallMotion, TokenwiseCalls
 from .detect import module_funcs
-from .dims import ELEMENTWISE, is_integer, reducer
+from .dims import is_integer, reducer
 from .dims import shape as _shape
 from .permutation import PERMUTATION_ATTR, Permutations
 from .positions import mapped_index
+from .optable import OPS, UNKNOWN, Regions
+from .optable import Motion as OpMotion
 from .rules import REDUCED, Blocked, carriers, moves, reduced_with
 
 
@@ -146,31 +149,20 @@ class Motion:
     remarks: list[tuple[str, SourceLoc]]
 
 
-# Ops whose operands all have their result's shape, each element of the result computed from the elements at the
-# same place (StableHLO's verifier holds them to that, up to dynamic dims): elementwise ops but select and clamp,
-# whose predicate or bounds may be scalars, and where values sit. Their moves and carries (the rule table's, for
-# these) need no types read.
-_SAME_SHAPE = (ELEMENTWISE - {"stablehlo.select", "stablehlo.clamp"}) | {"sdy.sharding_constraint", "sdy.reshard"}
-
-# Ops that only say where their one operand lives; their result has its type (the verifier holds them to that).
-_WHERE_IT_LIVES = frozenset({"sdy.sharding_constraint", "sdy.reshard"})
-
-# Ops that never hold a region (their regions aren't asked for: the bindings build a list each time).
-_NO_REGIONS = _SAME_SHAPE | frozenset({
-    "stablehlo.constant", "stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.transpose",
-    "stablehlo.dot_general", "stablehlo.convert", "stablehlo.select", "stablehlo.slice", "stablehlo.concatenate",
-    "stablehlo.pad", "stablehlo.gather",
-    "stablehlo.iota", "stablehlo.dynamic_slice", "stablehlo.dynamic_update_slice", "func.call", "func.return",
-    "stablehlo.collective_permute", "stablehlo.custom_call", "stablehlo.clamp"})
-
 _TYPE = operator.attrgetter("type")
 
-# Ops without operands that may give a value in permuted order as they are or beside them (`_computed_permuted`).
-_COMPUTED_PERMUTED = frozenset({"stablehlo.iota", "stablehlo.constant"})
 
-# Ops that read their operands in the order they are in: a ring region reads them as its own (its permutations
-# are the module's forward permutations), a function returns them to its caller.
-_READS_AS_IS = frozenset({"func.return", "sdy.manual_computation"})
+def _attribute_hash(attributes, name: str) -> int | None:
+    """The hash of an op's attribute, None where the op has none of that name (one call into the bindings where
+    it has: a miss is rare, an optional flag)."""
+    try:
+        return hash(attributes[name])
+    except KeyError:
+        return None
+
+# The motions of the ops whose sequence dims land where they were (elementwise over one shape, and where values
+# live): their moves and carries need no types read.
+_IN_PLACE = frozenset({OpMotion.SAME_SHAPE, OpMotion.WHERE_IT_LIVES})
 
 
 class Mover:
@@ -195,8 +187,9 @@ class Mover:
 
     def fits(self, value_type: ir.Type, order: Order) -> bool:
         """Whether a value of this type has the sequence's length along the order's dim (types are uniqued: each
-        is read once)."""
-        key = (value_type, order.dim, order.kind.length)
+        is read once; keyed by its hash, the address of what it names, so that a hit compares no types through
+        the bindings)."""
+        key = (hash(value_type), order.dim, order.kind.length)
         found = self._fits.get(key)
         if found is None:
             shaped = ir.ShapedType(value_type)
@@ -238,16 +231,38 @@ class Mover:
         return found
 
     def signature(self, op: ir.Operation, name: str, values: list) -> int:
-        """A number for what the rules read of an op: its name, operand and result types, attributes (MLIR uniques
-        types and attributes, so equal ones are equal objects, cheap to hash), and the combine of a reduction's body
-        (two reductions alike but for their bodies aren't alike). A number, so that the several rule keys of an op
-        don't each hash all of that again."""
-        attributes = op.attributes  # iterated, its names
-        names = list(attributes)
-        body = reducer(op) if name in ("stablehlo.reduce", "stablehlo.scatter") else None
-        whole = (name, tuple(map(_TYPE, values)), tuple(map(_TYPE, op.results)),
-                 tuple(zip(names, map(attributes.__getitem__, names))), body)
+        """A number for what the rules read of an op: its name, operand and result types, the attributes its table
+        entry says the rules read (all of them for an op without one), and the combine of a reduction's body (two
+        reductions alike but for their bodies aren't alike). MLIR uniques types and attributes, so they are keyed
+        by their hashes, the addresses of what they name: a hit compares none of them through the bindings. A
+        number, so that the several rule keys of an op don't each hash all of that again."""
+        entry = OPS.get(name, UNKNOWN)
+        attributes = op.attributes
+        names = entry.hoist_reads
+        if names is None:
+            names = tuple(attributes)  # iterated, its names
+            read = tuple(map(hash, map(attributes.__getitem__, names)))
+        else:
+            read = tuple(map(_attribute_hash, repeat(attributes), names))
+        body = reducer(op) if entry.motion in (OpMotion.REDUCE, OpMotion.SCATTER) else None
+        results = (hash(op.result.type),) if entry.single_result else tuple(map(hash, map(_TYPE, op.results)))
+        whole = (name, tuple(map(hash, map(_TYPE, values))), results, names, read, body)
         return self._signatures.setdefault(whole, len(self._signatures))
+
+    def sinks(self, op: ir.Operation, name: str, motion: OpMotion, operand: int, order: Order) -> tuple:
+        """How an op runs when operand `operand` is read in `order` (`_Body._sink`): the result dim the sequence
+        lands in (REDUCED: an order-free reduction sums it away) and the operand dims read in that order with it;
+        Blocked when it can't. The op's result must fit the order (else it couldn't be put back in order)."""
+        if motion is OpMotion.CALL:  # the operands the callee needs permuted with this one
+            found = self.call(op, operand, order.dim)
+            dim, operand_dims = found.dim, found.operands
+        else:
+            dim = moves(op, operand, order.dim)
+            operand_dims = ({operand: order.dim, **reduced_with(op, operand, order.dim)} if dim == REDUCED else
+                            self.carriers(op, dim, name))
+        if dim != REDUCED and not all(self.fits(r.type, self.order(order.kind, dim)) for r in op.results):
+            raise Blocked("changes the sequence length")
+        return dim, operand_dims
 
     @property
     def calls(self) -> TokenwiseCalls:
@@ -260,9 +275,10 @@ class Mover:
         return self.calls.motion(op, operand, dim)
 
     def carriers(self, op: ir.Operation, dim: int, name: str) -> dict[int, int]:
-        if name in _SAME_SHAPE:
+        motion = OPS.get(name, UNKNOWN).motion
+        if motion in _IN_PLACE:
             return {i: dim for i in range(len(op.operands))}
-        if name == "func.call":
+        if motion is OpMotion.CALL:
             return self.calls.carriers(op, dim)
         return carriers(op, dim)
 
@@ -291,7 +307,7 @@ class _Body:
         self.block = block
         self.ops = [op.operation for op in block.operations]
         self.names = [op.name for op in self.ops]
-        self.position: dict[int, int] | None = None  # op result -> its op's place (see `_place_of`)
+        self.position: dict[int, int] | None = None  # an op's first result -> its place (`_place_of`)
         self.perms: dict[int, Perm] = {}  # place -> the permutation there
         for i, name in enumerate(self.names):
             if name == "sdy.manual_computation":
@@ -338,28 +354,35 @@ class _Body:
         same_shape = self._same_shape
         read_order, read_count, reads, runs_permuted, own = (self.read_order, self.read_count, self.reads,
                                                              self.runs_permuted, self.own)
+        table, unknown, where_it_lives = OPS.get, UNKNOWN, OpMotion.WHERE_IT_LIVES
         for place, op in enumerate(self.ops):
-            values = list(op.operands)
-            keys = list(map(hash, values))
-            for key in keys:
-                count[key] = count.get(key, 0) + 1
             name = names[place]
-            if name in _WHERE_IT_LIVES:
+            entry = table(name, unknown)
+            motion = entry.motion
+            if motion is where_it_lives:
                 # nearly half the ops between the rings on Explicit axes: one operand, a result of its type, so a
                 # permuted operand is read in its order and the result is at hand in it, with nothing to check
-                found = permuted.get(keys[0])
+                # (its operand and result read alone: the bindings build no lists)
+                value = op.operands[0]
+                key = hash(value)
+                count[key] = count.get(key, 0) + 1
+                found = permuted.get(key)
                 if found is not None:
-                    order, like, key = found[0], found[2], keys[0]
+                    order, like = found[0], found[2]
                     read_order[(place, 0)] = order
-                    reads.append((place, 0, values[0], order, like, key))
+                    reads.append((place, 0, value, order, like, key))
                     read_count[(key, order)] = read_count.get((key, order), 0) + 1
-                    result = op.results[0]
+                    result = op.result
                     key = hash(result)
                     runs_permuted.append([key])
                     permuted[key] = (order, result, like)
                     own.add(key)
                 continue
-            if name not in _NO_REGIONS and name != "sdy.manual_computation" and len(op.regions):
+            values = list(op.operands)
+            keys = list(map(hash, values))
+            for key in keys:
+                count[key] = count.get(key, 0) + 1
+            if entry.regions is Regions.NESTED and len(op.regions):
                 _count_nested(op, count)
             perm = perms.get(place)
             if perm is not None:
@@ -370,7 +393,7 @@ class _Body:
                     self.forwards.setdefault((hash(perm.source), perm.order), perm)
                     self._read(place, None, perm.source, perm.order, perm)
                 continue
-            if name in _READS_AS_IS:
+            if motion is OpMotion.AS_IS:
                 continue
             for i, key in enumerate(keys):
                 first = permuted.get(key)
@@ -379,26 +402,15 @@ class _Body:
             else:
                 continue
             order, _, like = first
-            if name in _SAME_SHAPE:
+            if motion is OpMotion.SAME_SHAPE:
                 same_shape(place, op, values, keys, order, like)
                 continue
             mover = self.mover
             try:
                 signature = self.signatures[place] = mover.signature(op, name, values)
-                if name == "func.call":  # the operands the callee needs permuted with this one
-                    motion = mover.rule((signature, "call", i, order.dim), lambda: mover.call(op, i, order.dim))
-                    dim, operand_dims = motion.dim, motion.operands
-                else:
-                    dim = mover.rule((signature, "moves", i, order.dim), lambda: moves(op, i, order.dim))
-                    operand_dims = ({i: order.dim, **mover.rule((signature, "reduced", i, order.dim),
-                                                                lambda: reduced_with(op, i, order.dim))}
-                                    if dim == REDUCED else
-                                    mover.rule((signature, "carriers", dim), lambda: mover.carriers(op, dim, name)))
-                # (its results' types are in the signature: whether they fit is asked once per kind of op too)
-                if dim != REDUCED and not mover.rule(
-                        (signature, "fits", dim, order.kind.length),
-                        lambda: all(mover.fits(r.type, mover.order(order.kind, dim)) for r in op.results)):
-                    raise Blocked("changes the sequence length")  # its result couldn't be put back in order
+                # asked once per kind of op, operand and order (the layers of a model repeat the same ops)
+                dim, operand_dims = mover.rule((signature, i, order.dim, order.kind.length),
+                                               lambda: mover.sinks(op, name, motion, i, order))
             except Blocked as why:
                 self.mover.say(order.kind, True, op, why)
                 continue
@@ -423,8 +435,8 @@ class _Body:
             if why is not None:
                 self.mover.say(order.kind, True, op, Blocked(why))
                 return
-        results = list(op.results)
-        if not all(fits(r.type, order) for r in results):  # a dynamic sequence dim: it couldn't be put back
+        result = op.result  # (one result: elementwise)
+        if not fits(result.type, order):  # a dynamic sequence dim: it couldn't be put back
             self.mover.say(order.kind, True, op, Blocked("changes the sequence length"))
             return
         read_order, read_count, reads, needs = self.read_order, self.read_count, self.reads, self.needs
@@ -435,19 +447,15 @@ class _Body:
             read_count[counted] = read_count.get(counted, 0) + 1
             found = permuted.get(key)
             if found is None or found[0] is not order:  # not at hand in that order: its op may compute it so
-                owner = self._place_of(key)
+                owner = self._place_of(values[j])
                 if owner is not None:
                     if owner not in needs:
                         heapq.heappush(self.heap, -owner)
                     needs.setdefault(owner, []).append((values[j], order, like))
-        own = self.own
-        keys = []
-        for result in results:
-            key = hash(result)
-            keys.append(key)
-            permuted[key] = (order, result, like)
-            own.add(key)
-        self.runs_permuted.append(keys)
+        key = hash(result)
+        permuted[key] = (order, result, like)
+        self.own.add(key)
+        self.runs_permuted.append([key])
 
     # -- 2. backward: forward permutations rise -----------------------------------------------------------------
 
@@ -458,7 +466,7 @@ class _Body:
             for value, order, like in self.needs.pop(place, ()):
                 if self._in(value, order) is not None:
                     continue
-                if self.names[place] in _COMPUTED_PERMUTED:
+                if OPS.get(self.names[place], UNKNOWN).motion is OpMotion.SOURCE:
                     self._computed_permuted(op, value, order, like)
                 elif self._all_reads_permuted(place, order):
                     name, mover = self.names[place], self.mover
@@ -516,7 +524,7 @@ class _Body:
         """The op may run in permuted order: not a permutation or a region, not already running permuted, and
         every use of each of its results reads it in `order`."""
         op = self.ops[place]
-        if place in self.perms or op.name in _READS_AS_IS or any(hash(r) in self.permuted for r in op.results):
+        if place in self.perms or OPS.get(self.names[place], UNKNOWN).motion is OpMotion.AS_IS or any(hash(r) in self.permuted for r in op.results):
             return False
         return all(sum(1 for _ in r.uses) == self.read_count.get((hash(r), order), 0) for r in op.results)
 
@@ -524,8 +532,8 @@ class _Body:
 
     def _edit(self) -> None:
         # Which uses read contiguous order, found before anything changes: every use of a value computed in
-        # permuted order that is not one of the reads above (readers named by their first result; a reader
-        # without results is a return)
+        # permuted order that is not one of the reads above (readers found by their first result, `_positions`;
+        # a reader without results is a return, one in a region or made here no reader of the body's)
         reads = None
         contiguous = []
         count = self.use_count
@@ -537,11 +545,12 @@ class _Body:
                     continue  # every use is one of the reads in permuted order
                 result = held[1]  # (the result itself: its op runs in permuted order)
                 if reads is None:
-                    reads = {(hash(self.ops[place].results[0]), j if j is not None else 0)
-                             for place, j, _, _, _, _ in self.reads}
+                    reads = {(place, j if j is not None else 0) for place, j, _, _, _, _ in self.reads}
+                    positions = self._positions()
                 for use in result.uses:
                     owner = use.owner.operation
-                    if not len(owner.results) or (hash(owner.results[0]), use.operand_number) not in reads:
+                    if not len(owner.results) or \
+                            (positions.get(hash(owner.results[0])), use.operand_number) not in reads:
                         contiguous.append((result, owner, use.operand_number))
         permuted, own = self.permuted, self.own
         for place, j, value, order, like, key in self.reads:
@@ -622,22 +631,36 @@ class _Body:
         self.read_count[key] = self.read_count.get(key, 0) + 1
         found = self.permuted.get(key[0])
         if found is None or found[0] is not order:  # not at hand in that order: its op may compute it so
-            owner = self._place_of(key[0])  # None: a function argument
+            owner = self._place_of(value)  # None: a function argument
             if owner is not None:
                 if owner not in self.needs:
                     heapq.heappush(self.heap, -owner)
                 self.needs.setdefault(owner, []).append((value, order, like))
 
-    def _place_of(self, key: int) -> int | None:
-        """The place of the op whose result `key` is (None for a block argument); the map is made on first
-        use, which few bodies have."""
+    def _place_of(self, value: ir.Value) -> int | None:
+        """The place of the op whose result `value` is (None for a block argument); the map, from each op's first
+        result (an op's own hash follows its operands), is made on first use, which few bodies have."""
+        owner = value.owner
+        if isinstance(owner, ir.Block):
+            return None
+        return self._positions().get(hash(owner.results[0]))
+
+    def _positions(self) -> dict[int, int]:
+        """The body's ops' places, by their first results (made once, before the edits)."""
         if self.position is None:
-            self.position = {hash(result): i for i, op in enumerate(self.ops) for result in op.results}
-        return self.position.get(key)
+            position = self.position = {}
+            table, unknown = OPS.get, UNKNOWN
+            for i, (op, name) in enumerate(zip(self.ops, self.names)):
+                if table(name, unknown).single_result:  # its one result read alone: the bindings build no list
+                    position[hash(op.result)] = i
+                elif len(op.results):
+                    position[hash(op.results[0])] = i
+        return self.position
 
     def _run_permuted(self, place: int, order: Order, like: Perm) -> None:
         keys = []
-        for result in self.ops[place].results:
+        op = self.ops[place]
+        for result in ((op.result,) if OPS.get(self.names[place], UNKNOWN).single_result else op.results):
             key = hash(result)
             keys.append(key)
             self.permuted[key] = (order, result, like)

@@ -1,17 +1,21 @@
-"""The per-op rules, one table for the whole ring machinery. Each op name maps to an OpRule with
+"""The per-op rules of the ring machinery, by kind: each op's entry in optable.OPS names its kind (a Transfer for
+the analysis, a Motion for hoist-permutations), and each kind's function is here:
 
-- `transfer`: the sequence-layout analysis's rule (analysis.py): from the abstract values of the operands, those of
-  the results, or a refusal; an op without a rule is refused, naming it;
-- `moves`: for hoist-permutations, where a sequence dim of an operand lands in the result when the op treats every
-  token alike along it (or that an order-free reduction removes it); Blocked otherwise;
-- `carries`: the inverse of `moves` (which operand dims a result dim comes from), written out for the ops where
-  asking `moves` about every operand dim costs more than it should (elementwise ops, broadcasts, dot_generals).
+- the Transfer's rule: the sequence-layout analysis's (analysis.py): from the abstract values of the operands, those
+  of the results, or a refusal; an op without one is refused, naming it;
+- the Motion's `moves`: for hoist-permutations, where a sequence dim of an operand lands in the result when the op
+  treats every token alike along it (or that an order-free reduction removes it); Blocked otherwise;
+- its `carries`: the inverse of `moves` (which operand dims a result dim comes from), written out for the kinds
+  where asking `moves` about every operand dim costs more than it should (elementwise ops, broadcasts,
+  dot_generals).
 
-The table is one module on purpose, longer than the others: every op's rules for both passes side by side.
+`RULES` is the table resolved: each op name of optable.OPS with its three functions. The module is longer than the
+others on purpose: every kind's rules for both passes side by side.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Callable
 
@@ -21,43 +25,50 @@ from jaxlib.mlir.dialects import stablehlo
 from . import algebra, branches, contract, finite, loops
 from . import symbolic as sym
 from .analysis import Engine
-from .dims import (ELEMENTWISE, ORDER_FREE_REDUCERS, dot_dims, dot_result_dims, element_type, ints, is_integer,
-                   rank, reducer, reshape_groups, row_major_strides, shape, splat_number)
+from .dims import (ORDER_FREE_REDUCERS, dot_dims, dot_result_dims, element_type, ints, is_integer, rank, reducer,
+                   reshape_groups, row_major_strides, shape, splat_number)
+from .optable import OPS, Motion, Transfer, info
 from .symbolic import Aff, Coord, Dim, Pid
 from .values import CONST, FREE, AggOp, Axis, Data, Index, Stack, Tok, canonical
 
-@dataclass
+
+@dataclass(frozen=True)
 class OpRule:
+    """One op's rules, resolved from its entry in optable.OPS."""
+
     transfer: Callable | None = None
     moves: Callable | None = None
     carries: Callable | None = None
 
 
-RULES: dict[str, OpRule] = {}
+_TRANSFERS: dict[Transfer, Callable] = {}
+_MOVES: dict[Motion, Callable] = {}
+_CARRIES: dict[Motion, Callable] = {}
 
 
-def _registrar(kind: str, names: tuple[str, ...]):
-    """A decorator putting its function in the `kind` field of these ops' entries."""
+def _registrar(table: dict, kinds: tuple):
+    """A decorator putting its function in `table` for these kinds."""
     def register(fn):
-        for name in names:
-            setattr(RULES.setdefault(name, OpRule()), kind, fn)
+        for kind in kinds:
+            assert kind not in table, kind
+            table[kind] = fn
         return fn
     return register
 
 
-def rule(*names: str):
-    """Register an analysis rule for these ops."""
-    return _registrar("transfer", names)
+def rule(*kinds: Transfer):
+    """Register the analysis rule of these kinds of op."""
+    return _registrar(_TRANSFERS, kinds)
 
 
-def moves_rule(*names: str):
-    """Register a hoist rule for these ops."""
-    return _registrar("moves", names)
+def moves_rule(*kinds: Motion):
+    """Register the hoist rule of these kinds of op."""
+    return _registrar(_MOVES, kinds)
 
 
-def carries_rule(*names: str):
-    """Register the inverse of these ops' hoist rule."""
-    return _registrar("carries", names)
+def carries_rule(*kinds: Motion):
+    """Register the inverse of these kinds' hoist rule."""
+    return _registrar(_CARRIES, kinds)
 
 
 def apply_rule(engine: Engine, op: ir.Operation) -> list:
@@ -72,20 +83,13 @@ def apply_rule(engine: Engine, op: ir.Operation) -> list:
                           "float32's: whether it overflows depends on the order the blocks come in, which differs "
                           "in each layout; accumulate in float32 (preferred_element_type) and convert after the ring",
                           op)
-    if any(_may_be_nan(engine.get(v)) for v in op.operands) and op.name not in _CARRY_NAN and \
+    if any(_may_be_nan(engine.get(v)) for v in op.operands) and not info(op.name).carries_nan and \
             (op.name != "stablehlo.select" or any(_may_be_nan(r) for r in results)):
         engine.refuse("rescales by exp(x - m) where the running max m may still be -inf (scores masked with -inf "
                       "and a max started at -inf, or a finite mask value that the scores' type makes -inf): "
                       "exp(-inf - -inf) is nan, and which rows meet it depends on what each block holds; shift by "
                       "where(isfinite(m), m, 0), or mask with a finite value such as -1e30 in float32", op)
     return results
-
-
-# what an unguarded exp(x - m) may pass through before its guard reads it: ops that move it as it is, and ops
-# whose own regions or callees read it (each of their ops is judged here in turn: jnp.where is a func.call)
-_CARRY_NAN = frozenset({"stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.transpose",
-                        "stablehlo.convert", "sdy.sharding_constraint", "sdy.reshard", "stablehlo.optimization_barrier",
-                        "func.call", "stablehlo.while", "stablehlo.case", "stablehlo.if"})
 
 
 def _may_be_nan(value) -> bool:
@@ -96,7 +100,13 @@ class Blocked(Exception):
     """The op can't be shown to treat every token alike along the sequence dim."""
 
 
-REDUCED = "reduced"  # the dim is removed by an order-free reduction
+class Reduced(enum.Enum):
+    """What `moves` gives for a dim that an order-free reduction removes: it lands in no result dim."""
+
+    REDUCED = enum.auto()
+
+
+REDUCED = Reduced.REDUCED
 
 
 def moves(op: ir.Operation, operand: int, dim: int):
@@ -149,7 +159,7 @@ def _ins(engine: Engine, op) -> list:
 # Sources of index arithmetic and constants.
 
 
-@rule("stablehlo.constant")
+@rule(Transfer.CONSTANT)
 def constant(engine: Engine, op):
     out = shape(op.results[0])
     number = splat_number(op)
@@ -163,13 +173,13 @@ def constant(engine: Engine, op):
     return [Data(out, tuple(FREE if n > 1 else CONST for n in out), (), fn)]
 
 
-@rule("stablehlo.iota")
+@rule(Transfer.IOTA)
 def iota(engine: Engine, op):
     dim = int(ir.IntegerAttr(op.attributes["iota_dimension"]).value)
     return [Index(shape(op.results[0]), Aff.of(Dim(dim)))]
 
 
-@rule("stablehlo.partition_id")
+@rule(Transfer.PARTITION_ID)
 def partition_id(engine: Engine, op):
     return [Index((), Aff.of(Pid()))]
 
@@ -178,17 +188,11 @@ def partition_id(engine: Engine, op):
 # Elementwise.
 
 _DIRECTIONS = {"LT": "lt", "LE": "le", "GT": "gt", "GE": "ge", "EQ": "eq", "NE": "ne"}
-_INDEX_OPS = {"stablehlo.add", "stablehlo.subtract", "stablehlo.multiply", "stablehlo.negate", "stablehlo.divide",
-              "stablehlo.remainder", "stablehlo.compare", "stablehlo.select", "stablehlo.and", "stablehlo.or",
-              "stablehlo.not", "stablehlo.xor", "stablehlo.maximum", "stablehlo.minimum", "stablehlo.convert",
-              "stablehlo.sign"}
-
-
-@rule(*ELEMENTWISE)
+@rule(Transfer.ELEMENTWISE)
 def elementwise(engine: Engine, op):
     ins = _ins(engine, op)
     result = op.results[0]
-    if op.name in _INDEX_OPS and all(isinstance(x, Index) for x in ins) and \
+    if info(op.name).index and all(isinstance(x, Index) for x in ins) and \
             (is_integer(result) or op.name == "stablehlo.compare"):
         folded = _index_elementwise(engine, op, ins)
         if folded is not None:
@@ -343,7 +347,7 @@ def _coordinate_namer(engine: Engine):
 # Shape ops.
 
 
-@rule("stablehlo.broadcast_in_dim")
+@rule(Transfer.BROADCAST)
 def broadcast_in_dim(engine: Engine, op):
     (value,) = _ins(engine, op)
     out = shape(op.results[0])
@@ -381,7 +385,7 @@ def _elements_map(value, fn):
     return tuple((var, fn(element)) for var, element in value.elements)
 
 
-@rule("stablehlo.transpose")
+@rule(Transfer.TRANSPOSE)
 def transpose(engine: Engine, op):
     (value,) = _ins(engine, op)
     perm = ints(op.attributes["permutation"])
@@ -393,7 +397,7 @@ def transpose(engine: Engine, op):
                                       shape=out, dims=tuple(e.dims[p] for p in perm)))))]
 
 
-@rule("stablehlo.reshape")
+@rule(Transfer.RESHAPE)
 def reshape(engine: Engine, op):
     (value,) = _ins(engine, op)
     src, out = shape(op.operands[0]), shape(op.results[0])
@@ -453,7 +457,7 @@ def _reshape_data(engine, op, value: Data, groups, src, out) -> Data:
     return value.with_(shape=out, dims=tuple(roles))
 
 
-@rule("stablehlo.slice")
+@rule(Transfer.SLICE)
 def slice_(engine: Engine, op):
     (value,) = _ins(engine, op)
     starts = ints(op.attributes["start_indices"])
@@ -499,7 +503,7 @@ def _substitute_data(value: Data, mapping: dict) -> Data:
     return substitute_value(value, mapping)
 
 
-@rule("stablehlo.dynamic_slice")
+@rule(Transfer.DYNAMIC_SLICE)
 def dynamic_slice(engine: Engine, op):
     ins = _ins(engine, op)
     value, starts = ins[0], ins[1:]
@@ -578,7 +582,7 @@ def _address(engine: Engine, op, operand: int, start: Index) -> Aff:
     return expr
 
 
-@rule("stablehlo.dynamic_update_slice")
+@rule(Transfer.DYNAMIC_UPDATE_SLICE)
 def dynamic_update_slice(engine: Engine, op):
     ins = _ins(engine, op)
     buffer, update, starts = ins[0], ins[1], ins[2:]
@@ -587,7 +591,7 @@ def dynamic_update_slice(engine: Engine, op):
     return [loops.buffer_write(engine, op, buffer, update, exprs)]
 
 
-@rule("stablehlo.concatenate")
+@rule(Transfer.CONCATENATE)
 def concatenate(engine: Engine, op):
     ins = _ins(engine, op)
     dim = int(ir.IntegerAttr(op.attributes["dimension"]).value)
@@ -602,7 +606,7 @@ def concatenate(engine: Engine, op):
 # Reductions and contractions.
 
 
-@rule("stablehlo.reduce")
+@rule(Transfer.REDUCE)
 def reduce_(engine: Engine, op):
     ins = _ins(engine, op)
     if len(op.results) != 1:
@@ -616,7 +620,7 @@ def reduce_(engine: Engine, op):
     return [contract.reduce(engine, op, value, init, combiner, dims, shape(op.results[0]))]
 
 
-@rule("stablehlo.dot_general")
+@rule(Transfer.DOT)
 def dot_general(engine: Engine, op):
     lhs, rhs = (engine.as_data(x, op, i) for i, x in enumerate(_ins(engine, op)))
     return [contract.dot(engine, op, lhs, rhs, dot_dims(op), shape(op.results[0]))]
@@ -626,7 +630,7 @@ def dot_general(engine: Engine, op):
 # Ops that keep values as they are.
 
 
-@rule("sdy.sharding_constraint", "sdy.reshard", "stablehlo.optimization_barrier", "stablehlo.reduce_precision")
+@rule(Transfer.IDENTITY)
 def identity(engine: Engine, op):
     ins = _ins(engine, op)
     if op.name == "stablehlo.reduce_precision":
@@ -645,7 +649,7 @@ def identity(engine: Engine, op):
     return ins
 
 
-@rule("stablehlo.custom_call")
+@rule(Transfer.CUSTOM_CALL)
 def custom_call(engine: Engine, op):
     target = ir.StringAttr(op.attributes["call_target_name"]).value
     ins = _ins(engine, op)
@@ -661,15 +665,14 @@ def custom_call(engine: Engine, op):
 # ---------------------------------------------------------------------------------------------------------------
 # Collectives, control flow and calls live with their analysis.
 
-rule("stablehlo.collective_permute")(contract.collective_permute)
-rule("stablehlo.all_reduce")(contract.all_reduce)
-rule("stablehlo.all_gather", "stablehlo.all_to_all", "stablehlo.reduce_scatter",
-     "stablehlo.collective_broadcast")(contract.other_collective)
-rule("stablehlo.while")(loops.while_loop)
-rule("stablehlo.case", "stablehlo.if")(branches.branches)
+rule(Transfer.COLLECTIVE_PERMUTE)(contract.collective_permute)
+rule(Transfer.ALL_REDUCE)(contract.all_reduce)
+rule(Transfer.OTHER_COLLECTIVE)(contract.other_collective)
+rule(Transfer.WHILE)(loops.while_loop)
+rule(Transfer.BRANCHES)(branches.branches)
 
 
-@rule("sdy.manual_computation")
+@rule(Transfer.NESTED_MANUAL)
 def nested_manual(engine: Engine, op):
     """A manual computation inside the region, over other mesh axes (JAX puts the `axis_index` of a
     partial-manual region in one): followed in place when it slices nothing (every operand and result whole on
@@ -691,7 +694,7 @@ def nested_manual(engine: Engine, op):
     return results
 
 
-@rule("stablehlo.gather")
+@rule(Transfer.GATHER)
 def gather(engine: Engine, op):
     """Rows of a table that doesn't depend on tokens (a RoPE cos/sin table, a bias table), picked by indices: each
     result row is a function of its index alone, so it follows the indices' tokens as an elementwise op would
@@ -718,20 +721,14 @@ def gather(engine: Engine, op):
     return [canonical(Data(out, tuple(roles), indices.axes, fn))]
 
 
-@rule("func.call")
+@rule(Transfer.CALL)
 def call(engine: Engine, op):
     callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
     return engine.call(op, callee, _ins(engine, op))
 
 
-# Ops that only make sense on values that don't follow tokens: accepted there, refused on token data.
-_POSITIONAL = {"stablehlo.reverse": "reverses", "stablehlo.pad": "pads", "stablehlo.sort": "sorts",
-               "stablehlo.reduce_window": "slides a window", "stablehlo.convolution": "convolves",
-               "stablehlo.fft": "transforms (FFT)",
-               "stablehlo.scatter": "scatters by index", "stablehlo.select_and_scatter": "scatters by window",
-               "stablehlo.rng": "draws random numbers", "stablehlo.rng_bit_generator": "draws random numbers",
-               "stablehlo.cumsum": "accumulates along a dim", "stablehlo.replica_id": "reads the replica index",
-               "stablehlo.get_tuple_element": "unpacks a tuple", "stablehlo.tuple": "builds a tuple"}
+# Ops that only make sense on values that don't follow tokens: accepted there, refused on token data (what
+# each does along the data: its entry's verb).
 
 
 def _positional(engine: Engine, op):
@@ -739,25 +736,25 @@ def _positional(engine: Engine, op):
            for i, x in enumerate(_ins(engine, op))]
     if any(isinstance(x, Data) and not x.is_invariant for x in ins) or \
             any(isinstance(x, Index) for x in ins):
-        engine.refuse(f"{_POSITIONAL[op.name]} along the data, which depends on where tokens sit", op)
+        engine.refuse(f"{info(op.name).verb} along the data, which depends on where tokens sit", op)
     fn = engine.fns.intern(("positional", op.name, tuple(x.fn for x in ins), id(op)))
     return [Data(shape(r), tuple(FREE if n > 1 else CONST for n in shape(r)), (), fn) for r in op.results]
 
 
-rule(*_POSITIONAL)(_positional)
+rule(Transfer.POSITIONAL)(_positional)
 
 # ---------------------------------------------------------------------------------------------------------------
 # Where a sequence dim goes (hoist-permutations).
 
 
-@moves_rule(*ELEMENTWISE, "sdy.sharding_constraint", "sdy.reshard")
+@moves_rule(Motion.SAME_SHAPE, Motion.ELEMENTWISE, Motion.WHERE_IT_LIVES)
 def _moves_elementwise(op, operand: int, dim: int):
     if rank(op.operands[operand]) != rank(op.results[0]):
         raise Blocked("broadcasts a scalar along the sequence")
     return dim
 
 
-@moves_rule("stablehlo.broadcast_in_dim")
+@moves_rule(Motion.BROADCAST)
 def _moves_broadcast(op, operand: int, dim: int):
     target = ints(op.attributes["broadcast_dimensions"])[dim]
     if shape(op.results[0])[target] != shape(op.operands[0])[dim]:
@@ -765,13 +762,13 @@ def _moves_broadcast(op, operand: int, dim: int):
     return target
 
 
-@carries_rule(*ELEMENTWISE, "sdy.sharding_constraint", "sdy.reshard")
+@carries_rule(Motion.SAME_SHAPE, Motion.ELEMENTWISE, Motion.WHERE_IT_LIVES)
 def _carries_elementwise(op, dim: int) -> dict[int, int]:
     whole = rank(op.results[0])
     return {i: dim for i, value in enumerate(op.operands) if rank(value) == whole}
 
 
-@carries_rule("stablehlo.broadcast_in_dim")
+@carries_rule(Motion.BROADCAST)
 def _carries_broadcast(op, dim: int) -> dict[int, int]:
     targets = ints(op.attributes["broadcast_dimensions"])
     if dim not in targets:
@@ -781,12 +778,12 @@ def _carries_broadcast(op, dim: int) -> dict[int, int]:
     return {0: d} if same else {}
 
 
-@moves_rule("stablehlo.transpose")
+@moves_rule(Motion.TRANSPOSE)
 def _moves_transpose(op, operand: int, dim: int):
     return ints(op.attributes["permutation"]).index(dim)
 
 
-@moves_rule("stablehlo.reshape")
+@moves_rule(Motion.RESHAPE)
 def _moves_reshape(op, operand: int, dim: int):
     groups = reshape_groups(shape(op.operands[0]), shape(op.results[0]))
     for gi, gj in groups or ():
@@ -798,7 +795,7 @@ def _moves_reshape(op, operand: int, dim: int):
     raise Blocked("splits or merges the sequence dim")
 
 
-@moves_rule("stablehlo.reduce")
+@moves_rule(Motion.REDUCE)
 def _moves_reduce(op, operand: int, dim: int):
     if len(op.operands) != 2 or operand != 0:
         raise Blocked("is a variadic reduction")
@@ -810,7 +807,7 @@ def _moves_reduce(op, operand: int, dim: int):
     return dim - sum(1 for r in reduced if r < dim)
 
 
-@moves_rule("stablehlo.dot_general")
+@moves_rule(Motion.DOT)
 def _moves_dot(op, operand: int, dim: int):
     """A batch dim stays token-wise (when the other side is in the same order, see `carriers`); a contracted one
     is summed away, which the order doesn't change when the other side's paired dim is in the same order too
@@ -821,7 +818,7 @@ def _moves_dot(op, operand: int, dim: int):
     return (lhs if operand == 0 else rhs)[dim]
 
 
-@carries_rule("stablehlo.dot_general")
+@carries_rule(Motion.DOT)
 def _carries_dot(op, dim: int) -> dict[int, int]:
     found = {}
     for operand, mapping in enumerate(dot_result_dims(op)):
@@ -831,7 +828,7 @@ def _carries_dot(op, dim: int) -> dict[int, int]:
     return found
 
 
-@moves_rule("stablehlo.slice", "stablehlo.pad")
+@moves_rule(Motion.WHOLE_DIM)
 def _moves_whole_dim(op, operand: int, dim: int):
     """A slice or pad that leaves the sequence dim whole treats its tokens alike (RoPE's halves of the feature
     dim, and their transpose, a pad of the feature dim)."""
@@ -844,7 +841,7 @@ def _moves_whole_dim(op, operand: int, dim: int):
     return dim
 
 
-@moves_rule("stablehlo.concatenate")
+@moves_rule(Motion.CONCATENATE)
 def _moves_concatenate(op, operand: int, dim: int):
     if dim == ir.IntegerAttr(op.attributes["dimension"]).value:
         raise Blocked("concatenates along the sequence dim")
@@ -860,7 +857,7 @@ def _batch_dims(value: ir.Value, vector_dim: int) -> list[int]:
     return [d for d in range(rank(value)) if d != vector_dim]
 
 
-@moves_rule("stablehlo.gather")
+@moves_rule(Motion.GATHER)
 def _moves_gather(op, operand: int, dim: int):
     """Rows of a table picked by indices: each result row is a function of its index alone, so the result follows
     the indices' tokens (an embedding lookup)."""
@@ -888,7 +885,7 @@ def _scatter_pairs(op) -> tuple[list[int], list[int]]:
             [d for d in range(rank(op.operands[2])) if d not in window])
 
 
-@moves_rule("stablehlo.scatter")
+@moves_rule(Motion.SCATTER)
 def _moves_scatter(op, operand: int, dim: int):
     indices, updates = _scatter_pairs(op)
     if (operand, dim) not in [(1, d) for d in indices] + [(2, d) for d in updates]:
@@ -907,6 +904,11 @@ def reduced_with(op: ir.Operation, operand: int, dim: int) -> dict[int, int]:
     numbers = dot_dims(op)
     mine, other = ("lhs", "rhs") if operand == 0 else ("rhs", "lhs")
     return {1 - operand: numbers[f"{other}_contract"][numbers[f"{mine}_contract"].index(dim)]}
+
+
+RULES: dict[str, OpRule] = {name: OpRule(_TRANSFERS.get(entry.transfer), _MOVES.get(entry.motion),
+                                          _CARRIES.get(entry.motion))
+                             for name, entry in OPS.items()}
 
 
 __all__ = ["Blocked", "OpRule", "REDUCED", "RULES", "apply_rule", "carriers", "moves", "reduced_with", "rule", "Stack",
