@@ -29,7 +29,8 @@ NEG = -1e30
 CHOICES = {
     "direction": ([1, -1], [1, -1]),
     "steps": ([CP], [CP, CP - 1]),
-    "loop": (["fori", "unrolled", "by_two", "scan_unroll2"], ["fori", "unrolled", "by_two", "scan_unroll2"]),
+    "loop": (["fori", "unrolled", "by_two", "scan_unroll2", "scan_unroll3"],
+             ["fori", "unrolled", "by_two", "scan_unroll2", "scan_unroll3"]),
     "positions": (["data", "axis_index", "carried", "carried_plus_cp"],
                   ["data", "axis_index", "carried", "carried_plus_cp", "axis_index_wrong_sign",
                    "carried_wrong_modulus", "carried_two_behind", "none"]),
@@ -171,8 +172,9 @@ def build(spec):
             carry = jax.lax.fori_loop(0, steps // 2, lambda t, c: step(2 * t + 1, step(2 * t, c)), carry)
             if steps % 2:
                 carry = step(steps - 1, carry)
-        elif spec["loop"] == "scan_unroll2":
-            carry = jax.lax.scan(lambda c, s: (step(s, c), None), carry, jnp.arange(steps), unroll=2)[0]
+        elif spec["loop"] in ("scan_unroll2", "scan_unroll3"):  # unroll=3 on 4 steps: one trip, one step after
+            carry = jax.lax.scan(lambda c, s: (step(s, c), None), carry, jnp.arange(steps),
+                                 unroll=int(spec["loop"][-1]))[0]
         else:
             for s in range(steps):
                 carry = step(s, carry)

@@ -406,12 +406,13 @@ def _registry() -> list[Program]:
                        ("carried-source", "explicit"), ("ppermuted-source", "auto"),
                        ("carried-source-window20", "cp8"), ("carried-source-plus-cp", "explicit"),
                        ("carried-source-plus-cp", "cp8"), ("scan-unroll2", "explicit"), ("scan-unroll2", "cp8"),
-                       ("scan-unroll3", "explicit"), ("scan-unroll3", "cp8"), ("two-steps-an-iteration", "auto"),
+                       ("scan-unroll3", "explicit"), ("scan-unroll3", "cp8"), ("scan-unroll3-reset", "explicit"),
+                       ("scan-unroll3-reset", "cp8"), ("two-steps-an-iteration", "auto"),
                        ("carried-source-plus-dp", "explicit"), ("carried-source-mod-2cp", "cp8")):
         # the spellings proved since the analysis reads coordinates modulo the ring size and loops that run
         # several ring steps an iteration: under both layouts
         wide = name in ("carried-source-plus-cp", "carried-source-plus-dp", "carried-source-mod-2cp", "scan-unroll2",
-                        "scan-unroll3", "two-steps-an-iteration")
+                        "scan-unroll3", "scan-unroll3-reset", "two-steps-an-iteration")
         add(f"variant-{name}" + ("" if mesh == "explicit" else f"@{mesh}"), refusal(uv.ACCEPTED[name]), "proved",
             BOTH if wide else ZIGZAG, mesh=mesh)
     add("variant-vjp-scan-unroll2", refusal(uv.ACCEPTED["vjp-scan-unroll2"]), "proved", BOTH, grad=True)

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from support.ring_user_kernels import NEG, merge_online, per_row, ring, scores
+from support.ring_user_kernels import NEG, apply, merge_online, merge_reset, per_row, ring, scores
 
 
 def _positions(c, n):
@@ -95,11 +95,12 @@ def carried_source(cp: int, travel: str = "carried", window: int | None = None, 
     return body
 
 
-def unrolled_scan(cp: int, unroll: int = 2, positions=_positions):
+def unrolled_scan(cp: int, unroll: int = 2, positions=_positions, merge=merge_online):
     """Causal ring attention in a partially unrolled lax.scan over the ring steps (`unroll=2`: each iteration of
     the loop runs two ring steps, the step index read from the scanned `arange`; `unroll=3` on a ring of 4 or 8:
-    the steps left over run after the loop)."""
-    def body(q, k, v):
+    the steps left over run after the loop, and on a ring of 4 the loop runs once; `merge`: how a block is folded
+    in, given the step index)."""
+    def body(q, k, v, finish=True):
         n = q.shape[1]
         me = lax.axis_index("cp")
         q_pos = positions(me, n)
@@ -107,11 +108,11 @@ def unrolled_scan(cp: int, unroll: int = 2, positions=_positions):
         def step(carry, i):
             state, k, v = carry
             keep = q_pos[:, None] >= positions((me - i) % cp, n)[None, :]
-            state = merge_online(state, jnp.where(keep, scores(q, k), NEG), v, i)
+            state = merge(state, jnp.where(keep, scores(q, k), NEG), v, i)
             return (state, lax.ppermute(k, "cp", ring(cp)), lax.ppermute(v, "cp", ring(cp))), None
 
         (state, _, _), _ = lax.scan(step, (_state(q, "full"), k, v), jnp.arange(cp), unroll=unroll)
-        return _finish(state)
+        return _finish(state) if finish else state
     return body
 
 
@@ -351,6 +352,24 @@ def unrolled_scan_double_step(cp: int, positions=_positions):
     return body
 
 
+def unrolled_scan_late_reset(cp: int, positions=_positions):
+    """Unrolled by three as `unrolled_scan(cp, 3, merge=merge_reset)`, but the state starts afresh at ring step 1
+    rather than 0: the device's own block, folded in at step 0, is dropped, and which tokens that drops depends on
+    where they sit."""
+    def merge(acc, s, v, i):
+        m0, l0, o0 = acc
+        m = jnp.maximum(m0, jnp.max(s, axis=-1))
+        p = jnp.exp(s - m[..., None])
+        corr = jnp.where(i == 1, 0.0, jnp.exp(m0 - m))
+        l = jnp.where(i == 1, jnp.sum(p, axis=-1), l0 * corr + jnp.sum(p, axis=-1))
+        return m, l, jnp.where(i == 1, apply(p, v), o0 * per_row(corr, o0) + apply(p, v))
+
+    def body(q, k, v):
+        _, l, o = unrolled_scan(cp, 3, positions, merge)(q, k, v, finish=False)
+        return o / per_row(l, o)  # refused here
+    return body
+
+
 def two_steps_an_iteration_same_source(cp: int, positions=_positions):
     """Unrolled by two by hand, but the second ring step of an iteration masks its block with the first one's
     source (`(me - 2 * t) % cp` twice): the second block is masked with another block's positions."""
@@ -501,15 +520,19 @@ ACCEPTED = {"full-init": full_init, "full-init-window20": lambda cp: full_init(c
             "carried-source-plus-dp": lambda cp: carried_source(cp, "plus-dp"),
             "carried-source-mod-2cp": lambda cp: carried_source(cp, "mod-2cp"),
             "scan-unroll2": unrolled_scan, "scan-unroll3": lambda cp: unrolled_scan(cp, 3),
+            "scan-unroll3-reset": lambda cp: unrolled_scan(cp, 3, merge=merge_reset),
             "two-steps-an-iteration": two_steps_an_iteration,
             "vjp-scan-unroll2": vjp_unrolled}
 REFUSALS = (int_truncated_sum, converted_decay, carried_source_wrong_modulus, carried_source_wrong_way,
             carried_source_skip, window_from_block_start, window_by_local_index, carried_source_two_behind,
-            unrolled_scan_double_step, two_steps_an_iteration_same_source, hop_temperature)
+            unrolled_scan_double_step, unrolled_scan_late_reset, two_steps_an_iteration_same_source,
+            hop_temperature)
 # Each accepted spelling beside its look-alike, as (accepted, refused) bodies taking the layout's positions: the
 # look-alike's result changes when its tokens are reordered and its positions rewritten as the pass would.
 TWINS = {"carried-source-plus-cp": (lambda cp, positions=_positions: carried_source(cp, "plus-cp",
                                                                                   positions=positions),
                                     carried_source_two_behind),
          "scan-unroll2": (unrolled_scan, unrolled_scan_double_step),
+         "scan-unroll3-reset": (lambda cp, positions=_positions: unrolled_scan(cp, 3, positions, merge_reset),
+                                unrolled_scan_late_reset),
          "two-steps-an-iteration": (two_steps_an_iteration, two_steps_an_iteration_same_source)}
