@@ -3,7 +3,7 @@ between layers) repeats the same regions, and a group of regions (a layer's forw
 the same program as a group already proved, in the same surroundings, has the same verdict, with its ops in the
 same places.
 
-The key of a group (linear in its size): each region's structural key (detect.StructuralKeys: the program up to the
+The key of a group (linear in its size): each region's structural key (structural.StructuralKeys: the program up to the
 names of the functions it calls), which region of the group produces each operand, and whether each result is read
 only by the group's regions (what prove.py's verdict depends on besides the regions' own programs). A verdict is
 carried over by position: every op a rewrite or a unit names is found at the same place (region, block and op
@@ -17,7 +17,8 @@ import dataclasses
 
 from jaxlib.mlir import ir
 
-from .detect import RingRegion, StructuralKeys
+from .detect import RingRegion
+from .structural import StructuralKeys
 from .dims import origin, readers
 
 
