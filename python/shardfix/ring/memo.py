@@ -31,6 +31,8 @@ class GroupMemo:
         self._found: dict[tuple, tuple[list[RingRegion], list]] = {}
         self._paths: dict = {}  # op of a proved group -> where it sits in its holder (`_path`)
         self._places: dict = {}  # block of a proved group -> its ops' places
+        self._callees: dict = {}  # func.call op -> the function it calls
+        self._resolved: dict = {}  # (holder, path) -> the op there (`_at`)
 
     def key(self, group: list[RingRegion]) -> tuple:
         members = {r.region: i for i, r in enumerate(group)}
@@ -71,12 +73,25 @@ class GroupMemo:
         moved_calls = []
         for call in calls:
             # once both chains reach the same function (the layers share the kernel), ops stay where they are
-            new_call = call if old_holder is new_holder else self._at(new_holder, self._path(old_holder, call))
+            new_call = call if old_holder is new_holder else self._op_at(new_holder, self._path(old_holder, call))
             moved_calls.append(new_call)
-            old_holder = self.funcs[ir.FlatSymbolRefAttr(call.attributes["callee"]).value]
-            new_holder = self.funcs[ir.FlatSymbolRefAttr(new_call.attributes["callee"]).value]
-        moved = op if old_holder is new_holder else self._at(new_holder, self._path(old_holder, op))
+            old_holder, new_holder = self._callee(call), self._callee(new_call)
+        moved = op if old_holder is new_holder else self._op_at(new_holder, self._path(old_holder, op))
         return {"op": moved, "calls": tuple(moved_calls)}
+
+    def _callee(self, call: ir.Operation) -> ir.Operation:
+        """The function a func.call calls (a group's rewrites mostly go through the same few calls)."""
+        found = self._callees.get(call)
+        if found is None:
+            found = self._callees[call] = self.funcs[ir.FlatSymbolRefAttr(call.attributes["callee"]).value]
+        return found
+
+    def _op_at(self, holder: ir.Operation, path: tuple) -> ir.Operation:
+        """`_at`, once per holder and path (the calls a group's rewrites go through are looked up once)."""
+        found = self._resolved.get((holder, path))
+        if found is None:
+            found = self._resolved[(holder, path)] = self._at(holder, path)
+        return found
 
     def _path(self, holder: ir.Operation, op: ir.Operation) -> tuple:
         """Where `op` sits in `holder`: (region, block, op) indices from the holder down (KeyError if it isn't in
