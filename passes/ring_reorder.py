@@ -32,10 +32,11 @@ from shardfix.ir import manual_axes_of
 from shardfix.locations import SourceLoc
 from shardfix.report import Remark, RingDecision
 from shardfix.ring.cost import Counter, Tiles, Uncountable
-from shardfix.ring.detect import RingRegion, StructuralKeys, axis_strides, module_funcs
+from shardfix.ring.detect import RingRegion, axis_strides, module_funcs
 from shardfix.ring.permutation import REORDERED_ATTR, Permutations
 from shardfix.ring.positions import Layout, apply_rewrites
 from shardfix.ring.prove import Verdict, prove_rings, unit_problem
+from shardfix.ring.structural import StructuralKeys
 
 from . import Pass, PassContext
 

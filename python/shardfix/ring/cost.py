@@ -27,6 +27,7 @@ The ideal is the total spread evenly: total / devices.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 from jaxlib.mlir import ir
@@ -62,12 +63,13 @@ class Tiles:
             out[d, :len(row)] = row
         return out
 
-    @property
+    # cached: a model's layers share one count, which the layout choice and each layer's decision read again
+    @cached_property
     def critical(self) -> int:
         """Sum over steps of the busiest device's tiles (ring steps synchronise at their collective_permutes)."""
         return int(self._padded().max(axis=0).sum()) if self.counts else 0
 
-    @property
+    @cached_property
     def total(self) -> int:
         return int(sum(map(sum, self.counts)))
 

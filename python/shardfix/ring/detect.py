@@ -3,11 +3,8 @@ the facts about that axis the analysis needs, and which collectives move data al
 
 from __future__ import annotations
 
-import hashlib
 import math
-import re
 from dataclasses import dataclass, field
-from typing import cast
 
 import numpy as np
 from jaxlib.mlir import ir
@@ -292,56 +289,3 @@ def axis_strides(mesh: Mesh) -> dict[str, int]:
         out[name] = stride
         stride *= size
     return out
-
-
-_SYMBOL = re.compile(rb"@([A-Za-z0-9_$.\-]+)")  # a symbol reference, as the printer writes it
-
-
-class StructuralKeys:
-    """Keys equal for ops that are the same program up to the names of the functions they call (the layers of a
-    model, each its own shard_map with its own copies of the kernel's helpers). Each op and function is printed
-    once, without locations, and every callee's name replaced by the callee's own key: linear in the module. The
-    text is kept as the printer's bytes (decoding it would cost a sixth of the printing)."""
-
-    def __init__(self, funcs: dict[str, ir.Operation]):
-        self.funcs = funcs
-        self._keys: dict[str, bytes] = {}
-        self._digests: dict[str, bytes] = {}  # function name -> digest of its key
-
-    def of_ring(self, ring: RingRegion) -> str:
-        """The key of a ring region's op, kept on the region (the proof's memo and the layout's both ask)."""
-        found = ring._read.get("structure")
-        if found is None:
-            found = ring._read["structure"] = self.of(ring.region)
-        return found
-
-    def of(self, op: ir.Operation) -> str:
-        text = self._normalised(cast(bytes, op.get_asm(binary=True, use_local_scope=True, assume_verified=True)),
-                                set())
-        return hashlib.blake2b(text, digest_size=16).hexdigest()
-
-    def _function(self, name: str, calling: set) -> bytes:
-        found = self._keys.get(name)
-        if found is None:
-            if name in calling:
-                return b"@" + name.encode()  # recursion: the name stands for itself
-            text = cast(bytes, self.funcs[name].get_asm(binary=True, use_local_scope=True, assume_verified=True))
-            text = text[text.index(b"(", text.index(b"@")):]  # the function's own name left out
-            found = self._keys[name] = self._normalised(text, calling | {name})
-        return found
-
-    def _normalised(self, text: bytes, calling: set) -> bytes:
-        funcs, digests = self.funcs, self._digests
-
-        def replace(match: re.Match) -> bytes:
-            name = match.group(1).decode()
-            if name not in funcs:
-                return match.group(0)
-            digest = digests.get(name)
-            if digest is None:
-                digest = hashlib.blake2b(self._function(name, calling), digest_size=16).hexdigest().encode()
-                if name not in calling:
-                    digests[name] = digest
-            return b"@{" + digest + b"}"
-
-        return _SYMBOL.sub(replace, text)

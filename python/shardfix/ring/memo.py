@@ -3,7 +3,7 @@ between layers) repeats the same regions, and a group of regions (a layer's forw
 the same program as a group already proved, in the same surroundings, has the same verdict, with its ops in the
 same places.
 
-The key of a group (linear in its size): each region's structural key (detect.StructuralKeys: the program up to the
+The key of a group (linear in its size): each region's structural key (structural.StructuralKeys: the program up to the
 names of the functions it calls), which region of the group produces each operand, and whether each result is read
 only by the group's regions (what prove.py's verdict depends on besides the regions' own programs). A verdict is
 carried over by position: every op a rewrite or a unit names is found at the same place (region, block and op
@@ -17,7 +17,8 @@ import dataclasses
 
 from jaxlib.mlir import ir
 
-from .detect import RingRegion, StructuralKeys
+from .detect import RingRegion
+from .structural import StructuralKeys
 from .dims import origin, readers
 
 
@@ -30,6 +31,8 @@ class GroupMemo:
         self._found: dict[tuple, tuple[list[RingRegion], list]] = {}
         self._paths: dict = {}  # op of a proved group -> where it sits in its holder (`_path`)
         self._places: dict = {}  # block of a proved group -> its ops' places
+        self._callees: dict = {}  # func.call op -> the function it calls
+        self._resolved: dict = {}  # (holder, path) -> the op there (`_at`)
 
     def key(self, group: list[RingRegion]) -> tuple:
         members = {r.region: i for i, r in enumerate(group)}
@@ -70,12 +73,25 @@ class GroupMemo:
         moved_calls = []
         for call in calls:
             # once both chains reach the same function (the layers share the kernel), ops stay where they are
-            new_call = call if old_holder is new_holder else self._at(new_holder, self._path(old_holder, call))
+            new_call = call if old_holder is new_holder else self._op_at(new_holder, self._path(old_holder, call))
             moved_calls.append(new_call)
-            old_holder = self.funcs[ir.FlatSymbolRefAttr(call.attributes["callee"]).value]
-            new_holder = self.funcs[ir.FlatSymbolRefAttr(new_call.attributes["callee"]).value]
-        moved = op if old_holder is new_holder else self._at(new_holder, self._path(old_holder, op))
+            old_holder, new_holder = self._callee(call), self._callee(new_call)
+        moved = op if old_holder is new_holder else self._op_at(new_holder, self._path(old_holder, op))
         return {"op": moved, "calls": tuple(moved_calls)}
+
+    def _callee(self, call: ir.Operation) -> ir.Operation:
+        """The function a func.call calls (a group's rewrites mostly go through the same few calls)."""
+        found = self._callees.get(call)
+        if found is None:
+            found = self._callees[call] = self.funcs[ir.FlatSymbolRefAttr(call.attributes["callee"]).value]
+        return found
+
+    def _op_at(self, holder: ir.Operation, path: tuple) -> ir.Operation:
+        """`_at`, once per holder and path (the calls a group's rewrites go through are looked up once)."""
+        found = self._resolved.get((holder, path))
+        if found is None:
+            found = self._resolved[(holder, path)] = self._at(holder, path)
+        return found
 
     def _path(self, holder: ir.Operation, op: ir.Operation) -> tuple:
         """Where `op` sits in `holder`: (region, block, op) indices from the holder down (KeyError if it isn't in

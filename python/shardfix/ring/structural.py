@@ -1,0 +1,192 @@
+"""Structural keys: equal for ops that are the same program up to the names of the functions they call (the layers
+of a model, each its own shard_map with its own copies of the kernel's helpers).
+
+A key is the op's text as printed without locations, every callee's name replaced by the callee's own key (a
+digest of it): linear in the module, each op and function keyed once. Printing is most of what keys cost (a model
+whose every layer has its own copies is printed whole), so a function is printed only when no function with the
+same bytecode signature was printed before. Its signature is its bytecode without locations (a copy of it with
+every location made unknown: bytecode.py; writing it costs about a fifth of printing), each string of its string
+table that names a function replaced by that function's key digest, its own name by a marker. Two functions with
+the same signature are the same program up to the strings that differ, each of which names functions with equal
+keys; where such a string differs, the key is taken over only if the printed function's text shows it nowhere but
+as a symbol reference (`@name`, which the key replaces by the callee's key digest, and the header, which the key
+leaves out): then the other function, printed, would differ only in references to functions with equal keys, and
+has the same key. Anything else (a name also used as a string, a recursive function, bytecode this reader does
+not follow) is printed. The text is kept as the printer's bytes (decoding it would cost a sixth of the printing)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, cast
+
+from jaxlib.mlir import ir, passmanager
+
+from . import bytecode
+
+if TYPE_CHECKING:
+    from .detect import RingRegion
+
+_SYMBOL = re.compile(rb"@([A-Za-z0-9_$.\-]+)")  # a symbol reference, as the printer writes it
+_BARE = re.compile(rb"[A-Za-z_][A-Za-z0-9_$.]*\Z")  # a name the printer writes unquoted, as `@name`
+_WORD = re.compile(rb"[A-Za-z0-9_$]")
+_SELF = b"\0self"  # the function's own name in a string table (strings hold no NUL: this is none of them)
+
+
+@dataclass
+class _Printed:
+    """A function keyed by its text, for those with the same bytecode signature to take its key over."""
+
+    name: bytes
+    strings: list[bytes]  # its bytecode string table, each function's name replaced as in the signature
+    raw: list[bytes]  # the same, as written
+    text: bytes  # as printed
+    key: bytes
+    _only_referenced: dict[bytes, bool] = field(default_factory=dict)
+
+    def only_referenced(self, name: bytes) -> bool:
+        """Whether the text shows `name` only as whole symbol references (`@name`, then no `.` or `-` that would
+        make the reference a longer one), and its own name only in the header. An occurrence inside a longer word
+        (`closed_call_4` in `closed_call_41`) is no printing of the string: the printer glues no string to a
+        letter, digit, `_` or `$`."""
+        found = self._only_referenced.get(name)
+        if found is None:
+            text, shown = self.text, 0
+            found = True
+            for match in re.finditer(re.escape(name), text):
+                before, after = text[match.start() - 1:match.start()], text[match.end():match.end() + 1]
+                if _WORD.match(before) or _WORD.match(after):
+                    continue
+                shown += 1
+                if before != b"@" or after in (b".", b"-"):
+                    found = False
+                    break
+            self._only_referenced[name] = found = found and (name != self.name or shown == 1)
+        return found
+
+
+class StructuralKeys:
+    """Keys equal for ops that are the same program up to the names of the functions they call (module docstring)."""
+
+    def __init__(self, funcs: dict[str, ir.Operation]):
+        self.funcs = funcs
+        self._names = {name.encode(): name for name in funcs}
+        self._keys: dict[str, bytes] = {}
+        self._digests: dict[str, bytes] = {}  # function name -> digest of its key
+        self._printed: dict[bytes, _Printed] = {}  # bytecode signature -> the first function printed with it
+        self.printed: list[str] = []  # the functions keyed by their text, in order (the others took a key over)
+        self._stripping: tuple[ir.Module, passmanager.PassManager] | None = None  # where `_split` strips copies
+
+    def of_ring(self, ring: RingRegion) -> str:
+        """The key of a ring region's op, kept on the region (the proof's memo and the layout's both ask)."""
+        found = ring._read.get("structure")
+        if found is None:
+            found = ring._read["structure"] = self.of(ring.region)
+        return found
+
+    def of(self, op: ir.Operation) -> str:
+        text = self._normalised(cast(bytes, op.get_asm(binary=True, use_local_scope=True, assume_verified=True)),
+                                set())
+        return hashlib.blake2b(text, digest_size=16).hexdigest()
+
+    def _function(self, name: str, calling: set) -> bytes:
+        found = self._keys.get(name)
+        if found is None:
+            if name in calling:
+                return b"@" + name.encode()  # recursion: the name stands for itself
+            inner = calling | {name}
+            signed = self._signature(name, inner)
+            if signed is not None:
+                found = self._same_as_printed(*signed)
+            if found is None:
+                text = cast(bytes, self.funcs[name].get_asm(binary=True, use_local_scope=True,
+                                                            assume_verified=True))
+                self.printed.append(name)
+                found = self._normalised(text[text.index(b"(", text.index(b"@")):], inner)  # own name left out
+                if signed is not None:
+                    signature, strings, raw = signed
+                    self._printed.setdefault(signature, _Printed(name.encode(), strings, raw, text, found))
+            self._keys[name] = found
+        return found
+
+    def _signature(self, name: str, calling: set) -> tuple[bytes, list[bytes], list[bytes]] | None:
+        """(digest of the function's bytecode with each string naming a function replaced by that function's key
+        digest and its own name by _SELF, those strings, the strings as written); None where the bytecode can't be
+        read or names a function being keyed (recursion: printed)."""
+        try:
+            raw, sections = self._split(name)
+        except bytecode.Unreadable:
+            return None
+        own = name.encode()
+        strings = []
+        for s in raw:
+            callee = self._names.get(s)
+            if s == own:
+                strings.append(_SELF)
+            elif callee is None:
+                strings.append(s)
+            elif callee in calling:
+                return None
+            else:
+                strings.append(b"\0" + self._digest(callee, calling))
+        hashed = hashlib.blake2b(digest_size=16)
+        for ident, body in sections:
+            hashed.update(b"%d:%d:" % (ident, len(body)))
+            hashed.update(body)
+        hashed.update(b"".join(b"%d:" % len(s) + s for s in strings))
+        return hashed.digest(), strings, raw
+
+    def _split(self, name: str) -> tuple[list[bytes], list[tuple[int, bytes]]]:
+        """bytecode.split of the function without its locations: a copy of it, alone in a scratch module, with
+        every location made unknown (the text a key is made of has no locations, and bytecode has them all: a
+        layer's source lines, the text position a parsed module gives each value written without one; locations
+        inside attributes stay, as in the text). Only the functions keyed are copied (a model whose layers share
+        their kernel keys a few)."""
+        original = self.funcs[name]
+        if self._stripping is None:
+            context = original.context
+            strip = passmanager.PassManager.parse("builtin.module(strip-debuginfo)", context)
+            strip.enable_verifier(False)  # a copy of a function read as it is: nothing to verify
+            self._stripping = ir.Module.create(ir.Location.unknown(context)), strip
+        scratch, strip = self._stripping
+        copy = original.clone(ir.InsertionPoint(scratch.body))
+        try:
+            strip.run(scratch.operation)
+            return bytecode.split(copy)
+        finally:
+            copy.erase()
+
+    def _same_as_printed(self, signature: bytes, strings: list[bytes], raw: list[bytes]) -> bytes | None:
+        """The key of the function printed with this signature, where it is this function's key too (module
+        docstring), else None."""
+        printed = self._printed.get(signature)
+        if printed is None or printed.strings != strings:
+            return None
+        for theirs, ours in zip(printed.raw, raw):
+            if theirs != ours and not (_BARE.match(theirs) and _BARE.match(ours)
+                                       and printed.only_referenced(theirs)):
+                return None
+        return printed.key
+
+    def _digest(self, name: str, calling: set) -> bytes:
+        digest = self._digests.get(name)
+        if digest is None:
+            digest = hashlib.blake2b(self._function(name, calling), digest_size=16).hexdigest().encode()
+            if name not in calling:
+                self._digests[name] = digest
+        return digest
+
+    def _normalised(self, text: bytes, calling: set) -> bytes:
+        funcs = self.funcs
+
+        def replace(match: re.Match) -> bytes:
+            name = match.group(1).decode()
+            if name not in funcs:
+                return match.group(0)
+            return b"@{" + self._digest(name, calling) + b"}"
+
+        return _SYMBOL.sub(replace, text)
+
+
+__all__ = ["StructuralKeys"]
