@@ -161,14 +161,14 @@ def merge_guarded(acc, s, v, i):
     return m, l0 * corr + jnp.sum(p, axis=-1), o0 * per_row(corr, o0) + apply(p, v)
 
 
-def merge_reset(acc, s, v, i):
-    """The first ring step starts the state afresh instead of rescaling the initial one."""
+def merge_reset(acc, s, v, i, first=0):
+    """The first ring step (`first`) starts the state afresh instead of rescaling the initial one."""
     m0, l0, o0 = acc
     m = jnp.maximum(m0, jnp.max(s, axis=-1))
     p = jnp.exp(s - m[..., None])
-    corr = jnp.where(i == 0, 0.0, jnp.exp(m0 - m))
-    l = jnp.where(i == 0, jnp.sum(p, axis=-1), l0 * corr + jnp.sum(p, axis=-1))
-    return m, l, jnp.where(i == 0, apply(p, v), o0 * per_row(corr, o0) + apply(p, v))
+    corr = jnp.where(i == first, 0.0, jnp.exp(m0 - m))
+    l = jnp.where(i == first, jnp.sum(p, axis=-1), l0 * corr + jnp.sum(p, axis=-1))
+    return m, l, jnp.where(i == first, apply(p, v), o0 * per_row(corr, o0) + apply(p, v))
 
 
 def merge_lse(acc, s, v, i):

@@ -9,11 +9,13 @@ Per-device bodies f(q, k, v) over [batch, n, dim] for jax.shard_map over "cp".""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from support.ring_user_kernels import NEG, apply, merge_online, merge_reset, per_row, ring, scores
+from support.ring_user_kernels import NEG, merge_online, merge_reset, per_row, ring, scores
 
 
 def _positions(c, n):
@@ -356,16 +358,8 @@ def unrolled_scan_late_reset(cp: int, positions=_positions):
     """Unrolled by three as `unrolled_scan(cp, 3, merge=merge_reset)`, but the state starts afresh at ring step 1
     rather than 0: the device's own block, folded in at step 0, is dropped, and which tokens that drops depends on
     where they sit."""
-    def merge(acc, s, v, i):
-        m0, l0, o0 = acc
-        m = jnp.maximum(m0, jnp.max(s, axis=-1))
-        p = jnp.exp(s - m[..., None])
-        corr = jnp.where(i == 1, 0.0, jnp.exp(m0 - m))
-        l = jnp.where(i == 1, jnp.sum(p, axis=-1), l0 * corr + jnp.sum(p, axis=-1))
-        return m, l, jnp.where(i == 1, apply(p, v), o0 * per_row(corr, o0) + apply(p, v))
-
     def body(q, k, v):
-        _, l, o = unrolled_scan(cp, 3, positions, merge)(q, k, v, finish=False)
+        _, l, o = unrolled_scan(cp, 3, positions, functools.partial(merge_reset, first=1))(q, k, v, finish=False)
         return o / per_row(l, o)  # refused here
     return body
 
