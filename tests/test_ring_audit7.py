@@ -1,0 +1,240 @@
+"""Audit of loops that run once (read as straight-line code) and of the per-op table, against jax.jit (8 CPU
+devices, dp=2 x cp=4, one-block-a-step causal rings with positions from axis_index).
+
+- A while loop's trip count is read from its condition `i < n`. Where `n` is a loop-carried value that the body
+  changes, the loop runs more trips than `(n0 - i0) / step` says: read as one trip (straight-line code) or as
+  two, its later trips are never looked at, and a mask they compute with another block's positions is rewritten
+  as if it were never run.
+- Loops of one trip in the spellings that hold: fori_loop(3, 4), lax.while_loop with a counter stepping past its
+  bound, lax.scan of length 1 stacking its output, scan(reverse=True, unroll=3) with a step-0 reset, a one-trip
+  loop inside the ring loop and the ring loop inside a one-trip loop; and the look-alikes that must stay refused
+  (a reset that reads the inner one-trip counter, so it resets at every ring step; a reset at the trip's second
+  step; k sent twice inside the trip).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from shardfix import autofix_shardings
+from support import ring_user_kernels as ruk
+from test_ring_audit5 import MESH, SPEC, _max_error, _placed
+
+CP, B, S, D = 4, 2, 32, 8
+
+
+def _ring(body):
+    return jax.shard_map(body, mesh=MESH, in_specs=(SPEC,) * 3, out_specs=SPEC, check_vma=False)
+
+
+def _pos(c, n):
+    return c * n + jnp.arange(n)
+
+
+def _init(q):
+    m, l = ruk.row_stats(q, ruk.NEG)
+    return m, l, jnp.zeros_like(q)
+
+
+def _finish(state):
+    m, l, o = state
+    return o / l[..., None]
+
+
+def _step(q, me, i, state, k, v, merge=ruk.merge_online, source=None):
+    """Ring step i: merge the block held (coordinate `source`, (me - i) % cp unless given), pass k, v on."""
+    n = q.shape[1]
+    c = (me - i) % CP if source is None else source
+    keep = _pos(me, n)[:, None] >= _pos(c, n)[None, :]
+    state = merge(state, jnp.where(keep, ruk.scores(q, k), ruk.NEG), v, i)
+    return (state,) + tuple(lax.ppermute(t, "cp", ruk.ring(CP)) for t in (k, v))
+
+
+def _steps(q, me, carry, steps, merge=ruk.merge_online):
+    for t in steps:
+        carry = _step(q, me, t, *carry, merge=merge)
+    return carry
+
+
+def _reset_at(t):
+    return lambda acc, s, v, _: ruk.merge_reset(acc, s, v, t)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The bound of `i < n` carried and changed by the body.
+
+
+def _bound_rewritten(q, k, v):
+    """`while i < n` with n carried, 1 at the start and set to 2 by the body: two trips, each a whole ring; the
+    second (i = 1) masks each block with the positions of the block three hops away."""
+    me = lax.axis_index("cp")
+
+    def body(c):
+        i, _, state, k, v = c
+        for j in range(CP):
+            state, k, v = _step(q, me, j, state, k, v, source=(me - j - 3 * i) % CP)
+        return i + 1, jnp.int32(2), state, k, v
+
+    return _finish(lax.while_loop(lambda c: c[0] < c[1], body, (0, 1, _init(q), k, v))[2])
+
+
+def _bound_stepping(q, k, v):
+    """`while i < n`, i advancing by 2 and n by 1 a trip, from (0, 4): four trips of two ring steps where the
+    counter says two; steps 4..7 mask with the source one hop off (`where(t >= cp, 1, 0)`)."""
+    me = lax.axis_index("cp")
+
+    def body(c):
+        i, n, state, k, v = c
+        for j in range(2):
+            t = i + j
+            state, k, v = _step(q, me, t, state, k, v, source=(me - t + jnp.where(t >= CP, 1, 0)) % CP)
+        return i + 2, n + 1, state, k, v
+
+    return _finish(lax.while_loop(lambda c: c[0] < c[1], body, (0, 4, _init(q), k, v))[2])
+
+
+@pytest.mark.parametrize("body", [_bound_rewritten, _bound_stepping], ids=["set-to-2", "advancing"])
+def test_loop_whose_bound_the_body_changes_keeps_results(body):
+    f = _ring(body)
+    q, k, v = _placed(*[(B, S, D)] * 3)
+    fixed = autofix_shardings(f, on_fix="ignore", ring_reorder="zigzag")
+    decisions = fixed.lower(q, k, v).rings
+    error = _max_error(fixed(q, k, v), jax.jit(f)(q, k, v))
+    assert error <= 1e-5, (error, [(r.strategy, r.applied) for r in decisions])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One trip, in the spellings that hold.
+
+
+def _fori_from_3(q, k, v):
+    """fori_loop(3, 4): the counter starts at 3; the trip's first step resets the state where `i - 3 == 0`."""
+    me = lax.axis_index("cp")
+
+    def body(i, carry):
+        carry = _step(q, me, 0, *carry, merge=_reset_at(i - 3))
+        return _steps(q, me, carry, range(1, CP))
+
+    return _finish(lax.fori_loop(3, 4, body, (_init(q), k, v))[0])
+
+
+def _while_past_bound(q, k, v):
+    """i = 0; while i < 3: (a whole ring); i += 5."""
+    me = lax.axis_index("cp")
+
+    def body(c):
+        i, *carry = c
+        return (i + 5,) + _steps(q, me, tuple(carry), [i + t for t in range(CP)])
+
+    return _finish(lax.while_loop(lambda c: c[0] < 3, body, (0, _init(q), k, v))[1])
+
+
+def _scan_of_one_stacked(q, k, v):
+    me = lax.axis_index("cp")
+
+    def body(carry, i):
+        carry = _steps(q, me, carry, [i + t for t in range(CP)])
+        return carry, _finish(carry[0])
+
+    return lax.scan(body, (_init(q), k, v), jnp.arange(1))[1][0]
+
+
+def _reversed_scan_unrolled_reset(q, k, v):
+    """lax.scan(reverse=True, unroll=3) over 4 steps: the leftover step first, then one trip of three; the step is
+    3 - x and the reset is at step 0."""
+    me = lax.axis_index("cp")
+
+    def body(carry, x):
+        t = CP - 1 - x
+        return _step(q, me, t, *carry, merge=ruk.merge_reset), None
+
+    return _finish(lax.scan(body, (_init(q), k, v), jnp.arange(CP), unroll=CP - 1, reverse=True)[0][0])
+
+
+def _one_trip_inside_ring_loop(q, k, v):
+    """The ring's fori_loop; each step a fori_loop(0, 1), the reset reading the outer step."""
+    me = lax.axis_index("cp")
+
+    def step(t, carry):
+        return lax.fori_loop(0, 1, lambda j, c: _step(q, me, t + j, *c, merge=_reset_at(t + j)), carry)
+
+    return _finish(lax.fori_loop(0, CP, step, (_init(q), k, v))[0])
+
+
+def _ring_loop_inside_one_trip(q, k, v):
+    me = lax.axis_index("cp")
+
+    def trip(j, carry):
+        return lax.fori_loop(0, CP, lambda t, c: _step(q, me, t + j, *c), carry)
+
+    return _finish(lax.fori_loop(0, 1, trip, (_init(q), k, v))[0])
+
+
+HELD = {"fori-3-4-reset": _fori_from_3, "while-past-bound": _while_past_bound, "scan-of-one-stacked":
+        _scan_of_one_stacked, "reversed-scan-unroll3-reset": _reversed_scan_unrolled_reset,
+        "one-trip-inside-ring-loop": _one_trip_inside_ring_loop, "ring-loop-inside-one-trip":
+        _ring_loop_inside_one_trip}
+
+
+@pytest.mark.parametrize("name", sorted(HELD))
+def test_one_trip_loop_is_rewritten_and_keeps_results(name):
+    f = _ring(HELD[name])
+    q, k, v = _placed(*[(B, S, D)] * 3)
+    fixed = autofix_shardings(f, on_fix="ignore", ring_reorder="zigzag")
+    decisions = fixed.lower(q, k, v).rings
+    assert [(r.strategy, r.applied) for r in decisions] == [("zigzag", True)], [r.why for r in decisions]
+    error = _max_error(fixed(q, k, v), jax.jit(f)(q, k, v))
+    assert error <= 1e-5, error
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One trip, look-alikes that compute something else once reordered.
+
+
+def _reset_by_inner_counter(q, k, v):
+    """The reset reads the one-trip loop's own counter, 0 at every ring step: each step starts afresh."""
+    me = lax.axis_index("cp")
+
+    def step(t, carry):
+        return lax.fori_loop(0, 1, lambda j, c: _step(q, me, t, *c, merge=_reset_at(j)), carry)
+
+    return _finish(lax.fori_loop(0, CP, step, (_init(q), k, v))[0])
+
+
+def _reset_at_second_step(q, k, v):
+    me = lax.axis_index("cp")
+
+    def body(i, carry):
+        carry = _step(q, me, 0, *carry)
+        carry = _step(q, me, 1, *carry, merge=_reset_at(i))
+        return _steps(q, me, carry, range(2, CP))
+
+    return _finish(lax.fori_loop(0, 1, body, (_init(q), k, v))[0])
+
+
+def _k_sent_twice(q, k, v):
+    me = lax.axis_index("cp")
+
+    def body(i, carry):
+        state, k, v = _steps(q, me, carry, range(2))
+        return _steps(q, me, (state, lax.ppermute(k, "cp", ruk.ring(CP)), v), range(2, CP))
+
+    return _finish(lax.fori_loop(0, 1, body, (_init(q), k, v))[0])
+
+
+REFUSED = {"reset-by-inner-counter": (_reset_by_inner_counter, "replaces loop-carried aggregate"),
+           "reset-at-second-step": (_reset_at_second_step, "divides two partial aggregates"),
+           "k-sent-twice": (_k_sent_twice, "combines data of different tokens")}
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_one_trip_look_alike_is_left_as_written(name):
+    body, reason = REFUSED[name]
+    f = _ring(body)
+    q, k, v = _placed(*[(B, S, D)] * 3)
+    fixed = autofix_shardings(f, on_fix="ignore", ring_reorder="zigzag")
+    decisions = fixed.lower(q, k, v).rings
+    assert [r.applied for r in decisions] == [False] and reason in decisions[0].why, [r.why for r in decisions]
+    np.testing.assert_array_equal(np.asarray(fixed(q, k, v)), np.asarray(jax.jit(f)(q, k, v)))
