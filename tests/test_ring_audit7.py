@@ -4,7 +4,8 @@ devices, dp=2 x cp=4, one-block-a-step causal rings with positions from axis_ind
 - A while loop's trip count is read from its condition `i < n`. Where `n` is a loop-carried value that the body
   changes, the loop runs more trips than `(n0 - i0) / step` says: read as one trip (straight-line code) or as
   two, its later trips are never looked at, and a mask they compute with another block's positions is rewritten
-  as if it were never run.
+  as if it were never run: forced zigzag, under the defaults (a blockwise kernel with chunk skips, so the
+  defaults pick zigzag) and in a custom_vjp backward under jax.grad.
 - Loops of one trip in the spellings that hold: fori_loop(3, 4), lax.while_loop with a counter stepping past its
   bound, lax.scan of length 1 stacking its output, scan(reverse=True, unroll=3) with a step-0 reset, a one-trip
   loop inside the ring loop and the ring loop inside a one-trip loop; and the look-alikes that must stay refused
@@ -103,6 +104,121 @@ def test_loop_whose_bound_the_body_changes_keeps_results(body):
     decisions = fixed.lower(q, k, v).rings
     error = _max_error(fixed(q, k, v), jax.jit(f)(q, k, v))
     assert error <= 1e-5, (error, [(r.strategy, r.applied) for r in decisions])
+
+
+def _blockwise_bound_rewritten(q, k, v, chunk=2):
+    """Liu et al.'s blockwise shape (chunk pairs skipped by lax.cond on their first positions) wrapped in `while t < n`
+    with n carried, set from 1 to 2 by the body: the second trip's chunk positions are three hops off. The skip
+    makes the defaults pick zigzag."""
+    n, me = q.shape[1], lax.axis_index("cp")
+    per = n // chunk
+
+    def chunks(x):
+        return jnp.moveaxis(x.reshape((x.shape[0], per, chunk) + x.shape[2:]), 1, 0)
+
+    def unchunk(x):
+        return jnp.moveaxis(x, 0, 1).reshape((x.shape[1], n) + x.shape[3:])
+
+    def ring_step(i, carry, trip):
+        acc, k, v = carry
+        k_first = ((me - i - 3 * trip) % CP) * per
+
+        def q_step(_, xs):
+            qi, acc_i, a = xs
+
+            def kv_step(acc_i, ys):
+                kj, vj, b = ys
+                qf, kf = (me * per + a) * chunk, (k_first + b) * chunk
+                keep = (qf + jnp.arange(chunk))[:, None] >= (kf + jnp.arange(chunk))[None, :]
+                run = lambda x: ruk.merge_online(x, jnp.where(keep, ruk.scores(qi, kj), ruk.NEG), vj, i)
+                return lax.cond(qf + chunk - 1 >= kf, run, lambda x: x, acc_i), None
+
+            return None, lax.scan(kv_step, acc_i, (chunks(k), chunks(v), jnp.arange(per)))[0]
+
+        _, acc = lax.scan(q_step, None, (chunks(q), tuple(chunks(a) for a in acc), jnp.arange(per)))
+        return (tuple(unchunk(a) for a in acc),) + tuple(lax.ppermute(t, "cp", ruk.ring(CP)) for t in (k, v))
+
+    def trip(c):
+        t, _, *carry = c
+        return (t + 1, jnp.int32(2)) + lax.fori_loop(0, CP, lambda i, x: ring_step(i, x, t), tuple(carry))
+
+    return _finish(lax.while_loop(lambda c: c[0] < c[1], trip, (0, 1, _init(q), k, v))[2])
+
+
+def test_blockwise_loop_whose_bound_the_body_changes_keeps_results_under_defaults():
+    f = _ring(_blockwise_bound_rewritten)
+    q, k, v = _placed(*[(B, S, D)] * 3)
+    fixed = autofix_shardings(f, on_fix="ignore")
+    decisions = fixed.lower(q, k, v).rings
+    error = _max_error(fixed(q, k, v), jax.jit(f)(q, k, v))
+    assert error <= 1e-5, (error, [(r.strategy, r.applied) for r in decisions])
+
+
+def _vjp_backward_bound_rewritten():
+    """A custom_vjp ring: forward one fori_loop(0, 1) trip of four ring steps; backward `while i < n` with n carried
+    (1, set to 2 by the body), each trip a whole ring, the second masking with blocks three hops off."""
+    def masked(q, k, me, c):
+        n = q.shape[1]
+        return jnp.where(_pos(me, n)[:, None] >= _pos(c, n)[None, :], ruk.scores(q, k), ruk.NEG)
+
+    def forward(q, k, v):
+        me = lax.axis_index("cp")
+
+        def step(t, carry):
+            acc, k, v = carry
+            acc = ruk.merge_online(acc, masked(q, k, me, (me - t) % CP), v, t)
+            return (acc,) + tuple(lax.ppermute(x, "cp", ruk.ring(CP)) for x in (k, v))
+
+        def trip(i, carry):
+            for t in range(CP):
+                carry = step(i + t, carry)
+            return carry
+
+        m, l, o = lax.fori_loop(0, 1, trip, (_init(q), k, v))[0]
+        out = o / l[..., None]
+        return out, (q, k, v, out, m + jnp.log(l))
+
+    def backward(res, do):
+        q, k, v, out, lse = res
+        me = lax.axis_index("cp")
+        delta = jnp.sum(do * out, axis=-1)
+
+        def step(t, carry, off):
+            dq, k, v, dk, dv = carry
+            p = jnp.exp(masked(q, k, me, (me - t + off) % CP) - lse[..., None])
+            ds = p * (jnp.einsum("bqd,bkd->bqk", do, v) - delta[..., None]) / jnp.sqrt(jnp.float32(D))
+            dq = dq + jnp.einsum("bqk,bkd->bqd", ds, k)
+            dk = dk + jnp.einsum("bqk,bqd->bkd", ds, q)
+            dv = dv + jnp.einsum("bqk,bqd->bkd", p, do)
+            return (dq,) + tuple(lax.ppermute(x, "cp", ruk.ring(CP)) for x in (k, v, dk, dv))
+
+        def trip(c):
+            i, _, *carry = c
+            carry = tuple(carry)
+            for t in range(CP):
+                carry = step(t, carry, 3 * i)
+            return (i + 1, jnp.int32(2)) + carry
+
+        zeros = (jnp.zeros_like(q), k, v, jnp.zeros_like(k), jnp.zeros_like(v))
+        _, _, dq, _, _, dk, dv = lax.while_loop(lambda c: c[0] < c[1], trip, (0, 1) + zeros)
+        return dq, dk, dv
+
+    @jax.custom_vjp
+    def attention(q, k, v):
+        return forward(q, k, v)[0]
+
+    attention.defvjp(forward, backward)
+    return attention
+
+
+def test_custom_vjp_backward_loop_whose_bound_the_body_changes_keeps_gradients():
+    f = _ring(_vjp_backward_bound_rewritten())
+    q, k, v, w = _placed(*[(B, S, D)] * 4)
+    grad = jax.grad(lambda q, k, v: jnp.sum(f(q, k, v) * w), argnums=(0, 1, 2))
+    fixed = autofix_shardings(grad, on_fix="ignore", ring_reorder="zigzag")
+    decisions = fixed.lower(q, k, v).rings
+    error = _max_error(fixed(q, k, v), jax.jit(grad)(q, k, v))
+    assert error <= 1e-4, (error, [(r.strategy, r.applied) for r in decisions])
 
 
 # ---------------------------------------------------------------------------------------------------------------
