@@ -11,6 +11,8 @@ devices, dp=2 x cp=4, one-block-a-step causal rings with positions from axis_ind
   loop inside the ring loop and the ring loop inside a one-trip loop; and the look-alikes that must stay refused
   (a reset that reads the inner one-trip counter, so it resets at every ring step; a reset at the trip's second
   step; k sent twice inside the trip).
+- Positions narrowed to int8 (S = 256): an integer convert is read as the identity in position arithmetic, and the
+  rewrite decodes the wrapped number (striped: wrong result; zigzag: OverflowError at compile time).
 """
 
 import jax
@@ -354,3 +356,36 @@ def test_one_trip_look_alike_is_left_as_written(name):
     decisions = fixed.lower(q, k, v).rings
     assert [r.applied for r in decisions] == [False] and reason in decisions[0].why, [r.why for r in decisions]
     np.testing.assert_array_equal(np.asarray(fixed(q, k, v)), np.asarray(jax.jit(f)(q, k, v)))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The op table: an integer convert is folded as the identity in position arithmetic, narrowing ones included.
+
+
+def _int8_positions(q, k, v):
+    """Positions `(c * n + arange(n)).astype(int8)` at S = 256: tokens 128.. wrap to negative numbers, and the
+    mask compares the wrapped numbers (a function of each token's position, the same in every layout)."""
+    n, me = q.shape[1], lax.axis_index("cp")
+
+    def pos8(c):
+        return (c * n + jnp.arange(n)).astype(jnp.int8)
+
+    def step(i, carry):
+        state, k, v = carry
+        keep = pos8(me)[:, None] >= pos8((me - i) % CP)[None, :]
+        state = ruk.merge_online(state, jnp.where(keep, ruk.scores(q, k), ruk.NEG), v, i)
+        return (state,) + tuple(lax.ppermute(t, "cp", ruk.ring(CP)) for t in (k, v))
+
+    return _finish(lax.fori_loop(0, CP, step, (_init(q), k, v))[0])
+
+
+@pytest.mark.parametrize("strategy", ["striped", "zigzag"])
+def test_positions_narrowed_to_int8_keep_results(strategy):
+    """The rewrite decodes coordinate and index from the wrapped int8 number (divide / remainder by n in int8):
+    striped is off by 2.6; zigzag raises OverflowError building the constant 224 in int8."""
+    f = _ring(_int8_positions)
+    q, k, v = _placed(*[(B, 256, D)] * 3)
+    fixed = autofix_shardings(f, on_fix="ignore", ring_reorder=strategy)
+    decisions = fixed.lower(q, k, v).rings
+    error = _max_error(fixed(q, k, v), jax.jit(f)(q, k, v))
+    assert error <= 1e-5, (error, [(r.strategy, r.applied) for r in decisions])
