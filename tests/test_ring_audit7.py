@@ -5,7 +5,8 @@ devices, dp=2 x cp=4, one-block-a-step causal rings with positions from axis_ind
   changes, the loop runs more trips than `(n0 - i0) / step` says: read as one trip (straight-line code) or as
   two, its later trips are never looked at, and a mask they compute with another block's positions is rewritten
   as if it were never run: forced zigzag, under the defaults (a blockwise kernel with chunk skips, so the
-  defaults pick zigzag) and in a custom_vjp backward under jax.grad.
+  defaults pick zigzag) and in a custom_vjp backward under jax.grad. Likewise an unsigned counter whose start
+  (uint32 0 - 1) the index arithmetic reads as -1: the unsigned `i < 0` never holds, the analysis runs one trip.
 - Loops of one trip in the spellings that hold: fori_loop(3, 4), lax.while_loop with a counter stepping past its
   bound, lax.scan of length 1 stacking its output, scan(reverse=True, unroll=3) with a step-0 reset, a one-trip
   loop inside the ring loop and the ring loop inside a one-trip loop; and the look-alikes that must stay refused
@@ -221,6 +222,30 @@ def test_custom_vjp_backward_loop_whose_bound_the_body_changes_keeps_gradients()
     decisions = fixed.lower(q, k, v).rings
     error = _max_error(fixed(q, k, v), jax.jit(grad)(q, k, v))
     assert error <= 1e-4, (error, [(r.strategy, r.applied) for r in decisions])
+
+
+def _unsigned_counter_below_zero(q, k, v):
+    """i = uint32(0) - uint32(1) (4294967295); `while i < 0` (an unsigned compare): the loop of three ring steps
+    never runs, and the step after it masks the device's own block with the positions of block me - 3. Read as
+    exact integers, i starts at -1 and the loop runs once."""
+    me = lax.axis_index("cp")
+
+    def body(c):
+        i, *carry = c
+        return (i + jnp.uint32(1),) + _steps(q, me, tuple(carry), range(CP - 1))
+
+    start = jnp.uint32(0) - jnp.uint32(1)
+    _, *carry = lax.while_loop(lambda c: c[0] < jnp.uint32(0), body, (start, _init(q), k, v))
+    return _finish(_step(q, me, CP - 1, *carry)[0])
+
+
+def test_unsigned_loop_counter_keeps_results():
+    f = _ring(_unsigned_counter_below_zero)
+    q, k, v = _placed(*[(B, S, D)] * 3)
+    fixed = autofix_shardings(f, on_fix="ignore", ring_reorder="zigzag")
+    decisions = fixed.lower(q, k, v).rings
+    error = _max_error(fixed(q, k, v), jax.jit(f)(q, k, v))
+    assert error <= 1e-5, (error, [(r.strategy, r.applied) for r in decisions])
 
 
 # ---------------------------------------------------------------------------------------------------------------
