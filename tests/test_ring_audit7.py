@@ -248,6 +248,32 @@ def test_unsigned_loop_counter_keeps_results():
     assert error <= 1e-5, (error, [(r.strategy, r.applied) for r in decisions])
 
 
+def _unsigned_reset(q, k, v):
+    """A fori_loop ring whose merge starts afresh (all of m, l, o) where `uint32(i) - 2 < 100` fails: in uint32 at
+    steps 0 and 1 (i - 2 wraps), so the own block and the next are dropped. Read as exact integers, i - 2 < 100
+    always holds and the select is decided at compile time as the plain merge."""
+    me = lax.axis_index("cp")
+
+    def merge(acc, s, v, i):
+        keep = (i.astype(jnp.uint32) - jnp.uint32(2)) < jnp.uint32(100)
+        merged = ruk.merge_online(acc, s, v, i)
+        m = jnp.max(s, axis=-1)
+        p = jnp.exp(s - m[..., None])
+        fresh = (m, jnp.sum(p, axis=-1), ruk.apply(p, v))
+        return tuple(jnp.where(keep, a, b) for a, b in zip(merged, fresh))
+
+    return _finish(lax.fori_loop(0, CP, lambda i, c: _step(q, me, i, *c, merge=merge), (_init(q), k, v))[0])
+
+
+def test_select_on_an_unsigned_difference_keeps_results():
+    f = _ring(_unsigned_reset)
+    q, k, v = _placed(*[(B, S, D)] * 3)
+    fixed = autofix_shardings(f, on_fix="ignore", ring_reorder="zigzag")
+    decisions = fixed.lower(q, k, v).rings
+    error = _max_error(fixed(q, k, v), jax.jit(f)(q, k, v))
+    assert error <= 1e-5, (error, [(r.strategy, r.applied) for r in decisions])
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # One trip, in the spellings that hold.
 
