@@ -13,7 +13,8 @@ devices, dp=2 x cp=4, one-block-a-step causal rings with positions from axis_ind
   (a reset that reads the inner one-trip counter, so it resets at every ring step; a reset at the trip's second
   step; k sent twice inside the trip).
 - Positions narrowed to int8 (S = 256): an integer convert is read as the identity in position arithmetic, and the
-  rewrite decodes the wrapped number (striped: wrong result; zigzag: OverflowError at compile time).
+  rewrite decodes the wrapped number (striped: wrong result; zigzag: OverflowError at compile time); and
+  hoist-permutations computes an int8 iota between two ring layers permuted in int8 (the same two outcomes).
 """
 
 import jax
@@ -439,4 +440,23 @@ def test_positions_narrowed_to_int8_keep_results(strategy):
     fixed = autofix_shardings(f, on_fix="ignore", ring_reorder=strategy)
     decisions = fixed.lower(q, k, v).rings
     error = _max_error(fixed(q, k, v), jax.jit(f)(q, k, v))
+    assert error <= 1e-5, (error, [(r.strategy, r.applied) for r in decisions])
+
+
+@pytest.mark.parametrize("strategy", ["striped", "zigzag"])
+def test_int8_iota_between_ring_layers_keeps_results(strategy):
+    """hoist-permutations computes an integer iota along the sequence in permuted order in the iota's own type:
+    lax.iota(int8, 256) wraps, and its permuted copy is built from int8 arithmetic on the wrapped numbers (striped
+    off by 0.45; zigzag raises OverflowError for the constant 224)."""
+    layer = _ring(ruk.one_block_ring(CP, ruk.causal))
+
+    def model(q, k, v):
+        h = layer(q, k, v)
+        every7 = (lax.iota(jnp.int8, h.shape[1]) % 7 == 0)[None, :, None]
+        return layer(jnp.where(every7, h, 2 * h) + q, k, v)
+
+    q, k, v = _placed(*[(B, 256, D)] * 3)
+    fixed = autofix_shardings(model, on_fix="ignore", ring_reorder=strategy)
+    decisions = fixed.lower(q, k, v).rings
+    error = _max_error(fixed(q, k, v), jax.jit(model)(q, k, v))
     assert error <= 1e-5, (error, [(r.strategy, r.applied) for r in decisions])
