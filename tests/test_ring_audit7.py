@@ -1,10 +1,10 @@
 """Audit of loops that run once (read as straight-line code) and of the per-op table, against jax.jit (8 CPU
 devices, dp=2 x cp=4, one-block-a-step causal rings with positions from axis_index).
 
-- A while loop's trip count is read from its condition `i < n`. Where `n` is a loop-carried value that the body
+- A while loop's trip count is read from its condition `i < n` and the body's `i + s`. Where `n` is a loop-carried value that the body
   changes, the loop runs more trips than `(n0 - i0) / step` says: read as one trip (straight-line code) or as
   two, its later trips are never looked at, and a mask they compute with another block's positions is rewritten
-  as if it were never run: forced zigzag, under the defaults (a blockwise kernel with chunk skips, so the
+  as if it were never run (a step `s` carried and changed likewise: fewer trips than `n / s0`): forced zigzag, under the defaults (a blockwise kernel with chunk skips, so the
   defaults pick zigzag) and in a custom_vjp backward under jax.grad. Likewise an unsigned counter whose start
   (uint32 0 - 1) the index arithmetic reads as -1: the unsigned `i < 0` never holds, the analysis runs one trip.
 - Loops of one trip in the spellings that hold: fori_loop(3, 4), lax.while_loop with a counter stepping past its
@@ -100,7 +100,20 @@ def _bound_stepping(q, k, v):
     return _finish(lax.while_loop(lambda c: c[0] < c[1], body, (0, 4, _init(q), k, v))[2])
 
 
-@pytest.mark.parametrize("body", [_bound_rewritten, _bound_stepping], ids=["set-to-2", "advancing"])
+def _step_carried(q, k, v):
+    """`while i < 4: i += s; s += 1` from (0, 1): i = 0, 1, 3, then 6: three trips of one ring step (the fourth
+    block never arrives) where the step's starting value (1) says four."""
+    me = lax.axis_index("cp")
+
+    def body(c):
+        i, s, t, *carry = c
+        return (i + s, s + 1, t + 1) + _step(q, me, t, *carry)
+
+    return _finish(lax.while_loop(lambda c: c[0] < CP, body, (0, 1, 0, _init(q), k, v))[3])
+
+
+@pytest.mark.parametrize("body", [_bound_rewritten, _bound_stepping, _step_carried],
+                         ids=["set-to-2", "advancing", "step-carried"])
 def test_loop_whose_bound_the_body_changes_keeps_results(body):
     f = _ring(body)
     q, k, v = _placed(*[(B, S, D)] * 3)
