@@ -1,12 +1,14 @@
 """Audit of loops that run once (read as straight-line code) and of the per-op table, against jax.jit (8 CPU
 devices, dp=2 x cp=4, one-block-a-step causal rings with positions from axis_index).
 
-- A while loop's trip count is read from its condition `i < n` and the body's `i + s`. Where `n` is a loop-carried value that the body
-  changes, the loop runs more trips than `(n0 - i0) / step` says: read as one trip (straight-line code) or as
-  two, its later trips are never looked at, and a mask they compute with another block's positions is rewritten
-  as if it were never run (a step `s` carried and changed likewise: fewer trips than `n / s0`): forced zigzag, under the defaults (a blockwise kernel with chunk skips, so the
-  defaults pick zigzag) and in a custom_vjp backward under jax.grad. Likewise an unsigned counter whose start
-  (uint32 0 - 1) the index arithmetic reads as -1: the unsigned `i < 0` never holds, the analysis runs one trip.
+- A while loop's trip count is read from its condition `i < n` and the body's `i + s`. Where `n` (or `s`) is a
+  loop-carried value that the body changes, the loop runs another number of trips than `(n0 - i0) / s0`: read
+  as one trip (straight-line code) or as two, the trips it runs besides are never looked at, and a mask they
+  compute with another block's positions is rewritten as if they never ran. Forced zigzag, under the defaults
+  (a blockwise kernel with chunk skips, so the defaults pick zigzag), and in a custom_vjp backward under
+  jax.grad. Likewise unsigned integers read as exact ones: a counter started at uint32 0 - 1 is read as -1, so a
+  loop whose unsigned `i < 0` never holds is read as one trip; `uint32(i) - 2 < 100` is decided at compile time
+  as always true, where it fails at steps 0 and 1.
 - Loops of one trip in the spellings that hold: fori_loop(3, 4), lax.while_loop with a counter stepping past its
   bound, lax.scan of length 1 stacking its output, scan(reverse=True, unroll=3) with a step-0 reset, a one-trip
   loop inside the ring loop and the ring loop inside a one-trip loop; and the look-alikes that must stay refused
@@ -114,7 +116,7 @@ def _step_carried(q, k, v):
 
 @pytest.mark.parametrize("body", [_bound_rewritten, _bound_stepping, _step_carried],
                          ids=["set-to-2", "advancing", "step-carried"])
-def test_loop_whose_bound_the_body_changes_keeps_results(body):
+def test_loop_whose_bound_or_step_the_body_changes_keeps_results(body):
     f = _ring(body)
     q, k, v = _placed(*[(B, S, D)] * 3)
     fixed = autofix_shardings(f, on_fix="ignore", ring_reorder="zigzag")
