@@ -8,7 +8,8 @@ devices, dp=2 x cp=4, one-block-a-step causal rings with positions from axis_ind
   (a blockwise kernel with chunk skips, so the defaults pick zigzag), and in a custom_vjp backward under
   jax.grad. Likewise unsigned integers read as exact ones: a counter started at uint32 0 - 1 is read as -1, so a
   loop whose unsigned `i < 0` never holds is read as one trip; `uint32(i) - 2 < 100` is decided at compile time
-  as always true, where it fails at steps 0 and 1.
+  as always true, where it fails at steps 0 and 1; a counter started at int8(300) (44) is read as 300, so a loop
+  that runs once is read as never running.
 - Loops of one trip in the spellings that hold: fori_loop(3, 4), lax.while_loop with a counter stepping past its
   bound, lax.scan of length 1 stacking its output, scan(reverse=True, unroll=3) with a step-0 reset, a one-trip
   loop inside the ring loop and the ring loop inside a one-trip loop; and the look-alikes that must stay refused
@@ -257,6 +258,29 @@ def _unsigned_counter_below_zero(q, k, v):
 
 def test_unsigned_loop_counter_keeps_results():
     f = _ring(_unsigned_counter_below_zero)
+    q, k, v = _placed(*[(B, S, D)] * 3)
+    fixed = autofix_shardings(f, on_fix="ignore", ring_reorder="zigzag")
+    decisions = fixed.lower(q, k, v).rings
+    error = _max_error(fixed(q, k, v), jax.jit(f)(q, k, v))
+    assert error <= 1e-5, (error, [(r.strategy, r.applied) for r in decisions])
+
+
+def _narrowed_counter_start(q, k, v):
+    """i0 = int8(me * 0 + 300), 44 once it wraps; `while i < 45`: one trip moving k and v one hop, then a whole
+    ring that masks as if they were at home. Read as exact integers, i0 = 300 and the loop never runs."""
+    me = lax.axis_index("cp")
+
+    def body(c):
+        i, k, v = c
+        return (i + jnp.int8(1),) + tuple(lax.ppermute(t, "cp", ruk.ring(CP)) for t in (k, v))
+
+    start = (me * 0 + 300).astype(jnp.int8)
+    _, k, v = lax.while_loop(lambda c: c[0] < jnp.int8(45), body, (start, k, v))
+    return _finish(_steps(q, me, (_init(q), k, v), range(CP))[0])
+
+
+def test_loop_counter_started_in_a_narrow_type_keeps_results():
+    f = _ring(_narrowed_counter_start)
     q, k, v = _placed(*[(B, S, D)] * 3)
     fixed = autofix_shardings(f, on_fix="ignore", ring_reorder="zigzag")
     decisions = fixed.lower(q, k, v).rings
