@@ -134,20 +134,26 @@ def _through_identity(value: ir.Value) -> ir.Value:
     return value
 
 
-def _const_of(engine: Engine, value: ir.Value, inits: list, block) -> int | None:
-    """A constant: a splat constant op, or a loop argument that is passed through unchanged from a constant."""
+def _const_of(engine: Engine, value: ir.Value, inits: list, block, passthrough: list[bool]) -> int | None:
+    """A constant: a splat constant op, or a loop argument that is passed through unchanged from a constant (one the
+    body changes is only its start: `while i < n` with `n = n + 1` in the body runs more trips than the start of n
+    says)."""
     value = _through_identity(value)
     owner = value.owner
     if isinstance(owner, ir.Block):
         if owner == block:
-            init = inits[ir.BlockArgument(value).arg_number]
-            if isinstance(init, Index) and init.expr.is_const:
+            number = ir.BlockArgument(value).arg_number
+            init = inits[number]
+            if passthrough[number] and isinstance(init, Index) and init.expr.is_const:
                 return init.expr.const
         return None
     if owner.name == "stablehlo.constant":
         from .dims import splat_number
         number = splat_number(owner)
         return int(number) if isinstance(number, (int, bool)) else None
+    if owner.block == block:
+        # computed in the loop from its arguments: what the analysis holds for it is from an earlier pass
+        return None
     try:
         found = engine.get(value)
     except Exception:
@@ -170,18 +176,18 @@ def _counter(engine: Engine, op, inits: list, passthrough: list[bool]) -> _Count
     if not isinstance(lhs.owner, ir.Block):
         return None
     index = ir.BlockArgument(lhs).arg_number
-    bound = _const_of(engine, rhs, inits, cond)
+    bound = _const_of(engine, rhs, inits, cond, passthrough)
     init = inits[index]
     if bound is None or not isinstance(init, Index) or not init.expr.is_const or passthrough[index]:
         return None
-    step = _constant_step(engine, op, inits, index)
+    step = _constant_step(engine, op, inits, index, passthrough)
     if not step or step < 1:
         return None
     start = init.expr.const
     return _Counter(index, start, step, max(0, -(-(bound - start) // step)))
 
 
-def _constant_step(engine: Engine, op, inits: list, i: int) -> int | None:
+def _constant_step(engine: Engine, op, inits: list, i: int, passthrough: list[bool]) -> int | None:
     """The step of carried integer i when the body returns `arg_i + constant` (and it starts as a constant)."""
     if not inits[i].expr.is_const:
         return None
@@ -192,7 +198,8 @@ def _constant_step(engine: Engine, op, inits: list, i: int) -> int | None:
         return None
     a, b = (_through_identity(v) for v in add.operands)
     arg = body.arguments[i]
-    step = _const_of(engine, b, inits, body) if a == arg else _const_of(engine, a, inits, body) if b == arg else None
+    step = _const_of(engine, b, inits, body, passthrough) if a == arg else \
+        _const_of(engine, a, inits, body, passthrough) if b == arg else None
     return step or None
 
 
@@ -264,7 +271,7 @@ def _discover(engine: Engine, op, inits, passthrough, counter) -> _Plan:
     engine.state.loop_vars[k] = id(op)
     placeholders, owned, index_steps = [], {}, {}
     for i, init in enumerate(inits):
-        step = _constant_step(engine, op, inits, i) if isinstance(init, Index) else None
+        step = _constant_step(engine, op, inits, i, passthrough) if isinstance(init, Index) else None
         if passthrough[i]:
             placeholders.append(init)
         elif counter is not None and i == counter.index:
