@@ -416,6 +416,9 @@ def _registry() -> list[Program]:
         add(f"variant-{name}" + ("" if mesh == "explicit" else f"@{mesh}"), refusal(uv.ACCEPTED[name]), "proved",
             BOTH if wide else ZIGZAG, mesh=mesh)
     add("variant-vjp-scan-unroll2", refusal(uv.ACCEPTED["vjp-scan-unroll2"]), "proved", BOTH, grad=True)
+    # a loop of one trip whose residual slots only the backward reads: the forward proved, the backward refused
+    # for what it is
+    add("grad-variant-scan-unroll3-reset", refusal(uv.ACCEPTED["scan-unroll3-reset"]), "autodiff", grad=True)
     for make in uv.REFUSALS:
         add(f"refuse-{make.__name__.replace('_', '-')}", refusal(make), "refused", source=make)
     # k, v sent both ways around the ring (two blocks a step, the opposite one after the loop)

@@ -251,8 +251,9 @@ class Engine:
 
     # -- blocks --------------------------------------------------------------------------------------------------
 
-    def run_block(self, block, args: list) -> list:
-        """Abstract values of the block's terminator operands, given its arguments'."""
+    def run_block(self, block, args: list, opaque=()) -> list:
+        """Abstract values of the block's terminator operands, given its arguments' (those at the places in `opaque`:
+        residuals only, left uninterpreted)."""
         apply_rule = self.state.shared.apply_rule
         env = self.env
         arguments, body, returned = self.state.shared.block(block)
@@ -265,6 +266,9 @@ class Engine:
                 continue
             for result, value in zip(results, apply_rule(self, op)):
                 env[result] = value
+        if opaque:
+            from .autodiff import OPAQUE
+            return [OPAQUE if i in opaque else self.get(v) for i, v in enumerate(returned)]
         return [self.get(v) for v in returned]
 
     def _skip(self, op: ir.Operation) -> None:

@@ -216,10 +216,11 @@ def while_loop(engine: Engine, op):
     counter = _counter(engine, op, inits, passthrough)
     if counter is not None and counter.trips == 0:
         return inits
-    if counter is not None and counter.trips == 1 and not dead:
+    if counter is not None and counter.trips == 1:
         # the body runs once, on the values the loop starts with: straight-line code, as if written out (a scan
-        # over 4 ring steps unrolled by 3 runs its first three in one trip, a step-0 reset included)
-        return engine.run_block(body, inits)
+        # over 4 ring steps unrolled by 3 runs its first three in one trip, a step-0 reset included); slots only
+        # residuals read stay uninterpreted
+        return engine.run_block(body, inits, opaque=dead)
     saved = _snapshot(engine.state)
     try:
         plan = _discover(engine, op, inits, passthrough, counter)
