@@ -482,6 +482,18 @@ def test_positions_narrowed_to_int8_keep_results(strategy):
     assert error <= 1e-5, (error, [(r.strategy, r.applied) for r in decisions])
 
 
+@pytest.mark.parametrize("length", [128, 256])
+def test_positions_in_int8_are_rewritten_where_they_are_exact(length):
+    """Positions that int8 holds (S = 128: 0..127) are rewritten in int8; at S = 256 the convert to int8 is data
+    on the int32 positions, which are rewritten before it: both proved, both equal to jax.jit."""
+    f = _ring(_int8_positions)
+    q, k, v = _placed(*[(B, length, D)] * 3)
+    fixed = autofix_shardings(f, on_fix="ignore", ring_reorder="zigzag")
+    decisions = [(r.strategy, r.applied) for r in fixed.lower(q, k, v).rings]
+    assert decisions == [("zigzag", True)]
+    assert _max_error(fixed(q, k, v), jax.jit(f)(q, k, v)) <= 1e-5
+
+
 @pytest.mark.parametrize("strategy", ["striped", "zigzag"])
 def test_int8_iota_between_ring_layers_keeps_results(strategy):
     """hoist-permutations computes an integer iota along the sequence in permuted order in the iota's own type:

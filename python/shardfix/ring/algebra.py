@@ -13,7 +13,7 @@ from jaxlib.mlir.dialects import stablehlo
 from . import coverage as cov_ops
 from .finite import float_max, float_to_float, may_be_infinite, narrowing
 from .analysis import Engine
-from .dims import shape
+from .dims import is_integer, shape
 from .optable import Algebra, info
 from .symbolic import Aff, Var, congruent
 from .values import (CONST, EMPTY, FREE, Agg, AggOp, Axis, Coverage, CoverageVar, Data, ObligationKind, Stack, Tok,
@@ -139,6 +139,10 @@ def _attrs(op) -> str:
     if op.name == "stablehlo.convert":
         target = str(ir.ShapedType(op.results[0].type).element_type)
         return f"narrowing to {target}" if float_to_float(op) and narrowing(op) else target
+    result = ir.ShapedType(op.results[0].type).element_type
+    if isinstance(result, ir.IntegerType) and ir.IntegerType(result).width > 1:
+        # integer arithmetic wraps in its type: `uint32(i) - 2` is not `int32(i) - 2`, though both read i
+        return str(result)
     return ""
 
 
@@ -251,7 +255,9 @@ def _fold_constants(engine: Engine, op, values: list[Data], out) -> Data | None:
     if op.name == "stablehlo.multiply" and 0.0 in numbers:
         return _const_data(engine, 0.0, out)
     fold = info(op.name).fold
-    if fold is not None and None not in numbers:
+    # integer constants that reach here are not exact index arithmetic (rules.py keeps those that are as Index):
+    # numbers of a type that wraps (`uint32(0) - uint32(1)`), so not folded as exact numbers
+    if fold is not None and None not in numbers and not is_integer(op.results[0]):
         try:
             result = fold(*numbers)
         except (OverflowError, ZeroDivisionError, ValueError):

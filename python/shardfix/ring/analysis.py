@@ -18,6 +18,7 @@ from ..ir import op_loc
 from ..ir.locations import innermost_loc, this_programs
 from ..locations import SourceLoc, is_library_file
 from . import coverage as cov_ops
+from .dims import element_type, holds
 from .symbolic import Aff, Coord, Node, Other, Pid, PidDiv, Scope, Var, bounds, gpos, map_sources, sourced_nodes
 from .symbolic import Dim as SymDim
 from .values import (CONST, FREE, Axis, Coverage, CoverageVar, Data, Index, Obligation, ObligationKind, Stack,
@@ -414,6 +415,11 @@ class Engine:
             self.refuse(f"computes a position (coordinate * {a} + index) whose index may fall outside 0..{a - 1}, "
                         "so it is not the place of a token of that block", op)
         unit = block // a
+        read = op.operands[operand]
+        if not holds(read, 0, self.ring.cp * a - 1):
+            # the rewrite computes the new places in the read's own type: one that holds them all
+            self.refuse(f"reads positions in {element_type(read)}, which can't hold positions up to "
+                        f"{self.ring.cp * a - 1}", op)
         calls = tuple(self.state.call_ops) if calls is None else calls
         rewrite = Rewrite(op, operand, unit, calls)
         previous = self.state.rewrites.get(rewrite.key())

@@ -37,6 +37,35 @@ def is_integer(value: ir.Value) -> bool:
     return isinstance(element_type(value), ir.IntegerType)
 
 
+_SIGNIFICAND = MappingProxyType({"f64": 53, "f32": 24, "f16": 11, "bf16": 8})
+
+
+def holds(value: ir.Value, lo: float, hi: float) -> bool:
+    """Whether the type of `value` holds every integer in [lo, hi], so that arithmetic in it on numbers of
+    that range is exact (no wrap). An end the analysis can't bound (infinite) is taken to fit only a type of at
+    least 32 bits, signed, or unsigned where the value is known not to be negative: index arithmetic there (device
+    indices, positions, loop counters) is taken to stay below 2**31, as JAX's own int32 indexing does. i1 is a
+    boolean, 0 or 1."""
+    t = element_type(value)
+    if not isinstance(t, ir.IntegerType):
+        # a float type holds the integers up to 2**p exactly (p: its significand's bits; bf16 rounds 257)
+        p = _SIGNIFICAND.get(str(t), 0)
+        return not math.isinf(lo) and not math.isinf(hi) and -2 ** p <= lo and hi <= 2 ** p
+    t = ir.IntegerType(t)
+    width = t.width
+    if width == 1:
+        return 0 <= lo and hi <= 1
+    if t.is_unsigned:
+        low, high = 0, 2 ** width - 1
+    else:  # signless integers are signed in StableHLO
+        low, high = -2 ** (width - 1), 2 ** (width - 1) - 1
+    if (not math.isinf(lo) and lo < low) or (not math.isinf(hi) and hi > high):
+        return False
+    if math.isinf(lo) or math.isinf(hi):
+        return width >= 32 and not (t.is_unsigned and lo < 0)
+    return True
+
+
 def ints(attr: ir.Attribute) -> list[int]:
     """A dense integer array attribute (broadcast_dimensions, permutation, dimensions, slice bounds) as ints."""
     try:

@@ -46,7 +46,7 @@ from ..locations import SourceLoc
 from ..sharding import AxisRef, DimSharding, Mesh, TensorSharding
 from .calls import CallMotion, TokenwiseCalls
 from .detect import module_funcs
-from .dims import is_integer, reducer
+from .dims import holds, is_integer, reducer
 from .dims import shape as _shape
 from .permutation import PERMUTATION_ATTR, Permutations
 from .positions import mapped_index
@@ -495,7 +495,8 @@ class _Body:
             holder = value if ir.DenseElementsAttr(op.attributes["value"]).is_splat else None
         elif ir.IntegerAttr(op.attributes["iota_dimension"]).value != order.dim:
             holder = value
-        elif is_integer(value):
+        elif is_integer(value) and holds(value, 0, order.kind.length - 1):
+            # (mapped in the iota's own type: one that holds every position, else the arithmetic wraps)
             kind = order.kind
             cp = dict(self.mover.meshes[kind.mesh_name].axes)[kind.axis]
             with ir.InsertionPoint.after(op), op.location:

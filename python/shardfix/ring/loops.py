@@ -17,7 +17,7 @@ from jaxlib.mlir import ir
 from . import coverage as cov_ops
 from .algebra import agg_fn, cov_prefix, start_value, try_complete
 from .analysis import Engine, Refusal
-from .dims import shape
+from .dims import element_type, holds, shape
 from .symbolic import Aff, Coord, Node, Scope, Var, congruent, sourced_nodes
 from .symbolic import Dim as SymDim
 from .values import (CONST, EMPTY, FREE, AggOp, Axis, Cells, Coverage, CoverageVar, Data, Index, Obligation,
@@ -173,7 +173,7 @@ def _counter(engine: Engine, op, inits: list, passthrough: list[bool]) -> _Count
     if stablehlo.ComparisonDirectionAttr(compare.attributes["comparison_direction"]).value != "LT":
         return None
     lhs, rhs = (_through_identity(v) for v in compare.operands)
-    if not isinstance(lhs.owner, ir.Block):
+    if not isinstance(lhs.owner, ir.Block) or not _signed_compare(compare):
         return None
     index = ir.BlockArgument(lhs).arg_number
     bound = _const_of(engine, rhs, inits, cond, passthrough)
@@ -184,7 +184,20 @@ def _counter(engine: Engine, op, inits: list, passthrough: list[bool]) -> _Count
     if not step or step < 1:
         return None
     start = init.expr.const
-    return _Counter(index, start, step, max(0, -(-(bound - start) // step)))
+    trips = max(0, -(-(bound - start) // step))
+    if not holds(lhs, start, start + trips * step):
+        return None  # the counter wraps before it reaches its bound (int8 from 10 by 120): not this trip count
+    return _Counter(index, start, step, trips)
+
+
+def _signed_compare(compare: ir.Operation) -> bool:
+    """`i < n` compares signed integers as numbers (not unsigned ones, where 0 - 1 is the largest)."""
+    t = element_type(compare.operands[0])
+    if not isinstance(t, ir.IntegerType) or ir.IntegerType(t).is_unsigned or ir.IntegerType(t).width == 1:
+        return False
+    from jaxlib.mlir.dialects import stablehlo
+    return "compare_type" not in compare.attributes or \
+        stablehlo.ComparisonTypeAttr(compare.attributes["compare_type"]).value == "SIGNED"
 
 
 def _constant_step(engine: Engine, op, inits: list, i: int, passthrough: list[bool]) -> int | None:

@@ -25,8 +25,8 @@ from jaxlib.mlir.dialects import stablehlo
 from . import algebra, branches, contract, finite, loops
 from . import symbolic as sym
 from .analysis import Engine
-from .dims import (ORDER_FREE_REDUCERS, dot_dims, dot_result_dims, element_type, ints, is_integer, rank, reducer,
-                   reshape_groups, row_major_strides, shape, splat_number)
+from .dims import (ORDER_FREE_REDUCERS, dot_dims, dot_result_dims, element_type, holds, ints, is_integer, rank,
+                   reducer, reshape_groups, row_major_strides, shape, splat_number)
 from .optable import OPS, Motion, Transfer, info
 from .symbolic import Aff, Coord, Dim, Pid
 from .values import CONST, FREE, AggOp, Axis, Data, Index, Stack, Tok, canonical
@@ -176,7 +176,13 @@ def constant(engine: Engine, op):
 @rule(Transfer.IOTA)
 def iota(engine: Engine, op):
     dim = int(ir.IntegerAttr(op.attributes["iota_dimension"]).value)
-    return [Index(shape(op.results[0]), Aff.of(Dim(dim)))]
+    out = shape(op.results[0])
+    if not holds(op.results[0], 0, out[dim] - 1):
+        # an iota that wraps or rounds in its type (int8 or bf16 along 512): not the index numbers, a function of
+        # the local index all the same (its own, the type's: not to be mistaken for the index)
+        fn = engine.fns.intern(("iota", dim, str(element_type(op.results[0]))))
+        return [Data(out, tuple(FREE if i == dim and n > 1 else CONST for i, n in enumerate(out)), (), fn)]
+    return [Index(out, Aff.of(Dim(dim)))]
 
 
 @rule(Transfer.PARTITION_ID)
@@ -194,11 +200,11 @@ def elementwise(engine: Engine, op):
     result = op.results[0]
     if info(op.name).index and all(isinstance(x, Index) for x in ins) and \
             (is_integer(result) or op.name == "stablehlo.compare"):
-        folded = _index_elementwise(engine, op, ins)
+        folded = _exact(engine, op, _index_elementwise(engine, op, ins))
         if folded is not None:
             return [folded]
     if op.name == "stablehlo.select" and isinstance(ins[0], Index) and all(isinstance(x, Index) for x in ins[1:]):
-        folded = _index_elementwise(engine, op, ins)
+        folded = _exact(engine, op, _index_elementwise(engine, op, ins))
         if folded is not None:
             return [folded]
     if op.name == "stablehlo.select" and isinstance(ins[0], Index) and ins[0].expr.is_const:
@@ -213,6 +219,34 @@ def elementwise(engine: Engine, op):
             if reset is not None:
                 return [reset]
     return [algebra.combine(engine, op, data)]
+
+
+def _exact(engine: Engine, op, folded: Index | None) -> Index | None:
+    """The folded result, where exact integer arithmetic is what the op computes: its result's type holds every
+    value the form takes, and a compare compares the numbers as they are (StableHLO compares unsigned integers
+    as unsigned: an operand's number, kept as an Index only where its type holds it, is the number compared).
+    Else None: the op is read as data on its operands (`uint32(i) - 2` wraps below zero; `x.astype(int8)` of
+    positions up to 255 wraps from 128), never as the exact number."""
+    if folded is None:
+        return None
+    result = op.results[0]
+    if is_integer(result) and not holds(result, *sym.bounds(folded.expr, engine.scope_for(folded.shape))):
+        return None
+    if op.name == "stablehlo.compare":
+        kind = stablehlo.ComparisonTypeAttr(op.attributes["compare_type"]).value \
+            if "compare_type" in op.attributes else None
+        scope = engine.scope_for(folded.shape)
+        for v in op.operands:
+            t = element_type(v)
+            if not isinstance(t, ir.IntegerType):
+                expected = ("FLOAT", "TOTALORDER")
+            else:
+                expected = ("UNSIGNED",) if ir.IntegerType(t).is_unsigned or ir.IntegerType(t).width == 1 \
+                    else ("SIGNED",)
+            if kind not in (None,) + expected or \
+                    not holds(v, *sym.bounds(engine.get(v).expr, scope)):
+                return None  # compared other than as the numbers are (a signed compare of unsigned numbers)
+    return folded
 
 
 def _index_elementwise(engine: Engine, op, ins: list[Index]) -> Index | None:

@@ -297,6 +297,9 @@ def _node_bounds(node: Node, scope: Scope) -> tuple[float, float]:
         return (max(a[0], b[0]), max(a[1], b[1])) if op == "max" else (min(a[0], b[0]), min(a[1], b[1]))
     if op == "sign":
         return -1, 1
+    if op == "gpos":  # a unit's place in the new order: one of the cp * a units (a: units a block, the coordinate's)
+        a = [c for atom, c in args[0].terms if isinstance(atom, Coord)]
+        return (0, scope.cp * a[0] - 1) if len(a) == 1 and a[0] > 0 else (-math.inf, math.inf)
     if op in ("trem", "fmod"):
         x, d = bounds(args[0], scope), args[1]
         if op == "fmod" or x[0] >= 0:
