@@ -33,6 +33,14 @@ from test_ring_audit5 import MESH, SPEC, _max_error, _placed
 CP, B, S, D = 4, 2, 32, 8
 
 
+def _assert_keeps_results(f, args, strategy: str = "auto", tolerance: float = 1e-5) -> None:
+    """`f` through @autofix_shardings (ring_reorder=`strategy`) computes what jax.jit computes, to `tolerance`."""
+    fixed = autofix_shardings(f, on_fix="ignore", ring_reorder=strategy)
+    decisions = fixed.lower(*args).rings
+    error = _max_error(fixed(*args), jax.jit(f)(*args))
+    assert error <= tolerance, (error, [(r.strategy, r.applied, r.why) for r in decisions])
+
+
 def _ring(body):
     return jax.shard_map(body, mesh=MESH, in_specs=(SPEC,) * 3, out_specs=SPEC, check_vma=False)
 
@@ -120,10 +128,7 @@ def _step_carried(q, k, v):
 def test_loop_whose_bound_or_step_the_body_changes_keeps_results(body):
     f = _ring(body)
     q, k, v = _placed(*[(B, S, D)] * 3)
-    fixed = autofix_shardings(f, on_fix="ignore", ring_reorder="zigzag")
-    decisions = fixed.lower(q, k, v).rings
-    error = _max_error(fixed(q, k, v), jax.jit(f)(q, k, v))
-    assert error <= 1e-5, (error, [(r.strategy, r.applied) for r in decisions])
+    _assert_keeps_results(f, (q, k, v), strategy="zigzag")
 
 
 def _blockwise_bound_rewritten(q, k, v, chunk=2):
@@ -168,10 +173,7 @@ def _blockwise_bound_rewritten(q, k, v, chunk=2):
 def test_blockwise_loop_whose_bound_the_body_changes_keeps_results_under_defaults():
     f = _ring(_blockwise_bound_rewritten)
     q, k, v = _placed(*[(B, S, D)] * 3)
-    fixed = autofix_shardings(f, on_fix="ignore")
-    decisions = fixed.lower(q, k, v).rings
-    error = _max_error(fixed(q, k, v), jax.jit(f)(q, k, v))
-    assert error <= 1e-5, (error, [(r.strategy, r.applied) for r in decisions])
+    _assert_keeps_results(f, (q, k, v))
 
 
 def _vjp_backward_bound_rewritten():
@@ -235,10 +237,7 @@ def test_custom_vjp_backward_loop_whose_bound_the_body_changes_keeps_gradients()
     f = _ring(_vjp_backward_bound_rewritten())
     q, k, v, w = _placed(*[(B, S, D)] * 4)
     grad = jax.grad(lambda q, k, v: jnp.sum(f(q, k, v) * w), argnums=(0, 1, 2))
-    fixed = autofix_shardings(grad, on_fix="ignore", ring_reorder="zigzag")
-    decisions = fixed.lower(q, k, v).rings
-    error = _max_error(fixed(q, k, v), jax.jit(grad)(q, k, v))
-    assert error <= 1e-4, (error, [(r.strategy, r.applied) for r in decisions])
+    _assert_keeps_results(grad, (q, k, v), strategy="zigzag", tolerance=1e-4)
 
 
 def _unsigned_counter_below_zero(q, k, v):
@@ -259,10 +258,7 @@ def _unsigned_counter_below_zero(q, k, v):
 def test_unsigned_loop_counter_keeps_results():
     f = _ring(_unsigned_counter_below_zero)
     q, k, v = _placed(*[(B, S, D)] * 3)
-    fixed = autofix_shardings(f, on_fix="ignore", ring_reorder="zigzag")
-    decisions = fixed.lower(q, k, v).rings
-    error = _max_error(fixed(q, k, v), jax.jit(f)(q, k, v))
-    assert error <= 1e-5, (error, [(r.strategy, r.applied) for r in decisions])
+    _assert_keeps_results(f, (q, k, v), strategy="zigzag")
 
 
 def _narrowed_counter_start(q, k, v):
@@ -282,10 +278,7 @@ def _narrowed_counter_start(q, k, v):
 def test_loop_counter_started_in_a_narrow_type_keeps_results():
     f = _ring(_narrowed_counter_start)
     q, k, v = _placed(*[(B, S, D)] * 3)
-    fixed = autofix_shardings(f, on_fix="ignore", ring_reorder="zigzag")
-    decisions = fixed.lower(q, k, v).rings
-    error = _max_error(fixed(q, k, v), jax.jit(f)(q, k, v))
-    assert error <= 1e-5, (error, [(r.strategy, r.applied) for r in decisions])
+    _assert_keeps_results(f, (q, k, v), strategy="zigzag")
 
 
 def _unsigned_reset(q, k, v):
@@ -308,10 +301,7 @@ def _unsigned_reset(q, k, v):
 def test_select_on_an_unsigned_difference_keeps_results():
     f = _ring(_unsigned_reset)
     q, k, v = _placed(*[(B, S, D)] * 3)
-    fixed = autofix_shardings(f, on_fix="ignore", ring_reorder="zigzag")
-    decisions = fixed.lower(q, k, v).rings
-    error = _max_error(fixed(q, k, v), jax.jit(f)(q, k, v))
-    assert error <= 1e-5, (error, [(r.strategy, r.applied) for r in decisions])
+    _assert_keeps_results(f, (q, k, v), strategy="zigzag")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -476,10 +466,7 @@ def test_positions_narrowed_to_int8_keep_results(strategy):
     striped is off by 2.6; zigzag raises OverflowError building the constant 224 in int8."""
     f = _ring(_int8_positions)
     q, k, v = _placed(*[(B, 256, D)] * 3)
-    fixed = autofix_shardings(f, on_fix="ignore", ring_reorder=strategy)
-    decisions = fixed.lower(q, k, v).rings
-    error = _max_error(fixed(q, k, v), jax.jit(f)(q, k, v))
-    assert error <= 1e-5, (error, [(r.strategy, r.applied) for r in decisions])
+    _assert_keeps_results(f, (q, k, v), strategy=strategy)
 
 
 @pytest.mark.parametrize("length", [128, 256])
@@ -507,7 +494,4 @@ def test_int8_iota_between_ring_layers_keeps_results(strategy):
         return layer(jnp.where(every7, h, 2 * h) + q, k, v)
 
     q, k, v = _placed(*[(B, 256, D)] * 3)
-    fixed = autofix_shardings(model, on_fix="ignore", ring_reorder=strategy)
-    decisions = fixed.lower(q, k, v).rings
-    error = _max_error(fixed(q, k, v), jax.jit(model)(q, k, v))
-    assert error <= 1e-5, (error, [(r.strategy, r.applied) for r in decisions])
+    _assert_keeps_results(model, (q, k, v), strategy=strategy)
