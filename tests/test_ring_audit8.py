@@ -6,7 +6,9 @@ from axis_index).
   bounded below only, so int32 is taken to hold it and what is computed from it: `dp * 3 * 2**30 >= 0` (and
   `dp + (2**31 - 1) >= 0`) is decided at compile time as always true, where in int32 it fails on dp = 1. A select
   on it between a causal mask and a block-diagonal one (`i == 0`, not a function of positions) is read as the
-  causal mask alone and rewritten, so the dp = 1 rows lose their result.
+  causal mask alone and rewritten, so the dp = 1 rows lose their result. Forced zigzag; under the defaults
+  (a blockwise kernel with chunk skips, so the defaults pick zigzag; the mask keeps the odd keys on cp device 1
+  only where the flag holds); in a custom_vjp's forward and backward under jax.grad.
 """
 
 import jax
@@ -63,4 +65,31 @@ def test_int32_overflow_of_another_axis_coordinate_keeps_results(flag):
     fixed = autofix_shardings(f, on_fix="ignore", ring_reorder="zigzag")
     decisions = fixed.lower(q, k, v).rings
     error = _max_error(fixed(q, k, v), jax.jit(f)(q, k, v))
+    assert error <= 1e-5, (error, [(r.strategy, r.applied) for r in decisions])
+
+
+def _dp_wrap_mask(q_pos, k_pos):
+    """Causal; on dp = 1 (where `dp * 3 * 2**30 >= 0` fails in int32) cp device 1 also drops the odd keys, a mask
+    that is not a function of positions alone."""
+    wrapped = lax.axis_index("dp") * (2 ** 30) * 3 >= 0
+    return (q_pos >= k_pos) & (wrapped | (lax.axis_index("cp") != 1) | (k_pos % 2 == 0)), None
+
+
+def test_int32_overflow_of_another_axis_coordinate_keeps_results_under_defaults():
+    f = _ring(ruk.blockwise_ring(CP, 2, _dp_wrap_mask, ruk.live_causal))
+    q, k, v = _placed(*[(B, S, D)] * 3)
+    fixed = autofix_shardings(f, on_fix="ignore")
+    decisions = fixed.lower(q, k, v).rings
+    error = _max_error(fixed(q, k, v), jax.jit(f)(q, k, v))
+    assert error <= 1e-5, (error, [(r.strategy, r.applied) for r in decisions])
+
+
+def test_int32_overflow_of_another_axis_coordinate_keeps_custom_vjp_gradients():
+    f = _ring(ruk.vjp_ring(CP, _dp_wrap_mask))
+    q, k, v = _placed(*[(B, S, D)] * 3)
+    (w,) = _placed((B, S, D), seed=9)
+    g = jax.grad(lambda q, k, v: jnp.sum(f(q, k, v) * w), argnums=(0, 1, 2))
+    fixed = autofix_shardings(g, on_fix="ignore", ring_reorder="zigzag")
+    decisions = fixed.lower(q, k, v).rings
+    error = _max_error(fixed(q, k, v), jax.jit(g)(q, k, v))
     assert error <= 1e-5, (error, [(r.strategy, r.applied) for r in decisions])
