@@ -93,3 +93,13 @@ def test_int32_overflow_of_another_axis_coordinate_keeps_custom_vjp_gradients():
     decisions = fixed.lower(q, k, v).rings
     error = _max_error(fixed(q, k, v), jax.jit(g)(q, k, v))
     assert error <= 1e-5, (error, [(r.strategy, r.applied) for r in decisions])
+
+
+def test_another_axis_coordinate_that_fits_int32_is_rewritten_and_keeps_results():
+    """The same select on `dp >= 0` (always true, no wrap): decided at compile time, the ring rewritten."""
+    f = _ring(_causal_or_own_block(lambda: lax.axis_index("dp") >= 0))
+    q, k, v = _placed(*[(B, S, D)] * 3)
+    fixed = autofix_shardings(f, on_fix="ignore", ring_reorder="zigzag")
+    decisions = fixed.lower(q, k, v).rings
+    assert [(r.strategy, r.applied) for r in decisions] == [("zigzag", True)]
+    assert _max_error(fixed(q, k, v), jax.jit(f)(q, k, v)) <= 1e-5
