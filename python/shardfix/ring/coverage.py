@@ -52,7 +52,7 @@ def _scope_with(scope: Scope, families) -> Scope:
     for fam in families:
         for v, lo, hi in fam.vars:
             var_bounds[v] = (lo, hi)
-    return Scope(scope.cp, var_bounds, scope.dim_sizes)
+    return scope.with_vars(var_bounds)
 
 
 def _rename(fam: Cells) -> Cells:
@@ -128,7 +128,7 @@ def family_self_disjoint(fam: Cells, scope: Scope) -> bool:
         shifted = {v: Aff.of(v) + Aff.of(d)}
         var_bounds = dict(inner.var_bounds)
         var_bounds[d] = (Aff.of(1), hi - lo)
-        s = Scope(scope.cp, var_bounds, scope.dim_sizes)
+        s = scope.with_vars(var_bounds)
         hop2, start2 = fam.hop.substitute(shifted), fam.start.substitute(shifted)
         if differs_mod(fam.hop, hop2, scope.cp, s):
             continue

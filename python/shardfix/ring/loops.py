@@ -435,7 +435,7 @@ class _iterating:
         self.saved = self.engine.scope
         var_bounds = dict(self.saved.var_bounds)
         var_bounds[self.k] = (Aff(), Aff.of((self.trips if self.trips is not None else 1 << 30) - 1))
-        self.engine.scope = Scope(self.saved.cp, var_bounds)
+        self.engine.scope = self.saved.with_vars(var_bounds, ())
         return self
 
     def __exit__(self, *exc):

@@ -310,7 +310,7 @@ def _prove_region(r: RingRegion, place: int, funcs, verdict: Verdict, produced: 
     residuals = {j for j, result in enumerate(r.region.results)
                  if all(reader in backwards for reader in readers_across(result, shared.rings))} if backwards else set()
     liveness = Liveness(body, set(range(len(r.region.results))) - residuals) if residuals else None
-    engine = Engine(state, Scope(r.cp, {}), liveness)
+    engine = Engine(state, Scope(r.cp, {}, mesh_axes=tuple(r.mesh.axes)), liveness)
     args = []
     for i, sharding in enumerate(ins):
         local = local_shapes[i]

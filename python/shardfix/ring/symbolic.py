@@ -226,14 +226,19 @@ def is_opaque(value: Aff) -> bool:
 @dataclass
 class Scope:
     """What bounds the atoms: the ring size, loop variables' ranges (bounds may be affine in outer variables),
-    and the extents of the dims of the tensor a form describes."""
+    the extents of the dims of the tensor a form describes, and the mesh's axes (name, size): a device's index
+    along another axis, or its partition index, is below that axis's size, or the number of devices."""
 
     cp: int
     var_bounds: dict  # Var -> (lo: Aff, hi: Aff), inclusive
     dim_sizes: tuple[int, ...] = ()
+    mesh_axes: tuple[tuple[str, int], ...] = ()
 
     def with_dims(self, sizes) -> "Scope":
-        return Scope(self.cp, self.var_bounds, tuple(sizes))
+        return Scope(self.cp, self.var_bounds, tuple(sizes), self.mesh_axes)
+
+    def with_vars(self, var_bounds: dict, dim_sizes: tuple[int, ...] | None = None) -> "Scope":
+        return Scope(self.cp, var_bounds, self.dim_sizes if dim_sizes is None else dim_sizes, self.mesh_axes)
 
 
 def bounds(value: Aff, scope: Scope | None) -> tuple[float, float]:
@@ -276,10 +281,16 @@ def _atom_bounds(atom, scope: Scope) -> tuple[float, float]:
         if atom.index < len(scope.dim_sizes):
             return 0, scope.dim_sizes[atom.index] - 1
         return -math.inf, math.inf
-    if isinstance(atom, (Coord, Other)):
-        return 0, (scope.cp - 1 if isinstance(atom, Coord) else math.inf)
+    if isinstance(atom, Coord):
+        return 0, scope.cp - 1
+    if isinstance(atom, Other):  # an axis the scope doesn't know is unbounded: no type is taken to hold it
+        sizes = dict(scope.mesh_axes)
+        return 0, (sizes[atom.axis] - 1 if atom.axis in sizes else math.inf)
     if isinstance(atom, (Pid, PidDiv)):
-        return 0, math.inf
+        if not scope.mesh_axes:
+            return 0, math.inf
+        last = math.prod(size for _, size in scope.mesh_axes) - 1
+        return 0, (last if isinstance(atom, Pid) else last // atom.stride)
     if isinstance(atom, Node):
         return _node_bounds(atom, scope)
     return -math.inf, math.inf
