@@ -32,11 +32,13 @@ def _custom_call(target: str) -> Primitive:
 CALLS = {target: _custom_call(target) for target in ("Sharding", "other_target")}
 
 
-def _layer(target: str):
-    """A one-block causal ring whose queries first go through custom_call `target`."""
+def _layer(target: str, helper: bool):
+    """A one-block causal ring whose queries first go through custom_call `target` (in a jitted helper of the
+    layer's own with `helper`)."""
     body = ruk.one_block_ring(CP, ruk.causal)
-    return jax.shard_map(lambda q, k, v: body(CALLS[target].bind(q), k, v), mesh=MESH, in_specs=(SPEC,) * 3,
-                         out_specs=SPEC, check_vma=False)
+    call = jax.jit(CALLS[target].bind) if helper else CALLS[target].bind
+    return jax.shard_map(lambda q, k, v: body(call(q), k, v), mesh=MESH, in_specs=(SPEC,) * 3, out_specs=SPEC,
+                         check_vma=False)
 
 
 @jax.jit
@@ -49,8 +51,8 @@ def other_target(x):
     return x * 2.0
 
 
-def _decisions(targets: list[str]) -> list[tuple[bool, str]]:
-    layers = [_layer(t) for t in targets]
+def _decisions(targets: list[str], helper: bool) -> list[tuple[bool, str]]:
+    layers = [_layer(t, helper) for t in targets]
 
     def f(q, k, v):
         return [layer(q, k, v) for layer in layers] + [Sharding(q), other_target(q)]
@@ -62,10 +64,11 @@ def _decisions(targets: list[str]) -> list[tuple[bool, str]]:
 EXPECTED = {"Sharding": True, "other_target": False}  # the annotation is read through; the opaque call is refused
 
 
+@pytest.mark.parametrize("helper", [False, True], ids=["in_region", "in_helper"])
 @pytest.mark.parametrize("targets", [["Sharding"], ["other_target"], ["Sharding", "other_target"],
                                      ["other_target", "Sharding"]], ids="-".join)
-def test_custom_call_target_named_like_a_function_is_not_carried_over(targets):
-    decisions = _decisions(targets)
+def test_custom_call_target_named_like_a_function_is_not_carried_over(targets, helper):
+    decisions = _decisions(targets, helper)
     assert [applied for applied, _ in decisions] == [EXPECTED[t] for t in targets], decisions
     for (applied, why), target in zip(decisions, targets):
         if not applied:
