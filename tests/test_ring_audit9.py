@@ -126,3 +126,59 @@ def test_minus_infinity_table_does_not_take_the_verdict_of_a_finite_one():
         np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5, atol=1e-5, equal_nan=True,
                                    err_msg=str(decisions))
     assert sum(applied for applied, _ in decisions) <= 1, decisions
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What the group key leaves out: which result of a group's region an operand is.
+
+POS = P("dp", "cp")
+
+
+def _positions_and_local_index():
+    """A causal ring that also returns each token's position and its index within the block (not a position)."""
+
+    def body(q, k, v):
+        o = ruk.one_block_ring(CP, ruk.causal)(q, k, v)
+        (b, n), me = q.shape[:2], lax.axis_index("cp")
+        return o, jnp.broadcast_to(me * n + jnp.arange(n), (b, n)), jnp.broadcast_to(jnp.arange(n), (b, n))
+
+    return jax.shard_map(body, mesh=MESH, in_specs=(SPEC,) * 3, out_specs=(SPEC, POS, POS), check_vma=False)
+
+
+def _data_positions_ring():
+    return jax.shard_map(ruk.one_block_ring(CP, ruk.causal, positions="data", loop="unrolled"), mesh=MESH,
+                         in_specs=(SPEC,) * 3 + (POS, POS), out_specs=SPEC, check_vma=False)
+
+
+def _position_groups(orders: list[str]):
+    """Per order a group [A, B1, B2]: A returns (o, positions, local index); B1 and B2 (rings over data positions)
+    read o and, "ab": B1 the positions and B2 the local index, "ba": the other way round. The groups' keys are
+    equal (B1 and B2 read "a result of A" either way)."""
+    groups = [(_positions_and_local_index(), _data_positions_ring(), _data_positions_ring(), o) for o in orders]
+
+    def f(q, k, v):
+        out = []
+        for a, b1, b2, order in groups:
+            o, positions, local = a(q, k, v)
+            x, y = (positions, local) if order == "ab" else (local, positions)
+            out.append(b1(o, k, v, x, x))
+            out.append(b2(o, k, v, y, y))  # on a line of its own: the decisions' locations tell B1 and B2 apart
+        return out
+
+    args = _placed(*[(B, S, D)] * 3)
+    fixed = autofix_shardings(f, on_fix="ignore", ring_reorder="zigzag")
+    rings = fixed.lower(*args).rings
+    want = jax.jit(f)(*args)
+    for got, expected in zip(fixed(*args), want, strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-5, atol=1e-5)
+    return [(r.applied, str(r.loc), r.why) for r in rings]
+
+
+def test_group_reading_the_other_result_is_not_given_the_first_groups_decisions():
+    """Results are right either way (the regions proved apart read A unreordered), but the "ba" group, after an
+    "ab" group, takes the "ab" group's decisions: B1 (reading the local index) applied, B2 (reading positions)
+    refused for the while loop of a B reading positions, where on its own the "ba" group refuses B1 for its local
+    index and applies B2."""
+    alone = _position_groups(["ba"])
+    after = _position_groups(["ab", "ba"])
+    assert sorted(after) == sorted(_position_groups(["ab"]) + alone), (after, alone)
