@@ -6,7 +6,16 @@ a verdict is carried only to a region that is the same program as the one proved
   same region calling custom_call "Sharding" (an annotation the analysis reads as the identity) as soon as the
   module holds functions named "Sharding" and "other_target" with equal keys (two jitted helpers with the same
   body). The opaque custom call, refused on its own, then takes the annotation's "applied" verdict when the
-  annotated layer comes first (and the annotated layer the refusal when it comes second).
+  annotated layer comes first (and the annotated layer the refusal when it comes second). The same where the custom
+  call sits in a jitted helper of each layer: the helper calling "other_target" takes over the key of the one
+  calling "Sharding" (the strings differ, but the printed helper shows its target only as `@Sharding`).
+- The group key leaves out the constant behind an operand, which the proof reads for infinities
+  (finite.finite_constant): a layer given a -inf table would take the verdict of the same layer given a finite
+  one. Held on this commit only because every operand reaching the infinity check raises IndexError (key[4] of a
+  4-item key) and is refused.
+- The group key names the region that produces an operand, not which of its results: a group whose regions read
+  A's results the other way round takes the first group's decisions (results right here: the regions concerned
+  are proved apart, reading A unreordered).
 """
 
 import jax
