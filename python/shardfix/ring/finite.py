@@ -136,7 +136,7 @@ def _describe(key: tuple, keys: list) -> tuple[bool, bool, tuple, str]:
     if kind in ("index", "dot", "dotterm"):  # integer arithmetic; a contraction of the data, taken in range
         return False, False, (), ""
     if kind == "operand":  # an input may hold infinities (a -inf mask bias); a finite constant doesn't
-        return not key[4], not key[4], (), ""
+        return not key[3], not key[3], (), ""
     if kind == "table":
         return not key[2], not key[3], (), ""
     if kind == "ew":

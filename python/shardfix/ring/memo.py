@@ -3,9 +3,10 @@ between layers) repeats the same regions, and a group of regions (a layer's forw
 the same program as a group already proved, in the same surroundings, has the same verdict, with its ops in the
 same places.
 
-The key of a group (linear in its size): each region's structural key (structural.StructuralKeys: the program up to the
-names of the functions it calls), which region of the group produces each operand, and whether each result is read
-only by the group's regions (what prove.py's verdict depends on besides the regions' own programs). A verdict is
+The key of a group (linear in its size): each region's structural key (structural.StructuralKeys: the program up to
+the names of the functions it calls), which region of the group produces each operand and which of its results (for
+an operand from outside the group, whether it is a finite constant: the proof reads that), and whether each result
+is read only by the group's regions (what prove.py's verdict depends on besides the regions' own programs). A verdict is
 carried over by position: every op a rewrite or a unit names is found at the same place (region, block and op
 indices from the holder down) of the region's body, or of the function the same call reaches. Nothing here reads
 the analysis: only the verdicts' fields.
@@ -20,6 +21,7 @@ from jaxlib.mlir import ir
 from .detect import RingRegion
 from .structural import StructuralKeys
 from .dims import origin, readers
+from .finite import finite_constant
 
 
 class GroupMemo:
@@ -40,8 +42,13 @@ class GroupMemo:
         for r in group:
             producers = []
             for operand in r.region.operands:
-                owner = origin(operand).owner
-                producers.append(members.get(owner) if not isinstance(owner, ir.Block) else None)
+                source = origin(operand)
+                owner = source.owner
+                if isinstance(owner, ir.Block) or owner not in members:
+                    # from outside the group: what the proof reads of it is whether it is a finite constant
+                    producers.append(finite_constant(source))
+                else:  # which region of the group, and which of its results
+                    producers.append((members[owner], ir.OpResult(source).result_number))
             inside = tuple(all(reader in members for reader in readers(result)) for result in r.region.results)
             parts.append((self.keys.of_ring(r), tuple(producers), inside))
         return tuple(parts)

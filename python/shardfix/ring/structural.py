@@ -28,7 +28,10 @@ from . import bytecode
 if TYPE_CHECKING:
     from .detect import RingRegion
 
-_SYMBOL = re.compile(rb"@([A-Za-z0-9_$.\-]+)")  # a symbol reference, as the printer writes it
+# a symbol reference, as the printer writes it; not a custom call's target, which it writes the same way
+# (`stablehlo.custom_call @Sharding(...)`) though it names no function: a function of that name is another thing
+_TARGET = b"custom_call @"
+_SYMBOL = re.compile(rb"(?<!custom_call )@([A-Za-z0-9_$.\-]+)")
 _BARE = re.compile(rb"[A-Za-z_][A-Za-z0-9_$.]*\Z")  # a name the printer writes unquoted, as `@name`
 _WORD = re.compile(rb"[A-Za-z0-9_$]")
 _SELF = b"\0self"  # the function's own name in a string table (strings hold no NUL: this is none of them)
@@ -59,7 +62,8 @@ class _Printed:
                 if _WORD.match(before) or _WORD.match(after):
                     continue
                 shown += 1
-                if before != b"@" or after in (b".", b"-"):
+                if before != b"@" or after in (b".", b"-") or \
+                        text[match.start() - len(_TARGET):match.start()] == _TARGET:
                     found = False
                     break
             self._only_referenced[name] = found = found and (name != self.name or shown == 1)
