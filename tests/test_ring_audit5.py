@@ -148,11 +148,7 @@ def _dk_one_step_past_home():
         dq, _, _, dk, dv = lax.fori_loop(0, CP, step, (q * 0, k, v, k * 0, v * 0))
         return dq, lax.ppermute(dk, "cp", PERM), dv
 
-    @jax.custom_vjp
-    def attention(q, k, v):
-        return forward(q, k, v)[0]
-
-    attention.defvjp(forward, backward)
+    attention = ruk.with_backward(forward, backward)
     return jax.shard_map(attention, mesh=MESH, in_specs=(SPEC,) * 3, out_specs=SPEC, check_vma=False)
 
 

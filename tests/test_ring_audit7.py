@@ -225,12 +225,7 @@ def _vjp_backward_bound_rewritten():
         _, _, dq, _, _, dk, dv = lax.while_loop(lambda c: c[0] < c[1], trip, (0, 1) + zeros)
         return dq, dk, dv
 
-    @jax.custom_vjp
-    def attention(q, k, v):
-        return forward(q, k, v)[0]
-
-    attention.defvjp(forward, backward)
-    return attention
+    return ruk.with_backward(forward, backward)
 
 
 def test_custom_vjp_backward_loop_whose_bound_the_body_changes_keeps_gradients():

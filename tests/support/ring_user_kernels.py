@@ -143,6 +143,17 @@ def row_stats(q, neg):
 # Online-softmax merges of one block's scores into the running state.
 
 
+def with_backward(forward, backward):
+    """attention(q, k, v) = forward(q, k, v)[0], differentiated by `backward` (forward's second result, its
+    residuals, and the output's cotangent -> dq, dk, dv): a custom_vjp ring kernel."""
+    @jax.custom_vjp
+    def attention(q, k, v):
+        return forward(q, k, v)[0]
+
+    attention.defvjp(forward, backward)
+    return attention
+
+
 def merge_online(acc, s, v, i):
     m0, l0, o0 = acc
     m = jnp.maximum(m0, jnp.max(s, axis=-1))
@@ -392,9 +403,4 @@ def vjp_ring(cp: int, mask, direction: int = 1, backward_source: int | None = No
                                                       jnp.zeros_like(v)))
         return dq, dk, dv
 
-    @jax.custom_vjp
-    def attention(q, k, v):
-        return forward(q, k, v)[0]
-
-    attention.defvjp(forward, backward)
-    return attention
+    return with_backward(forward, backward)

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from support.ring_user_kernels import NEG, merge_online, merge_reset, per_row, ring, scores
+from support.ring_user_kernels import NEG, merge_online, merge_reset, per_row, ring, scores, with_backward
 
 
 def _positions(c, n):
@@ -180,12 +180,7 @@ def vjp_unrolled(cp: int):
         (dq, _, _, dk, dv), _ = lax.scan(step, zeros, jnp.arange(cp), unroll=2)
         return dq, dk, dv
 
-    @jax.custom_vjp
-    def attention(q, k, v):
-        return forward(q, k, v)[0]
-
-    attention.defvjp(forward, backward)
-    return attention
+    return with_backward(forward, backward)
 
 
 def bf16_state(cp: int, init: str = "q"):
