@@ -98,7 +98,7 @@ def unify(engine: Engine, op, values: list[Data], out_shape) -> tuple[tuple, dic
                 if any(isinstance(r, Tok) for r in roles):
                     engine.refuse("combines tokens with the token at one fixed place of a block (a position read "
                                   "as one number, like a block's first position, or one token sliced out), which "
-                                  "the reorder moves: use each token's own position", op)
+                                  "the reorder moves: use each token's own position", op, tuple(values))
                 key = placed.get(a)
                 if key is None:
                     key = placed[a] = f"u{len(axes)}"

@@ -337,7 +337,7 @@ def _discover(engine: Engine, op, inits, passthrough, counter) -> _Plan:
         elif isinstance(ph, Index):
             step = ret.expr - ph.expr if isinstance(ret, Index) else None
             if step is None or not step.is_const:
-                engine.refuse("changes a loop-carried integer other than by a constant step", op)
+                engine.refuse("changes a loop-carried integer other than by a constant step", op, (ret,))
             index_steps[i] = step.const
             steps[owned[i][0]] = Aff.of(k).scale(step.const)
         elif isinstance(ret, Data) and len(ret.axes) == len(ph.axes) and ph.axes:
@@ -544,7 +544,7 @@ def _solve(engine: Engine, op, placeholders, returned, changing, k: Var) -> dict
             step = ret.expr - ph.expr if isinstance(ret, Index) else None
             expected = ph.expr.substitute({k: Aff.of(k) + 1}) - ph.expr
             if step is None or step != expected:
-                engine.refuse("changes a loop-carried integer other than by a constant step", op)
+                engine.refuse("changes a loop-carried integer other than by a constant step", op, (ret,))
             continue
         if not isinstance(ret, Data) or ret.shape != ph.shape or ret.dims != ph.dims or \
                 [key for key, _ in ret.axes] != [key for key, _ in ph.axes]:
