@@ -105,8 +105,20 @@ def test_a_skip_compared_in_a_narrow_type_is_named_at_the_convert(dtype, held):
         "those values)")
 
 
+def _steps(step, carry):
+    """`carry = step(i, carry)` for i in 0..cp-1, in a lax.while_loop. (JAX 0.10 lowers a fori_loop of static
+    bounds to a scan whose body is a function call, whose carried integers the analysis doesn't follow as numbers
+    while it finds how they change: it knows no range for them to blame a narrow type with, and the refusal
+    stays the analysis's own, "combines tokens with the token at one fixed place of a block".)"""
+    def body(c):
+        i, carry = c
+        return i + 1, step(i, carry)
+
+    return lax.while_loop(lambda c: c[0] < CP, body, (0, carry))[1]
+
+
 def _int8_block_offset(q, k, v):
-    """The block held's offset in the ring, in 48ths, carried in int8 beside the fori_loop counter: 0, 48, 96, 144
+    """The block held's offset in the ring, in 48ths, carried in int8 beside the loop counter: 0, 48, 96, 144
     (which int8 holds as -112)."""
     me = lax.axis_index("cp")
 
@@ -115,7 +127,7 @@ def _int8_block_offset(q, k, v):
         carry = _step(q, me, (offset // 48).astype(jnp.int32), carry)
         return offset + jnp.int8(48), carry  # int8 offset
 
-    _, carry = lax.fori_loop(0, CP, body, (jnp.int8(0), (ruk.init_state(q, "online"), k, v)))
+    _, carry = _steps(body, (jnp.int8(0), (ruk.init_state(q, "online"), k, v)))
     return ruk.finish(carry[0], "online")
 
 
@@ -125,3 +137,32 @@ def test_a_second_loop_integer_that_overflows_its_type_is_named_at_its_update():
         "computes integers in 48..192 in int8, which holds only -128..127: the result may wrap, and a wrapped number "
         "is no longer the position, chunk index or count it stands for; compute it in int32 (or a type that holds "
         "those values)")
+
+
+def _reset_unless_past_step_one(q, k, v):
+    """The merge starts afresh wherever `uint32(i) - 2 < 100` fails (steps 0 and 1, where the difference wraps)."""
+    me = lax.axis_index("cp")
+
+    def merge(acc, s, v, i):
+        merged = ruk.merge_online(acc, s, v, i)
+        fresh = ruk.merge_online(ruk.init_state(v, "online"), s, v, i)
+        past_one = (i.astype(jnp.uint32) - jnp.uint32(2)) < jnp.uint32(100)  # uint32 difference
+        return tuple(jnp.where(past_one, a, b) for a, b in zip(merged, fresh))
+
+    def step(i, carry):
+        state, k, v = carry
+        n = q.shape[1]
+        keep = (me * n + jnp.arange(n))[:, None] >= (((me - i) % CP) * n + jnp.arange(n))[None, :]
+        state = merge(state, jnp.where(keep, ruk.scores(q, k), ruk.NEG), v, i)
+        return (state,) + tuple(lax.ppermute(t, "cp", ruk.ring(CP)) for t in (k, v))
+
+    return ruk.finish(_steps(step, (ruk.init_state(q, "online"), k, v))[0], "online")
+
+
+def test_a_merge_selected_by_an_unsigned_difference_is_named_at_the_difference():
+    """Not "selects between partial results ...": the select would be decided at compile time in int32."""
+    assert _why(_reset_unless_past_step_one) == _refusal(
+        "stablehlo.subtract", "uint32 difference",
+        "computes integers in -2..1 in uint32, which holds only 0..4294967295: the result may wrap, and a wrapped "
+        "number is no longer the position, chunk index or count it stands for; compute it in int32 (or a type that "
+        "holds those values)")

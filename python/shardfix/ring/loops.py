@@ -483,7 +483,7 @@ def _analyse(engine: Engine, op, inits, passthrough, counter, plan: _Plan):
         returned = engine.run_block(body, placeholders)
         for i in plan.free:
             if not _follows_no_token(returned[i]) or returned[i].shape != placeholders[i].shape:
-                engine.refuse("changes loop-carried token data other than by an order-free merge", op)
+                engine.refuse(_MIXED, op)
         more = {i for i in changing if i not in plan.free and _follows_no_token(placeholders[i])
                 and _follows_no_token(returned[i]) and returned[i].fn != placeholders[i].fn
                 and returned[i].shape == placeholders[i].shape}
@@ -502,6 +502,12 @@ def _analyse(engine: Engine, op, inits, passthrough, counter, plan: _Plan):
             exits.append(_exit_value(engine, op, init, placeholders[i], returned[i], solution, k, trips, final))
     _check_ring_steps(engine, op, plan, trips, exits)
     return exits
+
+
+_MIXED = ("changes, step after step in a loop, a value that depends on which tokens the device holds (its data, or "
+          "its ring coordinate: a PRNG key folded with the device index, say) other than by merging blocks into a "
+          "running sum or max: what it computes changes with the layout; key random numbers by token positions or "
+          "by replicated values")
 
 
 def _check_ring_steps(engine: Engine, op, plan: _Plan, trips, exits) -> None:
@@ -554,7 +560,7 @@ def _solve(engine: Engine, op, placeholders, returned, changing, k: Var) -> dict
                 engine.refuse("moves loop-carried tokens differently from one iteration to the next", op)
         if ph.agg is None:
             if ret.agg is not None or ret.fn != ph.fn or ret.elements != ph.elements:
-                engine.refuse("changes loop-carried token data other than by an order-free merge", op)
+                engine.refuse(_MIXED, op)
             continue
         x, y = ph.agg, ret.agg
         if y is None or (x.op, x.term, x.score, x.home) != (y.op, y.term, y.score, y.home):
@@ -570,7 +576,9 @@ def _added(engine: Engine, op, before: Coverage, after: Coverage, k: Var, i: int
     """The coverage an accumulator holds at iteration k, from what one iteration adds to it."""
     added = cov_prefix(engine, op, before, after, "merges a block into a loop-carried aggregate")
     if added is None:
-        engine.refuse(f"replaces loop-carried aggregate {i} instead of merging into it", op)
+        engine.refuse("replaces a running sum or max the loop carries instead of merging the step's block into it "
+                      "(a reset at a step other than the ring's first, or a value that keeps only the latest block)",
+                      op)
     if any(isinstance(p, CoverageVar) for p in added.parts):
         engine.refuse("merges aggregates of different loops", op)
     if not added.parts:

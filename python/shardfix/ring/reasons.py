@@ -13,7 +13,6 @@ the analysis refused anyway, and a loop's counter only where the loop can't be p
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from jaxlib.mlir import ir
@@ -24,19 +23,19 @@ from .finite import made_of
 
 @dataclass(frozen=True)
 class Wrap:
-    """An integer op whose result type doesn't hold every value its exact result takes ([lo, hi])."""
+    """An integer op whose result type doesn't hold every value its exact result takes ([lo, hi], both known)."""
 
     op: ir.Operation
     calls: tuple
-    lo: float
-    hi: float
+    lo: int
+    hi: int
 
     def reason(self) -> str:
         result = self.op.results[0]
         kind = type_name(element_type(result))
         low, high = type_range(element_type(result))
-        what = f"converts integers in {_span(self.lo, self.hi)} to {kind}" \
-            if self.op.name == "stablehlo.convert" else f"computes integers in {_span(self.lo, self.hi)} in {kind}"
+        what = f"converts integers in {_span(self.lo, self.hi)} to {kind}" if self.op.name == "stablehlo.convert" \
+            else f"computes integers in {_span(self.lo, self.hi)} in {kind}"
         return (f"{what}, which holds only {low}..{high}: the result may wrap, and a wrapped number is no longer the "
                 "position, chunk index or count it stands for; compute it in int32 (or a type that holds those "
                 "values)")
@@ -57,20 +56,14 @@ def type_range(t: ir.Type) -> tuple[int, int]:
     return -2 ** (t.width - 1), 2 ** (t.width - 1) - 1
 
 
-def _span(lo: float, hi: float) -> str:
-    if math.isinf(hi) and math.isinf(lo):
-        return "an unbounded range"
-    if math.isinf(hi):
-        return f"{int(lo)} and up"
-    if math.isinf(lo):
-        return f"up to {int(hi)}"
-    return f"{int(lo)}" if lo == hi else f"{int(lo)}..{int(hi)}"
+def _span(lo: int, hi: int) -> str:
+    return f"{lo}" if lo == hi else f"{lo}..{hi}"
 
 
 def note_wrap(fns, fn: int, op: ir.Operation, calls: tuple, lo: float, hi: float) -> None:
     """Function `fn` is `op`'s result read as data because its type doesn't hold [lo, hi] (the first such op, where
     a loop body is interpreted more than once)."""
-    fns.wrapped.setdefault(fn, Wrap(op, calls, lo, hi))
+    fns.wrapped.setdefault(fn, Wrap(op, calls, int(lo), int(hi)))
 
 
 def wrap_behind(fns, values) -> Wrap | None:

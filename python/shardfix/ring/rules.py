@@ -16,6 +16,7 @@ others on purpose: every kind's rules for both passes side by side.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -225,11 +226,13 @@ def elementwise(engine: Engine, op):
 
 
 def _wraps(engine: Engine, op, folded: Index | None) -> tuple[float, float] | None:
-    """The values an integer op's exact result takes, where its type doesn't hold them all (it may wrap)."""
+    """The values an integer op's exact result takes, where its type doesn't hold them all (it may wrap). None
+    where the analysis can't bound them: that is a value it doesn't know (an integer a loop changes other than by
+    a constant step), which a wider type wouldn't make known either, so no wrap to blame."""
     if folded is None or not is_integer(op.results[0]):
         return None
     lo, hi = sym.bounds(folded.expr, engine.scope_for(folded.shape))
-    return None if holds(op.results[0], lo, hi) else (lo, hi)
+    return None if math.isinf(lo) or math.isinf(hi) or holds(op.results[0], lo, hi) else (lo, hi)
 
 
 def _exact(engine: Engine, op, folded: Index | None) -> Index | None:

@@ -319,7 +319,7 @@ func.func @replicated_result(%arg0: tensor<16x8xf32>) -> tensor<8xf32> {
 
 // -----
 
-// The block one step behind added twice to the total: an aggregate that may count the same tokens twice.
+// The block one step behind added twice to the total: partial sums that may count the same tokens twice.
 sdy.mesh @mesh = <["cp"=4]>
 
 func.func @double_count(%arg0: tensor<16x8xf32>) -> tensor<16x8xf32> {
@@ -330,8 +330,8 @@ func.func @double_count(%arg0: tensor<16x8xf32>) -> tensor<16x8xf32> {
     %p2 = "stablehlo.collective_permute"(%p1) <{channel_handle = #stablehlo.channel_handle<handle = 2, type = 1>, source_target_pairs = dense<[[0, 1], [1, 2], [2, 3], [3, 0]]> : tensor<4x2xi64>}> : (tensor<8xf32>) -> tensor<8xf32>
     %p3 = "stablehlo.collective_permute"(%p2) <{channel_handle = #stablehlo.channel_handle<handle = 3, type = 1>, source_target_pairs = dense<[[0, 1], [1, 2], [2, 3], [3, 0]]> : tensor<4x2xi64>}> : (tensor<8xf32>) -> tensor<8xf32>
     %t1 = stablehlo.add %s, %p1 : tensor<8xf32>
-    // REPORT: ring: {{.*}}refusals.mlir:[[# @LINE + 2]]:11: axis "cp", zigzag: not applied (not provably safe: 'stablehlo.add' at {{.*}}refusals.mlir:[[# @LINE + 2]]:11 merges aggregates that may count the same tokens twice ({{.*}})){{$}}
-    // expected-remark @+1 {{merges aggregates that may count the same tokens twice}}
+    // REPORT: ring: {{.*}}refusals.mlir:[[# @LINE + 2]]:11: axis "cp", zigzag: not applied (not provably safe: 'stablehlo.add' at {{.*}}refusals.mlir:[[# @LINE + 2]]:11 merges two partial results (running sums or maxima) that may both hold the same block, counting its tokens twice (two merges that read the block of one ring step, or one block merged at two steps): merge each block once, the block that ring step brings){{$}}
+    // expected-remark @+1 {{merges two partial results (running sums or maxima) that may both hold the same block, counting its tokens twice (two merges that read the block of one ring step, or one block merged at two steps): merge each block once, the block that ring step brings}}
     %t2 = stablehlo.add %t1, %p1 : tensor<8xf32>
     %t = stablehlo.add %t2, %p3 : tensor<8xf32>
     %b = stablehlo.broadcast_in_dim %t, dims = [1] : (tensor<8xf32>) -> tensor<4x8xf32>
