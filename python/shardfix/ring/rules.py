@@ -75,7 +75,8 @@ def carries_rule(*kinds: Motion):
 def apply_rule(engine: Engine, op: ir.Operation) -> list:
     entry = RULES.get(op.name)
     if entry is None or entry.transfer is None:
-        engine.refuse("is not known to treat tokens alike (no rule for it)", op)
+        engine.refuse("is an op the analysis has no rule for, so nothing shows that it treats every token alike: "
+                      "compute it outside the ring's shard_map (a dropout mask, say), or with ops it knows", op)
     results = entry.transfer(engine, op)
     for value, result in zip(op.results, results):
         if isinstance(result, Data) and result.agg is not None and result.agg.op in (AggOp.SUM, AggOp.SSUM) and \
