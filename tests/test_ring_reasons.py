@@ -3,12 +3,15 @@
 Causal ring attention under jax.shard_map on jax.make_mesh((2, 4), ("dp", "cp")), written as users write it, with
 one integer in a type the analysis can't read as exact numbers:
 - a loop counted with an unsigned counter (`lax.fori_loop` over uint32 bounds, a `lax.while_loop` carrying a uint8
-  counter): refused at the loop, saying the counter is unsigned and to count with int32 (not "combines tokens with
-  the token at one fixed place of a block", nor "a loop whose trip count is unknown");
+  counter), or with an int8 one that wraps before its bound: refused at the loop, saying so and to count with
+  int32 (not "combines tokens with the token at one fixed place of a block", nor "a loop whose trip count is
+  unknown");
 - a chunk skip whose predicate compares positions converted to int8 / uint8 beyond what the type holds: refused at
   the convert, naming the type and the values it must hold (not "skips blocks by a predicate of token data");
 - a second loop-carried integer (a block offset) kept in int8 that overflows: refused at its update, likewise (not
-  "changes a loop-carried integer other than by a constant step").
+  "changes a loop-carried integer other than by a constant step");
+- a merge reset decided by a uint32 difference that wraps below zero: refused at the difference (not "selects
+  between partial results").
 Each is only lowered: the decision, the op, the line and the text are what is checked.
 """
 
@@ -83,6 +86,27 @@ def test_an_unsigned_loop_counter_is_named_at_the_loop(body, marker, kind):
         "stablehlo.while", marker,
         f"counts its iterations with a {kind} counter: `i < n` on unsigned integers (where 0 - 1 is the largest) "
         f"gives no trip count the analysis reads, only a signed counter's does; {INT32}")
+
+
+def _int8_counter_past_127(q, k, v):
+    """A lax.while_loop counted in int8 from 10 by 120 while below 100: 10, then 130, which int8 holds as -126, then
+    -6, then 114: three trips (a ring step each), the fourth step after the loop."""
+    me = lax.axis_index("cp")
+
+    def body(c):
+        i, t, carry = c
+        return i + jnp.int8(120), t + 1, _step(q, me, t, carry)
+
+    start = (jnp.int8(10), 0, (ruk.init_state(q, "online"), k, v))
+    _, t, carry = lax.while_loop(lambda c: c[0] < jnp.int8(100), body, start)  # int8 while
+    return ruk.finish(_step(q, me, t, carry)[0], "online")
+
+
+def test_a_loop_counter_that_wraps_before_its_bound_is_named_at_the_loop():
+    assert _why(_int8_counter_past_127) == _refusal(
+        "stablehlo.while", "int8 while",
+        "counts its iterations with an int8 counter from 10 by 120 while below 100: it passes 127, the largest "
+        f"int8, and wraps before it reaches its bound, so the loop's trip count is not the one its bounds say; {INT32}")
 
 
 def _live_in(dtype):

@@ -14,7 +14,7 @@ from jaxlib.mlir.dialects import stablehlo
 
 from .analysis import Engine, Refusal
 from .dims import element_type, holds
-from .loops import _const_of, _constant_step, _through_identity
+from .loops import _const_of, _constant_step, _signed_compare, _through_identity
 from .reasons import type_name, type_range, wrap_behind
 from .values import Index
 
@@ -31,7 +31,7 @@ def explain(engine: Engine, op: ir.Operation, refusal: Refusal) -> Refusal:
     calls = tuple(engine.state.call_ops)
     counter = op.regions[0].blocks[0].arguments[index]
     kind = type_name(element_type(counter))
-    if ir.IntegerType(element_type(counter)).is_unsigned or _compare_type(compare) == "UNSIGNED":
+    if not _signed_compare(compare):  # an unsigned type, or an integer compared as unsigned
         return Refusal(f"counts its iterations with a {kind} counter: `i < n` on unsigned integers (where 0 - 1 is "
                        "the largest) gives no trip count the analysis reads, only a signed counter's does; "
                        f"{_INT32}", op, calls)
@@ -54,10 +54,10 @@ def explain(engine: Engine, op: ir.Operation, refusal: Refusal) -> Refusal:
     last = first + max(0, -(-(bound - first) // step)) * step
     if holds(counter, first, last):
         return refusal
-    low, high = type_range(element_type(counter))
-    return Refusal(f"counts its iterations with an {kind} counter from {first} by {step} while below {bound}, past "
-                   f"{high}, the largest {kind}: the counter wraps (to {low}) before it reaches its bound, so the "
-                   f"loop's trip count is not (bound - start) / step; {_INT32}", op, calls)
+    high = type_range(element_type(counter))[1]
+    return Refusal(f"counts its iterations with an {kind} counter from {first} by {step} while below {bound}: it "
+                   f"passes {high}, the largest {kind}, and wraps before it reaches its bound, so the loop's trip "
+                   f"count is not the one its bounds say; {_INT32}", op, calls)
 
 
 def _counter_slot(op: ir.Operation) -> tuple[int, ir.Operation] | None:
@@ -79,7 +79,3 @@ def _counter_slot(op: ir.Operation) -> tuple[int, ir.Operation] | None:
         return None  # passed through: not a counter
     return index, compare
 
-
-def _compare_type(compare: ir.Operation) -> str | None:
-    return stablehlo.ComparisonTypeAttr(compare.attributes["compare_type"]).value \
-        if "compare_type" in compare.attributes else None
