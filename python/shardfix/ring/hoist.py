@@ -35,7 +35,7 @@ from __future__ import annotations
 import heapq
 import math
 import operator
-from itertools import repeat
+from itertools import count, repeat
 from dataclasses import dataclass
 
 from jaxlib.mlir import ir
@@ -334,9 +334,6 @@ class _Body:
                 perm.kind = mover.kind(perm.kind)
                 perm.order = mover.order(perm.kind, perm.dim)
                 self.perms[i] = perm
-        # value -> how many operands read it: of the body's ops, and of the ops nested in their regions (a reduce's
-        # body may read a value from outside it; a manual computation's can't, it is isolated from above)
-        self.use_count: dict[int, int] = {}
         self.perm_place = {id(perm): i for i, perm in self.perms.items()}
         # value -> (order, holder, like): the value is at hand in `order` as `holder` (the value itself when its op
         # runs in permuted order); `like` is the permutation new ones of that order copy their sharding from
@@ -349,13 +346,19 @@ class _Body:
         # value, order, like)
         self.reads: list[tuple[int, int | None, ir.Value, Order, Perm, int]] = []  # ..., and the value's hash
         self.read_count: dict[tuple[int, Order], int] = {}
-        # The sink's shortcuts (`_sink`'s layout re-assertions, `_same_shape`): each op they run in permuted order
-        # reads every operand permuted, so its place is kept (`whole`) rather than a read per operand; a read of a
-        # value its op computes in permuted order, in that order, needs no edit, so it is only counted (`own_reads`,
-        # beside read_count), not listed in reads. Neither is in read_order: that is asked only of the op at the
-        # same place, and an op whose results run permuted is never looked at again.
+        # The sink's shortcuts (`_sink`'s layout re-assertions, `_same_shape`) read every operand of an op they run
+        # in permuted order, so its place is kept (`whole`) rather than a read per operand; a read of a value its op
+        # computes in permuted order, in that order, needs no edit, so it isn't listed in reads. Neither is in
+        # read_order: that is asked only of the op at the same place, and an op whose results run permuted is never
+        # looked at again.
         self.whole: set[int] = set()
-        self.own_reads: dict[int, int] = {}
+        # The values their ops compute in permuted order that a use may read in another order (or as they are):
+        # an operand the op reading it doesn't read in that order (a ring region, a return, an op the motion
+        # stops at, an operand an op reads as it is), or a use in a region. Only their uses are looked at by the
+        # edits; every use of any other is a read in its order: its readers all come after it, and each is looked
+        # at by the sink, which sees it in permuted order (or, for the values `_hoist` gives in permuted order, was
+        # asked of every use before).
+        self.mixed: set[int] = set()
         self.read_order: dict[tuple[int, int], Order] = {}  # (reader's place, operand number) -> the order it reads
         # place -> its results read permuted: (value, order, like, the value's hash)
         self.needs: dict[int, list[tuple[ir.Value, Order, Perm, int]]] = {}
@@ -375,17 +378,17 @@ class _Body:
     # -- 1. forward: inverses sink ------------------------------------------------------------------------------
 
     def _sink(self) -> None:
-        """(Each op's operands are counted here too, for the edits: see `use_count`.)"""
-        permuted, perms, names, count = self.permuted, self.perms, self.names, self.use_count
+        """(The values whose ops run in permuted order that some use may read otherwise are found here too, for the
+        edits: see `mixed`.)"""
+        permuted, perms, names = self.permuted, self.perms, self.names
         same_shape = self._same_shape
-        read_count, reads, runs_permuted, own, own_reads, whole = (self.read_count, self.reads, self.runs_permuted,
-                                                                   self.own, self.own_reads, self.whole)
-        table, unknown, where_it_lives = OPS.get, UNKNOWN, OpMotion.WHERE_IT_LIVES
+        read_count, reads, runs_permuted, own, mixed, whole = (self.read_count, self.reads, self.runs_permuted,
+                                                               self.own, self.mixed, self.whole)
+        where_it_lives, as_is, nested = OpMotion.WHERE_IT_LIVES, OpMotion.AS_IS, Regions.NESTED
         mover = self.mover
         plans = mover.plans
-        for place, op in enumerate(self.ops):
-            name = names[place]
-            entry = table(name, unknown)
+        entries = list(map(OPS.get, names, repeat(UNKNOWN)))
+        for place, op, entry in zip(count(), self.ops, entries):
             motion = entry.motion
             if motion is where_it_lives:
                 # nearly half the ops between the rings on Explicit axes: one operand, a result of its type, so a
@@ -393,14 +396,11 @@ class _Body:
                 # (its operand and result read alone: the bindings build no lists)
                 value = op.operands[0]
                 key = hash(value)
-                count[key] = count.get(key, 0) + 1
                 found = permuted.get(key)
                 if found is not None:
                     order, like = found[0], found[2]
                     whole.add(place)
-                    if key in own:
-                        own_reads[key] = own_reads.get(key, 0) + 1
-                    else:
+                    if key not in own:  # (a read of a value its op gives in this order needs no edit)
                         reads.append((place, 0, value, order, like, key))
                         read_count[(key, order)] = read_count.get((key, order), 0) + 1
                     result = op.result
@@ -411,39 +411,43 @@ class _Body:
                 continue
             values = list(op.operands)
             keys = list(map(hash, values))
-            for key in keys:
-                count[key] = count.get(key, 0) + 1
-            if entry.regions is Regions.NESTED and len(op.regions):
-                _count_nested(op, count)
-            perm = perms.get(place)
-            if perm is not None:
-                if perm.inverse:
+            if own and entry.regions is nested and len(op.regions):
+                _mark_nested(op, own, mixed)  # (only values computed before the op can be read in its regions)
+            if motion is as_is:
+                perm = perms.get(place)
+                if perm is None:  # a ring region, a return: reads its operands as they are
+                    mixed.update(key for key in keys if key in own)
+                elif perm.inverse:
                     permuted[hash(perm.result)] = (perm.order, values[0], perm)
                     self.inverses.setdefault((keys[0], perm.order), perm)
+                    if keys[0] in own:
+                        mixed.add(keys[0])
                 else:
                     self.forwards.setdefault((keys[0], perm.order), perm)
                     self._read(place, None, values[0], perm.order, perm, keys[0])
-                continue
-            if motion is OpMotion.AS_IS:
+                    if keys[0] in own and permuted[keys[0]][0] is not perm.order:
+                        mixed.add(keys[0])
                 continue
             for i, key in enumerate(keys):
                 first = permuted.get(key)
                 if first is not None:
                     break
             else:
-                continue
+                continue  # (nothing of it in permuted order: none of its operands is in own either)
             order, _, like = first
             if motion is OpMotion.SAME_SHAPE:
                 same_shape(place, op, values, keys, order, like)
                 continue
+            name = names[place]
             signature = self.signatures[place] = mover.signature(op, name, values)
             plan = plans.get((signature[0], i, order))
             if plan is None:
                 plan = self._plan(op, name, motion, i, order, signature, values)
             if plan.__class__ is Blocked:
                 mover.say(order.kind, True, op, plan)
+                mixed.update(key for key in keys if key in own)
                 continue
-            result_order, reading = plan
+            result_order, reading, read_operands = plan
             why = None
             for j, read, fits in reading:
                 found = permuted.get(keys[j])
@@ -456,9 +460,16 @@ class _Body:
                     break
             if why is not None:
                 mover.say(order.kind, True, op, Blocked(why))
+                mixed.update(key for key in keys if key in own)
                 continue
             for j, read, _ in reading:  # (the op's first reads: none of its operands is read already)
                 self._read(place, j, values[j], read, like, keys[j])
+            # an operand in permuted order that the op doesn't read so (the other side of an op that sums the
+            # sequence away, say); those it reads are read in their own order (checked above)
+            if len(keys) > len(read_operands):
+                for j, key in enumerate(keys):
+                    if key in own and j not in read_operands:
+                        mixed.add(key)
             if result_order is not None:
                 self._run_permuted(place, result_order, like)
 
@@ -466,8 +477,9 @@ class _Body:
               signature: tuple[int, tuple[int, ...]], values: list) -> tuple | Blocked:
         """How ops of this signature sink with operand `operand` in `order` (`Mover.sinks`, asked once per kind of
         op, operand and order: the layers of a model repeat the same ops): the order of the result (None: an
-        order-free reduction sums the sequence away), and for each operand read permuted, the order it is read in
-        and whether its type fits that order (the check `_check` makes of an operand not at hand in it). Keyed by
+        order-free reduction sums the sequence away), for each operand read permuted, the order it is read in
+        and whether its type fits that order (the check `_check` makes of an operand not at hand in it), and the
+        numbers of the operands read permuted. Keyed by
         the signature, which holds every operand type, and the order, so the whole answer is the key's; Blocked
         where the op can't sink."""
         mover = self.mover
@@ -482,7 +494,7 @@ class _Body:
             for j, d in operand_dims.items():
                 read = mover.order(kind, d)
                 reading.append((j, read, mover.fits_hashed(signature[1][j], read, values[j])))
-            plan = (None if dim == REDUCED else mover.order(kind, dim), tuple(reading))
+            plan = (None if dim == REDUCED else mover.order(kind, dim), tuple(reading), frozenset(operand_dims))
         mover.plans[(signature[0], operand, order)] = plan
         return plan
 
@@ -491,7 +503,7 @@ class _Body:
         """`_read_permuted` and `_run_permuted` for an op whose operands and results all have one shape (most ops
         between the rings): every operand read in `order` along the same dim, with the same checks, in one pass
         (the op is looked at once here, so none of its operands is read already)."""
-        permuted, fits = self.permuted, self.mover.fits
+        permuted, fits, own = self.permuted, self.mover.fits, self.own
         for j, key in enumerate(keys):
             found = permuted.get(key)
             why = None
@@ -502,16 +514,17 @@ class _Body:
                 why = "changes the sequence length"
             if why is not None:
                 self.mover.say(order.kind, True, op, Blocked(why))
+                self.mixed.update(key for key in keys if key in own)
                 return
         result = op.result  # (one result: elementwise)
         if not fits(result.type, order):  # a dynamic sequence dim: it couldn't be put back
             self.mover.say(order.kind, True, op, Blocked("changes the sequence length"))
+            self.mixed.update(key for key in keys if key in own)
             return
-        read_count, reads, needs, own, own_reads = self.read_count, self.reads, self.needs, self.own, self.own_reads
+        read_count, reads, needs = self.read_count, self.reads, self.needs
         self.whole.add(place)
         for j, key in enumerate(keys):
             if key in own:  # in `order` (checked above): at hand, nothing to edit
-                own_reads[key] = own_reads.get(key, 0) + 1
                 continue
             value = values[j]
             reads.append((place, j, value, order, like, key))
@@ -618,12 +631,11 @@ class _Body:
         # without results is a return, one in a region or made here no reader of the body's)
         reads = None
         contiguous = []
-        count, own_reads = self.use_count, self.own_reads
-        permuted, read_count, whole = self.permuted, self.read_count, self.whole
+        permuted, mixed, whole = self.permuted, self.mixed, self.whole
         for key in self.runs_permuted:
-            held = permuted[key]
-            if count.get(key, 0) == read_count.get((key, held[0]), 0) + own_reads.get(key, 0):
+            if key not in mixed:
                 continue  # every use is one of the reads in permuted order
+            held = permuted[key]
             result = held[1]  # (the result itself: its op runs in permuted order)
             if reads is None:
                 reads = {(place, j if j is not None else 0) for place, j, _, _, _, _ in self.reads}
@@ -792,17 +804,18 @@ class _Body:
         return Perm(op, kind, order.dim, inverse, sharding, like.manual_axes, order)
 
 
-def _count_nested(op: ir.Operation, count: dict[int, int]) -> None:
-    """Add to `count` each value read by an operand of an op in `op`'s regions, except inside manual
+def _mark_nested(op: ir.Operation, own: set[int], mixed: set[int]) -> None:
+    """Add to `mixed` each value of `own` read by an operand of an op in `op`'s regions, except inside manual
     computations (isolated from above: their bodies read only their own values)."""
     for region in op.regions:
         for block in region.blocks:
             for inner in block.operations:
                 inner = inner.operation
                 for key in map(hash, inner.operands):
-                    count[key] = count.get(key, 0) + 1
+                    if key in own:
+                        mixed.add(key)
                 if inner.name != "sdy.manual_computation" and len(inner.regions):
-                    _count_nested(inner, count)
+                    _mark_nested(inner, own, mixed)
 
 
 def _derive_sharding(like: Perm, like_shape: list[int], shape: list[int], dim: int, mesh: Mesh) -> TensorSharding:
