@@ -384,7 +384,9 @@ class _Body:
         same_shape = self._same_shape
         read_count, reads, runs_permuted, own, mixed, whole = (self.read_count, self.reads, self.runs_permuted,
                                                                self.own, self.mixed, self.whole)
-        where_it_lives, as_is, nested = OpMotion.WHERE_IT_LIVES, OpMotion.AS_IS, Regions.NESTED
+        read_order, needs, heap = self.read_order, self.needs, self.heap
+        where_it_lives, as_is, source, nested = (OpMotion.WHERE_IT_LIVES, OpMotion.AS_IS, OpMotion.SOURCE,
+                                                 Regions.NESTED)
         mover = self.mover
         plans = mover.plans
         entries = list(map(OPS.get, names, repeat(UNKNOWN)))
@@ -408,6 +410,8 @@ class _Body:
                     runs_permuted.append(key)
                     permuted[key] = (order, result, like)
                     own.add(key)
+                continue
+            if motion is source:  # (no operands: constants, iotas)
                 continue
             values = list(op.operands)
             keys = list(map(hash, values))
@@ -462,8 +466,18 @@ class _Body:
                 mover.say(order.kind, True, op, Blocked(why))
                 mixed.update(key for key in keys if key in own)
                 continue
-            for j, read, _ in reading:  # (the op's first reads: none of its operands is read already)
-                self._read(place, j, values[j], read, like, keys[j])
+            for j, read, _ in reading:  # `_read`: the op's first reads (none of its operands is read already)
+                key = keys[j]
+                read_order[(place, j)] = read
+                reads.append((place, j, values[j], read, like, key))
+                read_count[(key, read)] = read_count.get((key, read), 0) + 1
+                found = permuted.get(key)
+                if found is None or found[0] is not read:  # not at hand in that order: its op may compute it so
+                    owner = self._place_of(values[j], place)
+                    if owner is not None:
+                        if owner not in needs:
+                            heapq.heappush(heap, -owner)
+                        needs.setdefault(owner, []).append((values[j], read, like, key))
             # an operand in permuted order that the op doesn't read so (the other side of an op that sums the
             # sequence away, say); those it reads are read in their own order (checked above)
             if len(keys) > len(read_operands):
@@ -471,7 +485,7 @@ class _Body:
                     if key in own and j not in read_operands:
                         mixed.add(key)
             if result_order is not None:
-                self._run_permuted(place, result_order, like)
+                self._run_permuted(place, result_order, like, entry.single_result)
 
     def _plan(self, op: ir.Operation, name: str, motion: OpMotion, operand: int, order: Order,
               signature: tuple[int, tuple[int, ...]], values: list) -> tuple | Blocked:
@@ -500,7 +514,7 @@ class _Body:
 
     def _same_shape(self, place: int, op: ir.Operation, values: list, keys: list[int], order: Order,
                     like: Perm) -> None:
-        """`_read_permuted` and `_run_permuted` for an op whose operands and results all have one shape (most ops
+        """The sink's reads and `_run_permuted` for an op whose operands and results all have one shape (most ops
         between the rings): every operand read in `order` along the same dim, with the same checks, in one pass
         (the op is looked at once here, so none of its operands is read already)."""
         permuted, fits, own = self.permuted, self.mover.fits, self.own
@@ -546,6 +560,7 @@ class _Body:
     def _hoist(self) -> None:
         needs, heap, names, mover = self.needs, self.heap, self.names, self.mover
         permuted, table, unknown, source = self.permuted, OPS.get, UNKNOWN, OpMotion.SOURCE
+        plans = mover.plans
         while heap:
             place = -heapq.heappop(heap)
             op = self.ops[place]
@@ -556,19 +571,44 @@ class _Body:
                     continue  # at hand in that order
                 if table(name, unknown).motion is source:
                     self._computed_permuted(op, value, order, like)
-                elif self._all_reads_permuted(place, order):
-                    try:
-                        signature = self.signatures.get(place)
-                        if signature is None:
-                            signature = self.signatures[place] = mover.signature(op, name, list(op.operands))
-                        operand_dims = mover.rule((signature[0], "carriers", order.dim),
-                                                  lambda: mover.carriers(op, order.dim, name))
-                    except Blocked as why:
-                        mover.say(order.kind, False, op, why)
-                        continue
-                    if self._read_permuted(place, op, operand_dims, order.kind, like, False, None, None,
-                                           signature[1]):
-                        self._run_permuted(place, order, like)
+                    continue
+                if not self._all_reads_permuted(place, order):
+                    continue
+                signature = self.signatures.get(place)
+                if signature is None:
+                    signature = self.signatures[place] = mover.signature(op, name, list(op.operands))
+                plan = plans.get((signature[0], None, order))
+                if plan is None:
+                    plan = self._carriers_plan(op, name, order, signature)
+                if plan.__class__ is Blocked:
+                    mover.say(order.kind, False, op, plan)
+                    continue
+                operands = op.operands
+                reading = [(j, operands[j], read, None) for j, read, _ in plan]
+                try:
+                    self._check(place, reading, signature[1])
+                except Blocked as why:
+                    mover.say(order.kind, False, op, why)
+                    continue
+                for j, value, read, _ in reading:
+                    self._read(place, j, value, read, like)
+                self._run_permuted(place, order, like)
+
+    def _carriers_plan(self, op: ir.Operation, name: str, order: Order,
+                       signature: tuple[int, tuple[int, ...]]) -> tuple | Blocked:
+        """How ops of this signature run with their results in `order` (`Mover.carriers`, asked once per kind of
+        op and order): the operands read permuted, each with the order it is read in; Blocked where they can't.
+        Keyed by the signature (the carriers read no more than it holds) and the order."""
+        mover = self.mover
+        try:
+            operand_dims = mover.rule((signature[0], "carriers", order.dim),
+                                      lambda: mover.carriers(op, order.dim, name))
+        except Blocked as why:
+            plan = why
+        else:
+            plan = tuple((j, mover.order(order.kind, d), None) for j, d in operand_dims.items())
+        mover.plans[(signature[0], None, order)] = plan
+        return plan
 
     def _computed_permuted(self, op: ir.Operation, value: ir.Value, order: Order, like: Perm) -> None:
         """A value no operand makes, asked for in permuted order: a splat constant, or an iota across another dim,
@@ -592,32 +632,14 @@ class _Body:
         if holder is not None:
             self.permuted[key] = (order, holder, like)
 
-    def _read_permuted(self, place: int, op: ir.Operation, operand_dims: dict[int, int], kind: Kind, like: Perm,
-                       inverse: bool, keys: list[int] | None = None, values: list | None = None,
-                       types: tuple[int, ...] | None = None) -> bool:
-        """The op at `place` reads these operands in permuted order, if it may (else the motion stops there, said
-        as the inverse's or the forward permutation's). `keys`, `values`: its operands' hashes and values, where
-        the caller has them; `types`: the hashes of its operands' types (`Mover.signature`)."""
-        operands = op.operands if values is None else values
-        order = self.mover.order
-        reading = [(j, operands[j], order(kind, d), None if keys is None else keys[j])
-                   for j, d in operand_dims.items()]
-        try:
-            self._check(place, reading, types)
-        except Blocked as why:
-            self.mover.say(kind, inverse, op, why)
-            return False
-        for j, value, order, key in reading:
-            self._read(place, j, value, order, like, key)
-        return True
-
     def _all_reads_permuted(self, place: int, order: Order) -> bool:
         """The op may run in permuted order: not a permutation or a region, not already running permuted, and
         every use of each of its results reads it in `order`."""
         op = self.ops[place]
-        if place in self.perms or OPS.get(self.names[place], UNKNOWN).motion is OpMotion.AS_IS:
+        entry = OPS.get(self.names[place], UNKNOWN)
+        if place in self.perms or entry.motion is OpMotion.AS_IS:
             return False
-        results = [(r, hash(r)) for r in op.results]
+        results = [(r, hash(r)) for r in ((op.result,) if entry.single_result else op.results)]
         permuted, read_count = self.permuted, self.read_count
         if any(key in permuted for _, key in results):
             return False
@@ -741,13 +763,12 @@ class _Body:
         owner = value.owner
         if isinstance(owner, ir.Block):
             return None
-        owner = owner.operation
-        key = hash(owner)
+        key = hash(owner)  # (an op view's hash is its operation's)
         ops = self.ops
         for place in range(reader - 1, max(reader - _NEAR, 0) - 1, -1):
             if hash(ops[place]) == key:
                 return place
-        return self._place_of_op(owner, reader)
+        return self._place_of_op(owner.operation, reader)
 
     def _place_of_op(self, op: ir.Operation, before: int | None = None) -> int | None:
         """The place of an op of the body, found by bisection on the order of the block (MLIR keeps each op's
@@ -765,13 +786,16 @@ class _Body:
                 high = middle
         return low if low < len(ops) and hash(ops[low]) == hash(op) else None
 
-    def _run_permuted(self, place: int, order: Order, like: Perm) -> None:
+    def _run_permuted(self, place: int, order: Order, like: Perm, single_result: bool | None = None) -> None:
         op = self.ops[place]
-        for result in ((op.result,) if OPS.get(self.names[place], UNKNOWN).single_result else op.results):
+        if single_result is None:
+            single_result = OPS.get(self.names[place], UNKNOWN).single_result
+        runs_permuted, permuted, own = self.runs_permuted, self.permuted, self.own
+        for result in ((op.result,) if single_result else op.results):
             key = hash(result)
-            self.runs_permuted.append(key)
-            self.permuted[key] = (order, result, like)
-            self.own.add(key)
+            runs_permuted.append(key)
+            permuted[key] = (order, result, like)
+            own.add(key)
 
     def _check(self, place: int, reading: list[tuple[int, ir.Value, Order, int | None]],
                types: tuple[int, ...] | None = None) -> None:
