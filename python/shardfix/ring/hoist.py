@@ -352,6 +352,10 @@ class _Body:
         # read_order: that is asked only of the op at the same place, and an op whose results run permuted is never
         # looked at again.
         self.whole: set[int] = set()
+        # (place, operand number) of the other reads of such values, in their order, by the ops the sink runs
+        # permuted (read_count, which only `_all_reads_permuted` asks, and only of values not in permuted order,
+        # doesn't count them)
+        self.trivial: list[tuple[int, int]] = []
         # The values their ops compute in permuted order that a use may read in another order (or as they are):
         # an operand the op reading it doesn't read in that order (a ring region, a return, an op the motion
         # stops at, an operand an op reads as it is), or a use in a region. Only their uses are looked at by the
@@ -384,7 +388,7 @@ class _Body:
         same_shape = self._same_shape
         read_count, reads, runs_permuted, own, mixed, whole = (self.read_count, self.reads, self.runs_permuted,
                                                                self.own, self.mixed, self.whole)
-        read_order, needs, heap = self.read_order, self.needs, self.heap
+        read_order, needs, heap, trivial = self.read_order, self.needs, self.heap, self.trivial
         where_it_lives, as_is, source, nested = (OpMotion.WHERE_IT_LIVES, OpMotion.AS_IS, OpMotion.SOURCE,
                                                  Regions.NESTED)
         mover = self.mover
@@ -469,6 +473,9 @@ class _Body:
             for j, read, _ in reading:  # `_read`: the op's first reads (none of its operands is read already)
                 key = keys[j]
                 read_order[(place, j)] = read
+                if key in own:  # at hand in that order (checked above): nothing to edit, nor to count
+                    trivial.append((place, j))
+                    continue
                 reads.append((place, j, values[j], read, like, key))
                 read_count[(key, read)] = read_count.get((key, read), 0) + 1
                 found = permuted.get(key)
@@ -654,13 +661,14 @@ class _Body:
         reads = None
         contiguous = []
         permuted, mixed, whole = self.permuted, self.mixed, self.whole
-        for key in self.runs_permuted:
+        for key in (self.runs_permuted if mixed else ()):
             if key not in mixed:
                 continue  # every use is one of the reads in permuted order
             held = permuted[key]
             result = held[1]  # (the result itself: its op runs in permuted order)
             if reads is None:
                 reads = {(place, j if j is not None else 0) for place, j, _, _, _, _ in self.reads}
+                reads.update(self.trivial)
             for use in result.uses:
                 owner = use.owner.operation
                 if not len(owner.results):
