@@ -112,22 +112,26 @@ class Perm:
         return self.op.results[0]
 
 
-def perm_of(op: ir.Operation, read: dict | None = None) -> Perm | None:
+def perm_of(op: ir.Operation, read: dict | None = None, canonical=None) -> Perm | None:
     """The permutation an op is, when it is one that ring-reorder (or this module) inserted. `read`: what was read
-    of permutations before, by their parameters, operand type and shardings (attributes and types are uniqued,
-    so equal ones are the same objects: a model's permutations are read once per kind)."""
+    of permutations before, by the hashes of their parameters, operand type and shardings (attributes and types
+    are uniqued: a hash is the address of what it names, so a model's permutations are read once per kind, and a
+    hit compares nothing through the bindings). `canonical`: maps a Kind read to its Order along a dim (the
+    caller's one object for it), kept with what was read."""
     attributes = op.attributes
     if op.name != "sdy.manual_computation" or PERMUTATION_ATTR not in attributes:
         return None
-    params, shardings = attributes[PERMUTATION_ATTR], attributes["in_shardings"]
-    key = (params, op.operands[0].type, shardings)
+    params, shardings, operand_type = attributes[PERMUTATION_ATTR], attributes["in_shardings"], op.operands[0].type
+    key = (hash(params), hash(operand_type), hash(shardings))
     found = read.get(key) if read is not None else None
     if found is None:
-        found = _read_perm(ir.DictAttr(params), key[1], shardings)
+        kind, dim, inverse, parsed = _read_perm(ir.DictAttr(params), operand_type, shardings)
+        order = canonical(kind, dim) if canonical is not None else None
+        found = (order.kind if order is not None else kind, dim, inverse, parsed, order)
         if read is not None:
             read[key] = found
-    kind, dim, inverse, parsed = found
-    return Perm(op, kind, dim, inverse, parsed)
+    kind, dim, inverse, parsed, order = found
+    return Perm(op, kind, dim, inverse, parsed, order=order)
 
 
 def _read_perm(params: ir.DictAttr, operand_type: ir.Type, shardings: ir.Attribute) -> tuple:
@@ -211,6 +215,10 @@ class Mover:
     def _fit(value_type: ir.Type, order: Order) -> bool:
         shaped = ir.ShapedType(value_type)
         return shaped.has_rank and order.dim < shaped.rank and shaped.get_dim_size(order.dim) == order.kind.length
+
+    def canonical_order(self, kind: Kind, dim: int) -> Order:
+        """The one Order object for (kind, dim), `kind` any Kind (the Order's is the one Kind object equal to it)."""
+        return self.order(self.kind(kind), dim)
 
     def order(self, kind: Kind, dim: int) -> Order:
         """The one Order object for (kind, dim), `kind` one of `self.kind`'s."""
@@ -329,10 +337,8 @@ class _Body:
         self.names = names = [op.name for op in ops]
         self.perms: dict[int, Perm] = {}  # place -> the permutation there
         for i in [i for i, name in enumerate(names) if name == "sdy.manual_computation"]:
-            perm = perm_of(ops[i], mover.perms_read)
+            perm = perm_of(ops[i], mover.perms_read, mover.canonical_order)
             if perm is not None:
-                perm.kind = mover.kind(perm.kind)
-                perm.order = mover.order(perm.kind, perm.dim)
                 self.perms[i] = perm
         self.perm_place = {id(perm): i for i, perm in self.perms.items()}
         # value -> (order, holder, like): the value is at hand in `order` as `holder` (the value itself when its op
