@@ -596,15 +596,16 @@ class _Body:
                 if plan.__class__ is Blocked:
                     mover.say(order.kind, False, op, plan)
                     continue
-                operands = op.operands
-                reading = [(j, operands[j], read, None) for j, read, _ in plan]
-                try:
-                    self._check(place, reading, signature[1])
-                except Blocked as why:
-                    mover.say(order.kind, False, op, why)
-                    continue
-                for j, value, read, _ in reading:
-                    self._read(place, j, value, read, like)
+                if plan:
+                    operands = op.operands
+                    reading = [(j, operands[j], read, None) for j, read, _ in plan]
+                    try:
+                        self._check(place, reading, signature[1])
+                    except Blocked as why:
+                        mover.say(order.kind, False, op, why)
+                        continue
+                    for j, value, read, _ in reading:
+                        self._read(place, j, value, read, like)
                 self._run_permuted(place, order, like)
 
     def _carriers_plan(self, op: ir.Operation, name: str, order: Order,
