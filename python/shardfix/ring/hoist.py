@@ -164,6 +164,9 @@ def _attribute_hash(attributes, name: str) -> int | None:
     except KeyError:
         return None
 
+# The motions whose rules read a reduction's body (its combine).
+_WITH_BODY = frozenset({OpMotion.REDUCE, OpMotion.SCATTER})
+
 # How many ops before a reader `_Body._place_of` looks at for the op that gives it a value, before it looks it up.
 _NEAR = 4
 
@@ -261,17 +264,20 @@ class Mover:
         number, so that the several rule keys of an op don't each hash all of that again; with it, the hashes of
         the operands' types (for `fits_hashed`)."""
         entry = OPS.get(name, UNKNOWN)
-        attributes = op.attributes
         names = entry.hoist_reads
         if names is None:
+            attributes = op.attributes
             names = tuple(attributes)  # iterated, its names
             read = tuple(map(hash, map(attributes.__getitem__, names)))
-        else:
+        elif names:
+            attributes = op.attributes
             try:  # (an optional flag missing is rare: then each is asked alone)
                 read = tuple([hash(attributes[n]) for n in names])
             except KeyError:
                 read = tuple(map(_attribute_hash, repeat(attributes), names))
-        body = reducer(op) if entry.motion in (OpMotion.REDUCE, OpMotion.SCATTER) else None
+        else:
+            read = ()
+        body = reducer(op) if entry.motion in _WITH_BODY else None
         results = (hash(op.result.type),) if entry.single_result else tuple(map(hash, map(_TYPE, op.results)))
         types = tuple([hash(v.type) for v in values])
         whole = (name, types, results, names, read, body)
