@@ -512,9 +512,8 @@ class _Body:
         op, operand and order: the layers of a model repeat the same ops): the order of the result (None: an
         order-free reduction sums the sequence away), for each operand read permuted, the order it is read in
         and whether its type fits that order (the check `_check` makes of an operand not at hand in it), and the
-        numbers of the operands read permuted. Keyed by
-        the signature, which holds every operand type, and the order, so the whole answer is the key's; Blocked
-        where the op can't sink."""
+        numbers of the operands read permuted. Keyed by the signature, which holds every operand type, and the
+        order, so the whole answer is the key's; Blocked where the op can't sink."""
         mover = self.mover
         try:
             dim, operand_dims = mover.rule((signature[0], operand, order.dim, order.kind.length),
