@@ -164,6 +164,7 @@ class Shared:
     apply_rule: object = None  # rules.apply_rule, given by the analysis' caller: the rules build on this module
     liveness: dict = field(default_factory=dict)  # (callee, results read) -> autodiff.Liveness of its body
     rings: frozenset = frozenset()  # the module's ring regions (values between them may pass outer bodies)
+    captured: dict = field(default_factory=dict)  # loop op -> the values its regions read from outside it
 
     def block(self, block: ir.Block) -> tuple:
         """A block's arguments, its ops but the terminator each with its results, and the terminator's operands:
@@ -194,6 +195,7 @@ class State:
     carried: dict = field(default_factory=dict)  # id of a loop-carried placeholder -> (loop op, index)
     cov_alias: dict = field(default_factory=dict)  # coverage unknowns assumed equal (checked when solved)
     loop_vars: dict = field(default_factory=dict)  # a loop's iteration variable -> id of the loop op
+    loop_memo: dict = field(default_factory=dict)  # the loops analysed, by their inputs (loopmemo.py)
 
     @property
     def fns(self) -> FnTable:

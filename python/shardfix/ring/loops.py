@@ -18,6 +18,7 @@ from . import coverage as cov_ops
 from .algebra import agg_fn, cov_prefix, start_value, try_complete
 from .analysis import Engine, Refusal
 from .dims import element_type, holds, shape
+from .loopmemo import memoized
 from .symbolic import Aff, Coord, Node, Scope, Var, congruent, sourced_nodes
 from .symbolic import Dim as SymDim
 from .values import (CONST, EMPTY, FREE, AggOp, Axis, Cells, Coverage, CoverageVar, Data, Index, Obligation,
@@ -216,8 +217,7 @@ def _constant_step(engine: Engine, op, inits: list, i: int, passthrough: list[bo
     return step or None
 
 
-def while_loop(engine: Engine, op):
-    inits = [engine.get(v) for v in op.operands]
+def _while_loop(engine: Engine, op, inits: list):
     body = op.regions[1].blocks[0]
     terminator = list(body.operations)[-1].operation
     passthrough = [terminator.operands[i] == body.arguments[i] for i in range(len(inits))]
@@ -247,6 +247,10 @@ def while_loop(engine: Engine, op):
             _restore(engine.state, saved)
             plan.free |= more.slots
     engine.refuse("carries a value the analysis can't follow through a loop", op)
+
+
+# analysed once per distinct input, where a loop around it runs it again (loopmemo.py)
+while_loop = memoized(_while_loop)
 
 
 class _MoreFree(Exception):

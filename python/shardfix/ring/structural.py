@@ -78,6 +78,9 @@ class StructuralKeys:
         self._names = {name.encode(): name for name in funcs}
         self._keys: dict[str, bytes] = {}
         self._digests: dict[str, bytes] = {}  # function name -> digest of its key
+        # a symbol reference as written -> what the key writes for it (`_normalised`): every match of the same
+        # name gets the same replacement once its function's digest is final
+        self._replaced: dict[bytes, bytes] = {}
         self._printed: dict[bytes, _Printed] = {}  # bytecode signature -> the first function printed with it
         self.printed: list[str] = []  # the functions keyed by their text, in order (the others took a key over)
         self._stripping: tuple[ir.Module, passmanager.PassManager] | None = None  # where `_split` strips copies
@@ -182,13 +185,21 @@ class StructuralKeys:
         return digest
 
     def _normalised(self, text: bytes, calling: set) -> bytes:
-        funcs = self.funcs
+        names, replaced = self._names, self._replaced
 
         def replace(match: re.Match) -> bytes:
-            name = match.group(1).decode()
-            if name not in funcs:
-                return match.group(0)
-            return b"@{" + self._digest(name, calling) + b"}"
+            raw = match.group(1)
+            found = replaced.get(raw)
+            if found is not None:
+                return found
+            name = names.get(raw)
+            if name is None:  # no function's name (a mesh's, most often): as written, whoever asks
+                found = replaced[raw] = match.group(0)
+                return found
+            found = b"@{" + self._digest(name, calling) + b"}"
+            if name in self._digests:  # final (a name being keyed stands for itself only while it is)
+                replaced[raw] = found
+            return found
 
         return _SYMBOL.sub(replace, text)
 
