@@ -35,20 +35,13 @@ def lowered():
 def test_verdicts_are_those_of_a_fresh_analysis(lowered, name, monkeypatch):
     ctx = make_context()
     module = parse_module(lowered[name], ctx)
-    keyed = loopmemo._key
-    taken = []
-
-    def counting(engine, op, inits):
-        key = keyed(engine, op, inits)
-        taken.append(key is not None and key in engine.state.loop_memo)
-        return key
-
     with ctx:
         monkeypatch.setattr(loopmemo, "_key", lambda engine, op, inits: None)
         fresh = [_fields(v) for v in prove_rings(module.operation)]
-        monkeypatch.setattr(loopmemo, "_key", counting)
+        monkeypatch.undo()
         memoized = [_fields(v) for v in prove_rings(module.operation)]
     assert memoized == fresh
     assert [v[0] for v in fresh] == ([False] if name.startswith("refuse") else [True] * len(fresh))
-    if "blockwise" in name:
-        assert sum(taken) >= 2, taken  # the chunk loop, in the discovery and analysis passes of the ring loop
+    # that the memo is taken at all is held by test_ring_audit10's four-deep case on every JAX version: these
+    # kernels' chunk loops get equal inputs under jax 0.12's lowering, not under 0.10.2's (a slot the q-chunk loop
+    # changes is read by the kv-chunk loop)
