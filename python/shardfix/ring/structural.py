@@ -29,9 +29,12 @@ if TYPE_CHECKING:
     from .detect import RingRegion
 
 # a symbol reference, as the printer writes it; not a custom call's target, which it writes the same way
-# (`stablehlo.custom_call @Sharding(...)`) though it names no function: a function of that name is another thing
+# (`stablehlo.custom_call @Sharding(...)`) though it names no function: a function of that name is another thing.
+# The `@` comes first and the look-behind after it (the same matches as `(?<!custom_call )@...`): a pattern that
+# starts with a literal is searched for that byte, one that starts with a look-behind is tried at every position
+# (ten times slower over a region's text)
 _TARGET = b"custom_call @"
-_SYMBOL = re.compile(rb"(?<!custom_call )@([A-Za-z0-9_$.\-]+)")
+_SYMBOL = re.compile(rb"@(?<!custom_call @)([A-Za-z0-9_$.\-]+)")
 _BARE = re.compile(rb"[A-Za-z_][A-Za-z0-9_$.]*\Z")  # a name the printer writes unquoted, as `@name`
 _WORD = re.compile(rb"[A-Za-z0-9_$]")
 _SELF = b"\0self"  # the function's own name in a string table (strings hold no NUL: this is none of them)
@@ -125,23 +128,23 @@ class StructuralKeys:
             raw, sections = self._split(name)
         except bytecode.Unreadable:
             return None
-        own = name.encode()
-        strings = []
-        for s in raw:
-            callee = self._names.get(s)
+        own, names = name.encode(), self._names
+        strings = list(raw)
+        # most strings name no function (types, attributes, dialects): only those that do are looked at
+        for i in [i for i, s in enumerate(raw) if s in names]:
+            s = raw[i]
+            callee = names[s]
             if s == own:
-                strings.append(_SELF)
-            elif callee is None:
-                strings.append(s)
+                strings[i] = _SELF
             elif callee in calling:
                 return None
             else:
-                strings.append(b"\0" + self._digest(callee, calling))
-        hashed = hashlib.blake2b(digest_size=16)
-        for ident, body in sections:
-            hashed.update(b"%d:%d:" % (ident, len(body)))
-            hashed.update(body)
-        hashed.update(b"".join(b"%d:" % len(s) + s for s in strings))
+                strings[i] = b"\0" + self._digest(callee, calling)
+        hashed = hashlib.blake2b(b"".join(b"%d:%d:" % (ident, len(body)) + body for ident, body in sections),
+                                 digest_size=16)
+        # one for each list of strings: no string holds a NUL but a marker, as its first byte, so each run of NULs
+        # reads back as separators, empty strings between them and whether a marker follows
+        hashed.update(b"%d:" % len(strings) + b"\0\0".join(strings))
         return hashed.digest(), strings, raw
 
     def _split(self, name: str) -> tuple[list[bytes], list[tuple[int, bytes]]]:
