@@ -233,10 +233,8 @@ class Mover:
 
     def run(self) -> Motion:
         with Permutations(self.module) as self.permutations:
-            for fn in self.module.regions[0].blocks[0].operations:
-                fn = fn.operation
-                if fn.name == "func.func" and len(fn.regions[0].blocks):
-                    _Body(self, fn.regions[0].blocks[0]).run()
+            for fn in _with_manual_computations(self.module):
+                _Body(self, fn.regions[0].blocks[0]).run()
         del self.permutations
         return self.motion
 
@@ -327,6 +325,34 @@ class Mover:
             name += f"' to '@{ir.FlatSymbolRefAttr(op.attributes['callee']).value}"
         self.motion.remarks.append((f"{what} {kind} permutation stops at '{name}': it {why}",
                                     source_loc(op.location)))
+
+
+def _with_manual_computations(module: ir.Operation) -> list[ir.Operation]:
+    """The functions, in module order, whose bodies hold a manual computation (a permutation is one; a body
+    without any has nothing to move). Found by a walk that reads each body op's name and goes no deeper, which
+    costs less than listing the body's ops (a model whose every layer has its own kernel helpers has hundreds of
+    functions, none holding one)."""
+    advance, skip, interrupt = ir.WalkResult.ADVANCE, ir.WalkResult.SKIP, ir.WalkResult.INTERRUPT
+    found = []
+    holds = [False]
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        name = op.name
+        if name == "func.func":  # the function walked (functions hold no functions)
+            return advance
+        if name == "sdy.manual_computation":
+            holds[0] = True
+            return interrupt
+        return skip
+
+    for fn in module.regions[0].blocks[0].operations:
+        fn = fn.operation
+        if fn.name == "func.func" and len(fn.regions[0].blocks):
+            holds[0] = False
+            fn.walk(visit, ir.WalkOrder.PRE_ORDER)
+            if holds[0]:
+                found.append(fn)
+    return found
 
 
 class _Body:
