@@ -62,7 +62,7 @@ def find_ring_regions(module: ir.Operation, callers: dict[str, int] | None = Non
     funcs = module_funcs(module)
     meshes = module_meshes(module)
     found = _Found(callers if callers is not None else {})
-    module.walk(found.visit)
+    module.walk(found.visitor())
     axis_cache: dict = {}
     regions = []
     for region in found.regions:
@@ -91,17 +91,25 @@ class _Found:
         self._held: dict | None = None  # holder (op) -> (its permutes, the permute-holding functions it calls)
         self._closure: dict[str, list] = {}
 
-    def visit(self, op: ir.Operation) -> ir.WalkResult:
-        name = op.name
-        if name == _MANUAL:
-            self.regions.append(op)
-        elif name == "func.call":
-            callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
-            self.callers[callee] = self.callers.get(callee, 0) + 1
-            self.calls.setdefault(callee, []).append(op)
-        elif name == "stablehlo.collective_permute":
-            self.permutes.append(op)
-        return ir.WalkResult.ADVANCE
+    def visitor(self):
+        """The walk's callback: called for every op of the module, so what it reads is bound once here (a look-up
+        of the bindings' attributes costs about what the rest of a visit does)."""
+        regions, permutes, callers, calls = self.regions, self.permutes, self.callers, self.calls
+        advance, symbol = ir.WalkResult.ADVANCE, ir.FlatSymbolRefAttr
+
+        def visit(op: ir.Operation) -> ir.WalkResult:
+            name = op.name
+            if name == _MANUAL:
+                regions.append(op)
+            elif name == "func.call":
+                callee = symbol(op.attributes["callee"]).value
+                callers[callee] = callers.get(callee, 0) + 1
+                calls.setdefault(callee, []).append(op)
+            elif name == "stablehlo.collective_permute":
+                permutes.append(op)
+            return advance
+
+        return visit
 
     def permutes_in(self, region: ir.Operation, funcs: dict[str, ir.Operation]) -> list[ir.Operation]:
         """The permutes `region` runs: its own, and those of the functions it calls (not through a nested manual

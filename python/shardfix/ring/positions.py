@@ -225,19 +225,29 @@ class _Builder:
     rewrite their own reads, ten ops a read)."""
 
     def __init__(self, like: ir.Value, shared: tuple[dict, ir.Block] | None = None):
-        self.type = ir.RankedTensorType(like.type)
         self.shared = shared
-        self._types = [self.type]
-
-    def const(self, number: int) -> ir.Value:
-        if self.shared is None:
-            return self._const(number)
-        cache, block = self.shared
-        key = (block, self.type, number)
+        if shared is None:
+            self.type = ir.RankedTensorType(like.type)
+            self._types = [self.type]
+            self._consts: dict[int, ir.Value] = {}
+            return
+        # what a block's rewrites of one type share: the type, its result list and its constants by number, found
+        # with one look-up a read (a model's layers each rewrite their own reads, each asking for several constants)
+        cache, block = shared
+        key = ("block", block, like.type)
         found = cache.get(key)
         if found is None:
-            with ir.InsertionPoint.at_block_begin(block):
-                found = cache[key] = self._const(number)
+            kind = ir.RankedTensorType(like.type)
+            found = cache[key] = (kind, [kind], {})
+        self.type, self._types, self._consts = found
+
+    def const(self, number: int) -> ir.Value:
+        found = self._consts.get(number)
+        if found is None:
+            if self.shared is None:
+                return self._const(number)
+            with ir.InsertionPoint.at_block_begin(self.shared[1]):
+                found = self._consts[number] = self._const(number)
         return found
 
     def _const(self, number: int) -> ir.Value:
