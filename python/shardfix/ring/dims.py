@@ -204,9 +204,11 @@ RESTATING = names(lambda op: op.motion is Motion.WHERE_IT_LIVES)
 
 def origin(value: ir.Value) -> ir.Value:
     """The value a chain of layout re-assertions passes on."""
-    while not isinstance(value.owner, ir.Block) and value.owner.name in RESTATING:
-        value = value.owner.operands[0]
-    return value
+    while True:
+        owner = value.owner  # (each read of it makes a new handle: read once a step)
+        if isinstance(owner, ir.Block) or owner.name not in RESTATING:
+            return value
+        value = owner.operands[0]
 
 
 def readers(value: ir.Value) -> list:
