@@ -151,7 +151,9 @@ def test_backward_whose_forward_result_was_dropped_is_left_alone():
     low = autofix_shardings(jax.grad(lambda *a: jnp.sum(fn(*a) * w), argnums=p.wrt), ring_reorder="zigzag",
                             on_fix="ignore").lower(*args)
     assert len(low.rings) == 2 and not any(r.applied for r in low.rings), describe(low)
-    assert any("whose result the program dropped" in r.why for r in low.rings), describe(low)
+    # JAX's record of the differentiation (ring/ties.py) names the result the backward differentiates
+    assert any("differentiates result 0 of the ring region at" in r.why and "does not compute" in r.why
+               for r in low.rings), describe(low)
     assert PERMUTATION not in low.as_text()
 
 

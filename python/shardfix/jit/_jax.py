@@ -631,3 +631,199 @@ def _boundary_sites(signature: inspect.Signature, what: str, args: tuple, kwargs
         return [what] * count
     paths = jax.tree_util.tree_flatten_with_path(jax.tree.unflatten(tree, [0] * count))[0]
     return [what + jax.tree_util.keystr(path) for path, _ in paths]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Autodiff ties (ring/ties.py): while a repair session traces, each shard_map JAX linearizes (jax.grad, jax.vjp)
+# gets its forward and tangent regions staged under scopes of their own, and the transpose of the tangent region
+# under one more, each scope naming what its region's results (forward, tangent) or operands (backward) are in
+# terms of the original shard_map's results. JAX's dead-code elimination of such a region renames its scope to one
+# naming what it kept. Wrapped: LinearizeTrace.process_shard_map, DynamicJaxprTrace.process_shard_map (staging),
+# the shard_map transpose rule (ad.fancy_transposes on JAX 0.12, ad.primitive_transposes on 0.10) and its DCE rule
+# (which takes live_ins before the eqn on 0.12). What is not found as expected is left untied (callers refuse).
+
+import contextvars as _contextvars
+
+_ties_installed = False
+_linearizing: _contextvars.ContextVar = _contextvars.ContextVar("shardfix_linearizing", default=None)
+_transposing: _contextvars.ContextVar = _contextvars.ContextVar("shardfix_transposing", default=None)
+
+
+class _Staged:
+    """What one staging call under a tie scope made: the scope, the eqn's operands and results, the call's args."""
+
+    def __init__(self, scope: str, eqn: Any, args: list, outs: list):
+        self.scope, self.eqn, self.args, self.outs = scope, eqn, args, outs
+
+
+class _Linearizing:
+    def __init__(self, trace: Any):
+        self.trace = trace
+        self.forward: _Staged | None = None
+        self.tangent: _Staged | None = None
+
+
+class _Transposing:
+    def __init__(self):
+        self.staged: _Staged | None = None
+
+
+def _scopes(name_stack) -> list[str]:
+    return [s.name for s in name_stack.stack if isinstance(s, source_info_util.Scope)]
+
+
+def _renamed(name_stack, old: str, new: str):
+    stack = tuple(source_info_util.Scope(new) if isinstance(s, source_info_util.Scope) and s.name == old else s
+                  for s in name_stack.stack)
+    return source_info_util.NameStack(stack)
+
+
+def install_autodiff_ties(active) -> None:
+    """Wrap JAX's shard_map autodiff rules to record ties (once per process), while `active()` is not None."""
+    global _ties_installed
+    with _spec_hooks_lock:
+        if _ties_installed:
+            return
+        from jax._src import shard_map as sm
+        from jax._src.interpreters import ad, partial_eval as pe
+        prim = sm.shard_map_p
+        table = getattr(ad, "fancy_transposes", {})
+        table = table if prim in table else ad.primitive_transposes
+        ad.LinearizeTrace.process_shard_map = _tie_linearize(ad.LinearizeTrace.process_shard_map, active, ad)
+        pe.DynamicJaxprTrace.process_shard_map = _tie_staging(pe.DynamicJaxprTrace.process_shard_map, prim)
+        table[prim] = _tie_transpose(table[prim], active, ad)
+        pe.dce_rules[prim] = _tie_dce(pe.dce_rules[prim])
+        _ties_installed = True
+
+
+def _tie_linearize(original, active, ad):
+    from ..ring import ties
+
+    @functools.wraps(original)
+    def linearize(trace, shard_map_p, f, tracers, **params):
+        if active() is None:
+            return original(trace, shard_map_p, f, tracers, **params)
+        record = _Linearizing(trace)
+        token = _linearizing.set(record)
+        try:
+            outs = original(trace, shard_map_p, f, tracers, **params)
+        finally:
+            _linearizing.reset(token)
+        results = list(outs)
+        primals = {id(o.primal if isinstance(o, ad.LinearizeTracer) else o): j for j, o in enumerate(results)}
+        tangents = {id(o.tangent): j for j, o in enumerate(results) if isinstance(o, ad.LinearizeTracer)}
+        ring = ties.new_ring()
+        if record.forward is not None:
+            slots = tuple(primals.get(id(x)) for x in record.forward.outs)
+            ok = sorted(j for j in slots if j is not None) == list(range(len(results)))
+            ties.bind(record.forward.scope, ties.Tie(ring, ties.Role.FORWARD, len(results), slots) if ok else None)
+        if record.tangent is not None:
+            slots = tuple(tangents.get(id(x)) for x in record.tangent.outs)
+            ok = None not in slots and len(set(slots)) == len(slots)
+            ties.bind(record.tangent.scope, ties.Tie(ring, ties.Role.TANGENT, len(results), slots) if ok else None)
+        return outs
+    return linearize
+
+
+def _tie_staging(original, prim):
+    from ..ring import ties
+
+    @functools.wraps(original)
+    def staging(trace, shard_map_p, f, args, **params):
+        linearizing, transposing = _linearizing.get(), _transposing.get()
+        role = None
+        if linearizing is not None and trace is linearizing.trace.parent_trace and linearizing.forward is None:
+            role = "forward"
+        elif linearizing is not None and trace is getattr(linearizing.trace, "tangent_trace", None) \
+                and linearizing.tangent is None:
+            role = "tangent"
+        elif transposing is not None and transposing.staged is None:
+            role = "backward"
+        if role is None:
+            return original(trace, shard_map_p, f, args, **params)
+        scope = ties.reserve()
+        # shard_maps staged in this one's body are no part of its tie
+        tokens = _linearizing.set(None), _transposing.set(None)
+        try:
+            with source_info_util.extend_name_stack(scope):
+                out = original(trace, shard_map_p, f, args, **params)
+        finally:
+            _transposing.reset(tokens[1])
+            _linearizing.reset(tokens[0])
+        eqn = trace.frame.tracing_eqns[-1] if trace.frame.tracing_eqns else None
+        eqn = eqn() if callable(eqn) and not hasattr(eqn, "primitive") else eqn
+        # JAX 0.12 stages a vjp's tangent region as a VJPNode wrapping shard_map_p
+        if eqn is None or getattr(eqn.primitive, "prim", eqn.primitive) is not prim or scope not in _scopes(eqn.source_info.name_stack):
+            return out  # not the eqn expected: the scope names no tie
+        staged = _Staged(scope, eqn, list(args), list(out))
+        if role == "forward":
+            linearizing.forward = staged
+        elif role == "tangent":
+            linearizing.tangent = staged
+        else:
+            transposing.staged = staged
+        return out
+    return staging
+
+
+def _tie_transpose(original, active, ad):
+    from ..ring import ties
+
+    @functools.wraps(original)
+    def transpose(out_cts, *args, **params):
+        found = ties.innermost(_scopes(source_info_util.current().name_stack)) if active() is not None else None
+        if found is None or found[1].role is not ties.Role.TANGENT or len(found[1].slots) != len(out_cts):
+            return original(out_cts, *args, **params)
+        tangent = found[1]
+        nonzero = [(j, ct) for j, ct in zip(tangent.slots, out_cts) if type(ct) is not ad.Zero]
+        record = _Transposing()
+        token = _transposing.set(record)
+        try:
+            result = original(out_cts, *args, **params)
+        finally:
+            _transposing.reset(token)
+        staged = record.staged
+        if staged is not None:
+            # JAX binds the transpose on the nonzero cotangents, in order, then the rest; the staged eqn holds the
+            # body's hoisted constants first
+            consts = len(staged.eqn.in_tracers) - len(staged.args)
+            lead = staged.args[:len(nonzero)]
+            ok = consts >= 0 and len(lead) == len(nonzero) and all(
+                core_aval_key(a) == core_aval_key(ct) for a, (_, ct) in zip(lead, nonzero))
+            slots = (None,) * consts + tuple(j for j, _ in nonzero) + (None,) * (len(staged.args) - len(nonzero))
+            zero = frozenset(range(tangent.results)) - {j for j, _ in nonzero}
+            ties.bind(staged.scope, ties.Tie(tangent.ring, ties.Role.BACKWARD, tangent.results, slots, zero)
+                      if ok else None)
+        return result
+    return transpose
+
+
+def core_aval_key(x: Any) -> tuple:
+    """Shape and dtype of a traced value (what a cotangent and the operand bound for it share)."""
+    aval = _core.typeof(x)
+    return tuple(getattr(aval, "shape", ())), str(getattr(aval, "dtype", ""))
+
+
+def _tie_dce(original):
+    from ..ring import ties
+
+    @functools.wraps(original)
+    def dce(used_outputs, *rest):
+        used_inputs, new_eqn = original(used_outputs, *rest)
+        eqn = rest[-1]
+        scopes = _scopes(eqn.source_info.name_stack)
+        found = ties.innermost(scopes)
+        # only the eqn staged right under its scope is tied (an eqn in its body may see the scope too)
+        if new_eqn is None or found is None or scopes[-1] != found[0]:
+            return used_inputs, new_eqn
+        scope, tie = found
+        used = used_inputs if tie.role is ties.Role.BACKWARD else used_outputs
+        kept = tie.kept(list(used)) if len(used) == len(tie.slots) else None
+        if kept == tie:
+            return used_inputs, new_eqn
+        renamed = ties.reserve()
+        ties.bind(renamed, kept)
+        source_info = new_eqn.source_info.replace(name_stack=_renamed(new_eqn.source_info.name_stack, scope,
+                                                                      renamed))
+        return used_inputs, new_eqn.replace(source_info=source_info)
+    return dce

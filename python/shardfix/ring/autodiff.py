@@ -30,6 +30,7 @@ from jaxlib.mlir import ir
 
 from .detect import RingRegion
 from .dims import readers_across
+from .ties import Role, Tie, of_location
 
 _NAME = re.compile(r'loc\("([^"]*)"')
 
@@ -96,6 +97,43 @@ def _tracebacks(op: ir.Operation) -> list[str]:
                 out.append(text[found.start():].rstrip(")") if found else "")
                 out += _tracebacks(inner)
     return out
+
+
+def tie(r: RingRegion) -> Tie | None:
+    """What JAX recorded, while it differentiated the program, about the region (ring/ties.py): None where it
+    recorded nothing, or something the region does not match (as many slots as the region has operands, for a
+    backward region, or results, for a forward one)."""
+    found = of_location(_name(r.region))
+    if found is None or found.role is Role.TANGENT:
+        return None
+    count = len(r.region.operands) if found.role is Role.BACKWARD else len(r.region.results)
+    return found if count == len(found.slots) else None
+
+
+def unproved_cotangent(group: list[RingRegion]) -> tuple[RingRegion, str] | None:
+    """A backward region of the group that differentiates a result of its ring which no forward region of the
+    group computes (the program reads that result only through its derivative, so JAX dropped it from the forward
+    region and nothing proves it), with the sentence that says so; None where every tied backward region
+    differentiates only results its forward region computes, or no region is tied."""
+    computed: dict[int, tuple[RingRegion, set]] = {}
+    for r in group:
+        t = tie(r) if not is_transpose(r) else None
+        if t is not None and t.role is Role.FORWARD:
+            computed.setdefault(t.ring, (r, set()))[1].update(j for j in t.slots if j is not None)
+    for r in group:
+        t = tie(r) if is_transpose(r) else None
+        if t is None or t.role is not Role.BACKWARD:
+            continue
+        forward, results = computed.get(t.ring, (None, set()))
+        for operand, j in sorted(t.cotangents().items()):
+            if j in results:
+                continue
+            where = f"the ring region at {forward.loc}" if forward is not None and forward.loc else "its ring region"
+            return r, (f"differentiates result {j} of {where} (operand {operand} is its cotangent), which the forward "
+                       f"region does not compute: the program reads that result only through its derivative, so "
+                       f"nothing proves it unchanged by the reorder; use that result (return it, or let the loss "
+                       f"read it), or give the kernel a custom_vjp")
+    return None
 
 
 def _proved_results(forwards: list, transposes: list, rings: frozenset) -> list:
@@ -206,4 +244,4 @@ def _mark_while(op: ir.Operation, live_values: set, live: set, dead_slots: dict)
         dead_slots[op] = dead
 
 
-__all__ = ["OPAQUE", "Liveness", "dropped_forward", "is_transpose", "made_by_autodiff"]
+__all__ = ["OPAQUE", "Liveness", "dropped_forward", "is_transpose", "made_by_autodiff", "tie", "unproved_cotangent"]

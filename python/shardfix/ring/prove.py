@@ -19,7 +19,7 @@ from jaxlib.mlir import ir
 
 from ..locations import SourceLoc
 from .analysis import Engine, Refusal, RingInfo, Shared, State
-from .autodiff import Liveness, dropped_forward, is_transpose, made_by_autodiff
+from .autodiff import Liveness, dropped_forward, is_transpose, made_by_autodiff, unproved_cotangent
 
 AUTODIFF = ("is the backward that jax.grad made of a ring region without a custom_vjp: its forward is proved, but this "
             "backward is not: its own ops are no order-free merge (an online softmax's backward recomputes and "
@@ -126,7 +126,11 @@ def _prove_group(group: list[RingRegion], funcs, verdicts: dict, shared: Shared,
         _prove_members(group, funcs, verdicts, members, shared, frozenset())
     except _GroupRefusal as first:
         dropped = dropped_forward(group, shared.rings)
-        e = _GroupRefusal(Refusal(DROPPED, dropped.region), dropped) if dropped is not None else \
+        unproved = unproved_cotangent(group) if dropped is not None else None
+        if unproved is not None:  # JAX's record names the result
+            dropped = unproved[0]
+        e = _GroupRefusal(Refusal(unproved[1] if unproved else DROPPED, dropped.region), dropped) \
+            if dropped is not None else \
             _autodiff_reason(group, funcs, verdicts, members, shared, first)
         _refuse_group(group, verdicts, e)
         _prove_apart(group, e.region, funcs, verdicts, shared, numbers)
@@ -183,6 +187,11 @@ def _autodiff_reason(group: list[RingRegion], funcs, verdicts: dict, members: se
         _prove_members(group, funcs, verdicts, members, shared, transposes)
     except _GroupRefusal as forward:
         return forward
+    # where JAX's record of the differentiation says which results a backward differentiates: one of them not
+    # proved is the exact reason
+    unproved = unproved_cotangent(group)
+    if unproved is not None:
+        return _GroupRefusal(Refusal(unproved[1], unproved[0].region), unproved[0])
     region = next(r for r in group if r.region in transposes)
     return _GroupRefusal(Refusal(AUTODIFF, region.region), region)
 

@@ -1,0 +1,112 @@
+"""What JAX knew, while it differentiated a shard_map, about which result of the original ring each value of the
+forward and backward regions stands for.
+
+A ring region F differentiated by JAX's autodiff (no custom_vjp) leaves the module two regions: a forward region
+(some of F's results, those anything reads as primal values, plus residuals) and a backward region B (the transpose of
+F's linearisation: it reads cotangents of F's results and residuals). The module does not say which result of F a
+cotangent of B differentiates, nor which of F's results the forward region still computes: JAX's partial evaluation
+and dead-code elimination drop results and cotangents nobody reads, and two results of one type look alike
+(autodiff.py). JAX knows it while it transforms the program, and @autofix_shardings traces the program itself, so
+shardfix.jit._jax records it there: each region JAX stages for F gets a scope of its own in its name stack (which the
+module keeps in the region's location), and the scope names a `Tie` here. Anything this module does not find, or finds
+inconsistent with the region it names, is no tie: the caller refuses.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import re
+import threading
+from dataclasses import dataclass
+
+
+class Role(enum.Enum):
+    FORWARD = "forward"  # the region computing F's primal results (and residuals)
+    TANGENT = "tangent"  # F's linearisation (never lowered under jax.grad: it is transposed)
+    BACKWARD = "backward"  # the transpose of the tangent region
+
+
+@dataclass(frozen=True)
+class Tie:
+    """One region JAX staged while differentiating the ring shard_map number `ring` (which had `results` results).
+
+    `slots`: FORWARD and TANGENT, one per result of the region: the original result it is (its primal value, or its
+    tangent), None for a residual; BACKWARD, one per operand of the region: the original result whose cotangent it
+    is, None for anything else (residuals, forwarded primal inputs, hoisted constants). `zero`: BACKWARD only, the
+    original results whose cotangent was symbolically zero (no cotangent operand differentiates them)."""
+
+    ring: int
+    role: Role
+    results: int
+    slots: tuple[int | None, ...]
+    zero: frozenset[int] = frozenset()
+
+    def cotangents(self) -> dict[int, int]:
+        """BACKWARD: operand number -> the original result it is the cotangent of."""
+        return {i: j for i, j in enumerate(self.slots) if j is not None}
+
+    def kept(self, used: list[bool]) -> "Tie":
+        """The tie of the region left when JAX's dead-code elimination keeps the `used` slots."""
+        return Tie(self.ring, self.role, self.results, tuple(s for s, u in zip(self.slots, used) if u), self.zero)
+
+
+PREFIX = "shardfix_tie"
+_SCOPE = re.compile(PREFIX + r"(\d+)")
+_ties: dict[str, Tie] = {}
+_numbers = itertools.count()
+_rings = itertools.count()
+_lock = threading.Lock()
+
+
+def new_ring() -> int:
+    """A number for an original ring shard_map being differentiated (never reused in this process)."""
+    with _lock:
+        return next(_rings)
+
+
+def reserve() -> str:
+    """A scope name fresh in this process, naming no tie yet (`bind` it once what it stands for is known)."""
+    with _lock:
+        return f"{PREFIX}{next(_numbers)}"
+
+
+def bind(scope: str, tie: Tie | None) -> None:
+    """Let `scope` name `tie` (None: nothing, where what was staged under it could not be tied)."""
+    with _lock:
+        if tie is None:
+            _ties.pop(scope, None)
+        else:
+            _ties[scope] = tie
+
+
+def register(tie: Tie) -> str:
+    """A fresh scope name that names `tie`."""
+    scope = reserve()
+    bind(scope, tie)
+    return scope
+
+
+def lookup(scope: str) -> Tie | None:
+    return _ties.get(scope)
+
+
+def innermost(names: list[str]) -> tuple[str, Tie] | None:
+    """The innermost registered tie scope among name-stack entries `names` (outermost first)."""
+    for name in reversed(names):
+        tie = _ties.get(name)
+        if tie is not None:
+            return name, tie
+    return None
+
+
+def of_location(name: str) -> Tie | None:
+    """The tie a region's location name (a printed name stack: `jit(f)/transpose(jvp(shardfix_tie3))/
+    shardfix_tie7/shard_map`) names: its innermost tie scope, None where there is none or a scope is unknown."""
+    scopes = _SCOPE.findall(name)
+    if not scopes:
+        return None
+    return _ties.get(f"{PREFIX}{scopes[-1]}")
+
+
+__all__ = ["PREFIX", "Role", "Tie", "bind", "innermost", "lookup", "new_ring", "of_location", "register", "reserve"]
