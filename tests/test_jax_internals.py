@@ -276,3 +276,18 @@ def test_spec_check_session_key_separates_caches():
     with _jax.repair_key(12345):
         assert config.trace_context() != outside
     assert config.trace_context() == outside
+
+
+def test_autodiff_ties_hooked():
+    """The shard_map autodiff rules the tie recorder wraps (ring/ties.py): a move of any of them fails here; that
+    the record is right is tests/test_autodiff_ties.py's."""
+    from jax._src import shard_map as sm
+    from jax._src.interpreters import ad, partial_eval as pe
+    from shardfix.jit import tracing
+    tracing.install()
+    transposes = ad.fancy_transposes if _jax.JAX_VERSION >= (0, 12) else ad.primitive_transposes
+    for rule in (ad.LinearizeTrace.process_shard_map, pe.DynamicJaxprTrace.process_shard_map,
+                 transposes[sm.shard_map_p], pe.dce_rules[sm.shard_map_p]):
+        assert getattr(rule, "__wrapped__", None) is not None and "shardfix" in rule.__code__.co_filename, rule
+    assert hasattr(ad, "LinearizeTracer") and hasattr(pe.JaxprStackFrame, "__slots__")
+    assert "tracing_eqns" in pe.JaxprStackFrame.__slots__

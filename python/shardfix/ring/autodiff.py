@@ -110,25 +110,36 @@ def tie(r: RingRegion) -> Tie | None:
     return found if count == len(found.slots) else None
 
 
-def unproved_cotangent(group: list[RingRegion]) -> tuple[RingRegion, str] | None:
+def unproved_cotangent(group: list[RingRegion], rings: frozenset) -> tuple[RingRegion, str] | None:
     """A backward region of the group that differentiates a result of its ring which no forward region of the
-    group computes (the program reads that result only through its derivative, so JAX dropped it from the forward
-    region and nothing proves it), with the sentence that says so; None where every tied backward region
-    differentiates only results its forward region computes, or no region is tied."""
-    computed: dict[int, tuple[RingRegion, set]] = {}
-    for r in group:
-        t = tie(r) if not is_transpose(r) else None
+    group proves, with the sentence that says so: a result JAX dropped from the forward region (the program reads
+    it only through its derivative), or one the forward region hands only to backward regions (as a residual, so
+    the forward's proof leaves it out). None where every tied backward region differentiates only proved results,
+    or no region is tied (ring/ties.py)."""
+    forwards = [r for r in group if not is_transpose(r)]
+    transposes = [r for r in group if is_transpose(r)]
+    live = {r.region: results for r, results in _proved_results(forwards, transposes, rings)}
+    computed: dict[int, tuple[RingRegion, dict]] = {}  # ring -> (forward region, original result -> proved?)
+    for r in forwards:
+        t = tie(r)
         if t is not None and t.role is Role.FORWARD:
-            computed.setdefault(t.ring, (r, set()))[1].update(j for j in t.slots if j is not None)
-    for r in group:
-        t = tie(r) if is_transpose(r) else None
+            proved = computed.setdefault(t.ring, (r, {}))[1]
+            for i, j in enumerate(t.slots):
+                if j is not None:
+                    proved[j] = proved.get(j, False) or i in live[r.region]
+    for r in transposes:
+        t = tie(r)
         if t is None or t.role is not Role.BACKWARD:
             continue
-        forward, results = computed.get(t.ring, (None, set()))
+        forward, proved = computed.get(t.ring, (None, {}))
         for operand, j in sorted(t.cotangents().items()):
-            if j in results:
+            if proved.get(j):
                 continue
             where = f"the ring region at {forward.loc}" if forward is not None and forward.loc else "its ring region"
+            if j in proved:
+                return r, (f"differentiates result {j} of {where} (operand {operand} is its cotangent), which the "
+                           f"forward region hands only to the backward (as a residual), so its proof leaves it out: "
+                           f"read that result in the program, or give the kernel a custom_vjp")
             return r, (f"differentiates result {j} of {where} (operand {operand} is its cotangent), which the forward "
                        f"region does not compute: the program reads that result only through its derivative, so "
                        f"nothing proves it unchanged by the reorder; use that result (return it, or let the loss "

@@ -126,7 +126,7 @@ def _prove_group(group: list[RingRegion], funcs, verdicts: dict, shared: Shared,
         _prove_members(group, funcs, verdicts, members, shared, frozenset())
     except _GroupRefusal as first:
         dropped = dropped_forward(group, shared.rings)
-        unproved = unproved_cotangent(group) if dropped is not None else None
+        unproved = unproved_cotangent(group, shared.rings) if dropped is not None else None
         if unproved is not None:  # JAX's record names the result
             dropped = unproved[0]
         e = _GroupRefusal(Refusal(unproved[1] if unproved else DROPPED, dropped.region), dropped) \
@@ -189,7 +189,7 @@ def _autodiff_reason(group: list[RingRegion], funcs, verdicts: dict, members: se
         return forward
     # where JAX's record of the differentiation says which results a backward differentiates: one of them not
     # proved is the exact reason
-    unproved = unproved_cotangent(group)
+    unproved = unproved_cotangent(group, shared.rings)
     if unproved is not None:
         return _GroupRefusal(Refusal(unproved[1], unproved[0].region), unproved[0])
     region = next(r for r in group if r.region in transposes)
