@@ -148,3 +148,19 @@ def test_a_backward_of_a_result_made_by_the_same_expression_as_a_proved_one_is_r
                for r in low.rings), [r.why for r in low.rings]
     for got, want in zip(jax.tree.leaves(low.compile()(*args)), jax.tree.leaves(jax.jit(grad)(*args))):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
+
+
+def test_a_ring_nested_in_a_data_parallel_shard_map_is_tied_apart_from_it():
+    """dp outer, cp inner: each shard_map JAX differentiates gets its own ties, the inner regions' (whose names
+    are relative to the outer body's) apart from the outer's."""
+    from support.ring_user_programs import PROGRAMS
+    p = next(p for p in PROGRAMS if p.name == "grad-nested-fori-causal@auto")
+    fn, args = p.build(meshes()[p.mesh])
+    with jax.set_mesh(meshes()[p.mesh]):
+        forwards, backwards = _ties_of(jax.grad(lambda *a: jnp.sum(fn(*a) ** 2), argnums=p.wrt), args)
+    assert len(forwards) == len(backwards) == 2, (forwards, backwards)
+    assert {t.ring for t in forwards} == {t.ring for t in backwards} and len({t.ring for t in forwards}) == 2
+    for t in backwards:
+        assert t.cotangents() == {0: 0} and t.zero == frozenset()
+    for t in forwards:
+        assert [j for j in t.slots if j is not None] == [0]

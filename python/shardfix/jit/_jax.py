@@ -771,8 +771,11 @@ def _tie_transpose(original, active, ad):
 
     @functools.wraps(original)
     def transpose(out_cts, *args, **params):
-        found = ties.innermost(_scopes(source_info_util.current().name_stack)) if active() is not None else None
-        if found is None or found[1].role is not ties.Role.TANGENT or len(found[1].slots) != len(out_cts):
+        scopes = _scopes(source_info_util.current().name_stack) if active() is not None else []
+        found = ties.innermost(scopes)
+        # the eqn transposed is the tangent region itself only where the tie's scope is its last
+        if found is None or found[0] != scopes[-1] or found[1].role is not ties.Role.TANGENT \
+                or len(found[1].slots) != len(out_cts):
             return original(out_cts, *args, **params)
         tangent = found[1]
         nonzero = [(j, ct) for j, ct in zip(tangent.slots, out_cts) if type(ct) is not ad.Zero]

@@ -52,7 +52,9 @@ class Tie:
 
 
 PREFIX = "shardfix_tie"
-_SCOPE = re.compile(PREFIX + r"(\d+)")
+# a region's own scope: the last of its name stack, followed only by the transforms' closing parentheses and the
+# primitive's name (`jvp(shardfix_tie4)/shard_map`); a scope further out is an enclosing region's
+_OWN_SCOPE = re.compile(PREFIX + r"(\d+)\)*/[^/()]*$")
 _ties: dict[str, Tie] = {}
 _numbers = itertools.count()
 _rings = itertools.count()
@@ -102,11 +104,9 @@ def innermost(names: list[str]) -> tuple[str, Tie] | None:
 
 def of_location(name: str) -> Tie | None:
     """The tie a region's location name (a printed name stack: `jit(f)/transpose(jvp(shardfix_tie3))/
-    shardfix_tie7/shard_map`) names: its innermost tie scope, None where there is none or a scope is unknown."""
-    scopes = _SCOPE.findall(name)
-    if not scopes:
-        return None
-    return _ties.get(f"{PREFIX}{scopes[-1]}")
+    shardfix_tie7/shard_map`) names: its own scope's, None where its last scope is no tie scope or an unknown one."""
+    found = _OWN_SCOPE.search(name)
+    return _ties.get(f"{PREFIX}{found.group(1)}") if found else None
 
 
 __all__ = ["PREFIX", "Role", "Tie", "bind", "innermost", "lookup", "new_ring", "of_location", "register", "reserve"]
