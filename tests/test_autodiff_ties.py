@@ -164,3 +164,18 @@ def test_a_ring_nested_in_a_data_parallel_shard_map_is_tied_apart_from_it():
         assert t.cotangents() == {0: 0} and t.zero == frozenset()
     for t in forwards:
         assert [j for j in t.slots if j is not None] == [0]
+
+
+def test_a_plain_autodiff_ring_is_refused_for_what_remains_unproved_once_its_cotangents_are_tied():
+    """An online-softmax ring (the registry's grad-fori-causal) differentiated by jax.grad: the cotangent is tied
+    to the ring's one result, which is proved; the backward is still left alone, the reason naming what is not
+    proved (the order-free gradient at ties of the running maximum, the positions the backward recomputes)."""
+    from support.ring_user_programs import PROGRAMS
+    p = next(p for p in PROGRAMS if p.name == "grad-fori-causal")
+    fn, args = p.build(meshes()[p.mesh])
+    grad = jax.grad(lambda *a: jnp.sum(fn(*a) ** 2), argnums=p.wrt)
+    low = autofix_shardings(grad, ring_reorder="zigzag", on_fix="ignore").lower(*args)
+    assert len(low.rings) == 2 and not any(r.applied for r in low.rings), [(r.applied, r.why) for r in low.rings]
+    assert any("and so are the results its cotangents differentiate (result 0 of the ring region at" in r.why
+               and "each running maximum must receive a cotangent that is zero" in r.why for r in low.rings), \
+        [r.why for r in low.rings]

@@ -753,7 +753,8 @@ def _tie_staging(original, prim):
         eqn = trace.frame.tracing_eqns[-1] if trace.frame.tracing_eqns else None
         eqn = eqn() if callable(eqn) and not hasattr(eqn, "primitive") else eqn
         # JAX 0.12 stages a vjp's tangent region as a VJPNode wrapping shard_map_p
-        if eqn is None or getattr(eqn.primitive, "prim", eqn.primitive) is not prim or scope not in _scopes(eqn.source_info.name_stack):
+        if eqn is None or getattr(eqn.primitive, "prim", eqn.primitive) is not prim \
+                or scope not in _scopes(eqn.source_info.name_stack):
             return out  # not the eqn expected: the scope names no tie
         staged = _Staged(scope, eqn, list(args), list(out))
         if role == "forward":

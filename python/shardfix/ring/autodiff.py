@@ -147,6 +147,18 @@ def unproved_cotangent(group: list[RingRegion], rings: frozenset) -> tuple[RingR
     return None
 
 
+def differentiated(group: list[RingRegion]) -> tuple[list[int], RingRegion | None] | None:
+    """The results of its ring the group's backward regions differentiate (JAX's record, ring/ties.py), and a
+    forward region of that ring; None unless every backward region of the group is tied."""
+    transposes = [r for r in group if is_transpose(r)]
+    found = [tie(r) for r in transposes]
+    if not transposes or any(t is None or t.role is not Role.BACKWARD for t in found):
+        return None
+    rings = {t.ring for t in found}
+    forward = next((r for r in group if not is_transpose(r) and (t := tie(r)) is not None and t.ring in rings), None)
+    return sorted({j for t in found for j in t.cotangents().values()}), forward
+
+
 def _proved_results(forwards: list, transposes: list, rings: frozenset) -> list:
     """(forward region, the results of it the proof covers): those read by anything but the transposes (the others
     are residuals)."""
@@ -255,4 +267,5 @@ def _mark_while(op: ir.Operation, live_values: set, live: set, dead_slots: dict)
         dead_slots[op] = dead
 
 
-__all__ = ["OPAQUE", "Liveness", "dropped_forward", "is_transpose", "made_by_autodiff", "tie", "unproved_cotangent"]
+__all__ = ["OPAQUE", "Liveness", "dropped_forward", "is_transpose", "differentiated", "made_by_autodiff", "tie",
+           "unproved_cotangent"]

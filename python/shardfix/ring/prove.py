@@ -19,13 +19,22 @@ from jaxlib.mlir import ir
 
 from ..locations import SourceLoc
 from .analysis import Engine, Refusal, RingInfo, Shared, State
-from .autodiff import Liveness, dropped_forward, is_transpose, made_by_autodiff, unproved_cotangent
+from .autodiff import Liveness, differentiated, dropped_forward, is_transpose, made_by_autodiff, unproved_cotangent
 
 AUTODIFF = ("is the backward that jax.grad made of a ring region without a custom_vjp: its forward is proved, but this "
             "backward is not: its own ops are no order-free merge (an online softmax's backward recomputes and "
             "compares the running maximum), and nothing in the program ties each cotangent to the result it "
             "differentiates, so it can't be proved from its forward either: give the kernel a custom_vjp whose "
             "backward is a ring of its own (as ejkernel's and Liu et al.'s kernels do), which is proved like any ring")
+# the same, where JAX's record of the differentiation (ring/ties.py) names the results the cotangents differentiate
+TIED = ("is the backward that jax.grad made of a ring region without a custom_vjp: its forward is proved, and so are "
+        "the results its cotangents differentiate ({results} of {where}, as JAX recorded while differentiating), "
+        "but not what rewriting this backward needs besides: that its gradient is the same whichever order the "
+        "blocks arrive in (JAX splits a maximum's cotangent between tied operands by their order, so each running "
+        "maximum must receive a cotangent that is zero, which the proof does not show: it knows the value each sum "
+        "is shifted by, not which running maximum computed it) and that the positions it recomputes from the "
+        "forward's residuals are rewritten: give the kernel a custom_vjp whose backward is a ring of its own (as "
+        "ejkernel's and Liu et al.'s kernels do), which is proved like any ring")
 DROPPED = ("differentiates a ring region whose result the program dropped, so there is no forward to prove it from: "
            "use the forward's result (return it, or let the loss read it), or give the kernel a custom_vjp")
 from .detect import RingRegion, axis_strides, find_ring_regions, module_funcs, module_meshes
@@ -193,6 +202,13 @@ def _autodiff_reason(group: list[RingRegion], funcs, verdicts: dict, members: se
     if unproved is not None:
         return _GroupRefusal(Refusal(unproved[1], unproved[0].region), unproved[0])
     region = next(r for r in group if r.region in transposes)
+    tied = differentiated(group)
+    if tied is not None:
+        results, forward = tied
+        where = f"the ring region at {forward.loc}" if forward is not None and forward.loc else "its ring region"
+        text = TIED.format(results=("result " if len(results) == 1 else "results ") + ", ".join(map(str, results)),
+                           where=where)
+        return _GroupRefusal(Refusal(text, region.region), region)
     return _GroupRefusal(Refusal(AUTODIFF, region.region), region)
 
 
