@@ -793,7 +793,7 @@ def _tie_transpose(original, active, ad):
             consts = len(staged.eqn.in_tracers) - len(staged.args)
             lead = staged.args[:len(nonzero)]
             ok = consts >= 0 and len(lead) == len(nonzero) and all(
-                core_aval_key(a) == core_aval_key(ct) for a, (_, ct) in zip(lead, nonzero))
+                _aval_key(a) == _aval_key(ct) for a, (_, ct) in zip(lead, nonzero))
             slots = (None,) * consts + tuple(j for j, _ in nonzero) + (None,) * (len(staged.args) - len(nonzero))
             zero = frozenset(range(tangent.results)) - {j for j, _ in nonzero}
             ties.bind(staged.scope, ties.Tie(tangent.ring, ties.Role.BACKWARD, tangent.results, slots, zero)
@@ -802,7 +802,7 @@ def _tie_transpose(original, active, ad):
     return transpose
 
 
-def core_aval_key(x: Any) -> tuple:
+def _aval_key(x: Any) -> tuple:
     """Shape and dtype of a traced value (what a cotangent and the operand bound for it share)."""
     aval = _core.typeof(x)
     return tuple(getattr(aval, "shape", ())), str(getattr(aval, "dtype", ""))
