@@ -418,7 +418,7 @@ def _k_sent_twice(q, k, v):
     return _finish(lax.fori_loop(0, 1, body, (_init(q), k, v))[0])
 
 
-REFUSED = {"reset-by-inner-counter": (_reset_by_inner_counter, "replaces loop-carried aggregate"),
+REFUSED = {"reset-by-inner-counter": (_reset_by_inner_counter, "replaces a running sum or max the loop carries"),
            "reset-at-second-step": (_reset_at_second_step, "divides two partial aggregates"),
            "k-sent-twice": (_k_sent_twice, "combines data of different tokens")}
 

@@ -268,7 +268,7 @@ PROGRAMS = [
               at="return out, l.sum(axis=1, keepdims=True)", why="result 1 is a per-device value"),
     Published("rolled-ring-dropout", "ejkernel-online-rolled with dropout keyed by the device (Liu's attn_pdrop)",
               attention(rolled_ring, dropout=True), rolled_ring, "refused",
-              at="key = jax.random.fold_in(", why="other than by an order-free merge"),
+              at="key = jax.random.fold_in(", why="a PRNG key folded with the device index"),
     Published("rolled-ring-bidirectional", "ejkernel-online-rolled, k and v travelling both ways",
               attention(rolled_ring, bidirectional=True), rolled_ring, "balanced", forced=True),
     Published("liu-blockwise", "Liu et al. blockwise RingAttention (ringattention_jax), chunk 4, causal skip",

@@ -98,7 +98,7 @@ def unify(engine: Engine, op, values: list[Data], out_shape) -> tuple[tuple, dic
                 if any(isinstance(r, Tok) for r in roles):
                     engine.refuse("combines tokens with the token at one fixed place of a block (a position read "
                                   "as one number, like a block's first position, or one token sliced out), which "
-                                  "the reorder moves: use each token's own position", op)
+                                  "the reorder moves: use each token's own position", op, tuple(values))
                 key = placed.get(a)
                 if key is None:
                     key = placed[a] = f"u{len(axes)}"
@@ -360,12 +360,17 @@ def relabel(engine: Engine, op, value: Data, others: list[Data]) -> Data:
     return with_agg(engine, value, agg)
 
 
+_TWICE = ("merges two partial results (running sums or maxima) that may both hold the same block, counting its "
+          "tokens twice (two merges that read the block of one ring step, or one block merged at two steps): merge "
+          "each block once, the block that ring step brings")
+
+
 def _union(engine: Engine, op, a: Coverage, b: Coverage) -> Coverage:
     verdict = cov_ops.disjoint(a, b, engine.scope)
     if verdict is False:
-        engine.refuse(f"merges aggregates that may count the same tokens twice ({a} and {b})", op)
+        engine.refuse(_TWICE, op)
     if verdict is None:
-        engine.defer(ObligationKind.DISJOINT, a, b, op, "merges aggregates that may count the same tokens twice")
+        engine.defer(ObligationKind.DISJOINT, a, b, op, _TWICE)
     return a.union(b)
 
 
@@ -449,7 +454,9 @@ def _add(engine: Engine, op, values: list[Data]) -> Data:
         engine.refuse("adds data to a partial aggregate", op)
     x, y = a.agg, b.agg
     if x.op != y.op or x.op not in SUM_LIKE or x.term != y.term or x.score != y.score:
-        engine.refuse("adds two different aggregates", op)
+        engine.refuse("adds two partial results that are not sums of the same terms (a running sum and a rescaled, "
+                      "decayed or differently masked one): such a sum depends on the order blocks arrive in; add "
+                      "each block's terms into one running sum, rescaled only by the online softmax's max", op)
     _aligned(engine, op, a, b)
     if x.op == AggOp.SSUM:
         _same_cov(engine, op, x.shift_cov, y.shift_cov, "adds softmax sums rescaled to different maxima")
@@ -532,7 +539,10 @@ def _select(engine: Engine, op, values: list[Data]) -> Data:
         target = agg_fn(engine, Agg(AggOp.MAX, a.agg.home, a.agg.term, a.agg.shift_cov, a.agg.score))
         if guard == target:
             return with_agg(engine, a, dataclasses.replace(a.agg, nan=False))
-    engine.refuse("selects between partial aggregates", op)
+    engine.refuse("selects between partial results (running sums or maxima) by something other than the merge's "
+                  "own state or the ring's first step: the value kept holds other blocks in another layout; merge "
+                  "every block (add, maximum, the online softmax's rescale), resetting only at step 0 "
+                  "(`where(i == 0, fresh, merged)`)", op, (cond,))
 
 
 def reset_select(engine: Engine, loop: int, first: Data, later: Data) -> Data | None:

@@ -18,6 +18,7 @@ from ..ir import op_loc
 from ..ir.locations import innermost_loc, this_programs
 from ..locations import SourceLoc, is_library_file
 from . import coverage as cov_ops
+from . import reasons
 from .dims import element_type, holds
 from .symbolic import Aff, Coord, Node, Other, Pid, PidDiv, Scope, Var, bounds, gpos, map_sources, sourced_nodes
 from .symbolic import Dim as SymDim
@@ -113,6 +114,7 @@ class FnTable:
         self.keys: list = []
         self.infinite: dict[int, bool] = {}  # algebra.may_be_infinite's answers
         self.read_at: dict[int, tuple] = {}  # fn -> (op, calls) where a loop variable it depends on became data
+        self.wrapped: dict[int, object] = {}  # fn -> reasons.Wrap: an integer op read as data, its type too narrow
 
     def intern(self, key, depends: frozenset = frozenset(), read_at: tuple | None = None) -> int:
         """The function `key` describes; `read_at`: where it reads a loop variable as data, if it does (else the
@@ -162,6 +164,7 @@ class Shared:
     apply_rule: object = None  # rules.apply_rule, given by the analysis' caller: the rules build on this module
     liveness: dict = field(default_factory=dict)  # (callee, results read) -> autodiff.Liveness of its body
     rings: frozenset = frozenset()  # the module's ring regions (values between them may pass outer bodies)
+    captured: dict = field(default_factory=dict)  # loop op -> the values its regions read from outside it
 
     def block(self, block: ir.Block) -> tuple:
         """A block's arguments, its ops but the terminator each with its results, and the terminator's operands:
@@ -192,6 +195,7 @@ class State:
     carried: dict = field(default_factory=dict)  # id of a loop-carried placeholder -> (loop op, index)
     cov_alias: dict = field(default_factory=dict)  # coverage unknowns assumed equal (checked when solved)
     loop_vars: dict = field(default_factory=dict)  # a loop's iteration variable -> id of the loop op
+    loop_memo: dict = field(default_factory=dict)  # the loops analysed, by their inputs (loopmemo.py)
 
     @property
     def fns(self) -> FnTable:
@@ -230,7 +234,12 @@ class Engine:
     def set(self, value: ir.Value, abstract) -> None:
         self.env[value] = abstract
 
-    def refuse(self, message: str, op: ir.Operation | None) -> None:
+    def refuse(self, message: str, op: ir.Operation | None, culprits: tuple = ()) -> None:
+        """Refuse at `op` for `message`; where one of `culprits` (the values the refusal is about) is data only
+        because an integer op's type may wrap, refuse at that op for that reason instead (reasons.py)."""
+        wrap = reasons.wrap_behind(self.fns, culprits) if culprits else None
+        if wrap is not None:
+            raise Refusal(wrap.reason(), wrap.op, wrap.calls)
         raise Refusal(message, op, tuple(self.state.call_ops))
 
     def scope_for(self, shape) -> Scope:

@@ -155,12 +155,12 @@ def _check_predicate(engine: Engine, op, selector, units) -> None:
     else:
         pred = selector
         if pred.agg is None and not pred.is_invariant:
-            engine.refuse("skips blocks by a predicate of token data", op)
+            engine.refuse("skips blocks by a predicate of token data", op, (pred,))
         if pred.agg is None and engine.fns.depends(pred.fn) - engine.state.unknown_vars:
-            engine.refuse(_COUNTERS, op)  # a table read at the ring step, say
+            engine.refuse(_COUNTERS, op, (pred,))  # a table read at the ring step, say
         if pred.agg is not None:
             if pred.agg.home is not None or pred.agg.op not in (AggOp.UNITFN, AggOp.MAX, AggOp.MIN, AggOp.SUM):
-                engine.refuse("skips blocks by a predicate of token data", op)
+                engine.refuse("skips blocks by a predicate of token data", op, (pred,))
             for p in pred.agg.cov.parts:
                 if not isinstance(p, Cells) or p.vars or not _inside(engine, op, p.hop, p.start, p.size, units):
                     engine.refuse("skips blocks by a predicate of tokens outside the two units it skips", op)

@@ -150,13 +150,26 @@ def _describe(key: tuple, keys: list) -> tuple[bool, bool, tuple, str]:
         how = {"stablehlo.add": "add", "stablehlo.subtract": "add", "stablehlo.multiply": "mul",
                "stablehlo.divide": "div"}.get(name, "")
         return overflows, False, args[1:] if name == "stablehlo.select" else args, how
-    if kind in _PARTS:
-        return False, False, key[_PARTS[kind]], ""
-    if kind == "table-rows":
-        return False, False, (key[1],) + tuple(key[2]), ""
-    if kind in ("collective", "positional"):
-        return False, False, tuple(key[2]), ""
+    if kind in _PARTS or kind in ("table-rows", "collective", "positional"):
+        return False, False, made_of(key), ""
     return True, True, (), ""  # loop data, custom calls: anything
+
+
+def made_of(key: tuple) -> tuple:
+    """The functions an interned key (analysis.FnTable) is built from: its operands' for an elementwise op, a
+    reduction, a contraction, a permutation, a gather, ...; none for a source (a constant, an operand, loop data)."""
+    kind = key[0]
+    if kind == "ew":
+        return tuple(key[3])
+    if kind in ("dot", "dotterm"):
+        return key[1:3]
+    if kind in _PARTS:
+        return key[_PARTS[kind]]
+    if kind == "table-rows":
+        return (key[1],) + tuple(key[2])
+    if kind in ("collective", "positional"):
+        return tuple(key[2])
+    return ()
 
 
 def facts(engine, fn: int) -> tuple[bool, bool]:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import heapq
 import math
 import operator
-from itertools import repeat
+from itertools import count, repeat
 from dataclasses import dataclass
 
 from jaxlib.mlir import ir
@@ -112,22 +112,26 @@ class Perm:
         return self.op.results[0]
 
 
-def perm_of(op: ir.Operation, read: dict | None = None) -> Perm | None:
+def perm_of(op: ir.Operation, read: dict | None = None, canonical=None) -> Perm | None:
     """The permutation an op is, when it is one that ring-reorder (or this module) inserted. `read`: what was read
-    of permutations before, by their parameters, operand type and shardings (attributes and types are uniqued,
-    so equal ones are the same objects: a model's permutations are read once per kind)."""
+    of permutations before, by the hashes of their parameters, operand type and shardings (attributes and types
+    are uniqued: a hash is the address of what it names, so a model's permutations are read once per kind, and a
+    hit compares nothing through the bindings). `canonical`: maps a Kind read to its Order along a dim (the
+    caller's one object for it), kept with what was read."""
     attributes = op.attributes
     if op.name != "sdy.manual_computation" or PERMUTATION_ATTR not in attributes:
         return None
-    params, shardings = attributes[PERMUTATION_ATTR], attributes["in_shardings"]
-    key = (params, op.operands[0].type, shardings)
+    params, shardings, operand_type = attributes[PERMUTATION_ATTR], attributes["in_shardings"], op.operands[0].type
+    key = (hash(params), hash(operand_type), hash(shardings))
     found = read.get(key) if read is not None else None
     if found is None:
-        found = _read_perm(ir.DictAttr(params), key[1], shardings)
+        kind, dim, inverse, parsed = _read_perm(ir.DictAttr(params), operand_type, shardings)
+        order = canonical(kind, dim) if canonical is not None else None
+        found = (order.kind if order is not None else kind, dim, inverse, parsed, order)
         if read is not None:
             read[key] = found
-    kind, dim, inverse, parsed = found
-    return Perm(op, kind, dim, inverse, parsed)
+    kind, dim, inverse, parsed, order = found
+    return Perm(op, kind, dim, inverse, parsed, order=order)
 
 
 def _read_perm(params: ir.DictAttr, operand_type: ir.Type, shardings: ir.Attribute) -> tuple:
@@ -160,6 +164,12 @@ def _attribute_hash(attributes, name: str) -> int | None:
     except KeyError:
         return None
 
+# The motions whose rules read a reduction's body (its combine).
+_WITH_BODY = frozenset({OpMotion.REDUCE, OpMotion.SCATTER})
+
+# How many ops before a reader `_Body._place_of` looks at for the op that gives it a value, before it looks it up.
+_NEAR = 4
+
 # The motions of the ops whose sequence dims land where they were (elementwise over one shape, and where values
 # live): their moves and carries need no types read.
 _IN_PLACE = frozenset({OpMotion.SAME_SHAPE, OpMotion.WHERE_IT_LIVES})
@@ -180,6 +190,7 @@ class Mover:
         self._rules: dict[tuple, object] = {}
         self._signatures: dict[tuple, int] = {}
         self.perms_read: dict = {}  # see perm_of
+        self.plans: dict[tuple[int, int, Order], tuple | Blocked] = {}  # see _Body._plan
 
     def kind(self, kind: Kind) -> Kind:
         """The one Kind object equal to `kind` (Orders are looked up by their kind's identity)."""
@@ -192,10 +203,25 @@ class Mover:
         key = (hash(value_type), order.dim, order.kind.length)
         found = self._fits.get(key)
         if found is None:
-            shaped = ir.ShapedType(value_type)
-            found = self._fits[key] = (shaped.has_rank and order.dim < shaped.rank and
-                                       shaped.get_dim_size(order.dim) == order.kind.length)
+            found = self._fits[key] = self._fit(value_type, order)
         return found
+
+    def fits_hashed(self, type_hash: int, order: Order, value: ir.Value) -> bool:
+        """`fits` for `value`, whose type's hash is known: its type is read only the first time."""
+        key = (type_hash, order.dim, order.kind.length)
+        found = self._fits.get(key)
+        if found is None:
+            found = self._fits[key] = self._fit(value.type, order)
+        return found
+
+    @staticmethod
+    def _fit(value_type: ir.Type, order: Order) -> bool:
+        shaped = ir.ShapedType(value_type)
+        return shaped.has_rank and order.dim < shaped.rank and shaped.get_dim_size(order.dim) == order.kind.length
+
+    def canonical_order(self, kind: Kind, dim: int) -> Order:
+        """The one Order object for (kind, dim), `kind` any Kind (the Order's is the one Kind object equal to it)."""
+        return self.order(self.kind(kind), dim)
 
     def order(self, kind: Kind, dim: int) -> Order:
         """The one Order object for (kind, dim), `kind` one of `self.kind`'s."""
@@ -230,24 +256,32 @@ class Mover:
             raise found
         return found
 
-    def signature(self, op: ir.Operation, name: str, values: list) -> int:
+    def signature(self, op: ir.Operation, name: str, values: list) -> tuple[int, tuple[int, ...]]:
         """A number for what the rules read of an op: its name, operand and result types, the attributes its table
         entry says the rules read (all of them for an op without one), and the combine of a reduction's body (two
         reductions alike but for their bodies aren't alike). MLIR uniques types and attributes, so they are keyed
         by their hashes, the addresses of what they name: a hit compares none of them through the bindings. A
-        number, so that the several rule keys of an op don't each hash all of that again."""
+        number, so that the several rule keys of an op don't each hash all of that again; with it, the hashes of
+        the operands' types (for `fits_hashed`)."""
         entry = OPS.get(name, UNKNOWN)
-        attributes = op.attributes
         names = entry.hoist_reads
         if names is None:
+            attributes = op.attributes
             names = tuple(attributes)  # iterated, its names
             read = tuple(map(hash, map(attributes.__getitem__, names)))
+        elif names:
+            attributes = op.attributes
+            try:  # (an optional flag missing is rare: then each is asked alone)
+                read = tuple([hash(attributes[n]) for n in names])
+            except KeyError:
+                read = tuple(map(_attribute_hash, repeat(attributes), names))
         else:
-            read = tuple(map(_attribute_hash, repeat(attributes), names))
-        body = reducer(op) if entry.motion in (OpMotion.REDUCE, OpMotion.SCATTER) else None
+            read = ()
+        body = reducer(op) if entry.motion in _WITH_BODY else None
         results = (hash(op.result.type),) if entry.single_result else tuple(map(hash, map(_TYPE, op.results)))
-        whole = (name, tuple(map(hash, map(_TYPE, values))), results, names, read, body)
-        return self._signatures.setdefault(whole, len(self._signatures))
+        types = tuple([hash(v.type) for v in values])
+        whole = (name, types, results, names, read, body)
+        return self._signatures.setdefault(whole, len(self._signatures)), types
 
     def sinks(self, op: ir.Operation, name: str, motion: OpMotion, operand: int, order: Order) -> tuple:
         """How an op runs when operand `operand` is read in `order` (`_Body._sink`): the result dim the sequence
@@ -305,34 +339,45 @@ class _Body:
     def __init__(self, mover: Mover, block: ir.Block):
         self.mover = mover
         self.block = block
-        self.ops = [op.operation for op in block.operations]
-        self.names = [op.name for op in self.ops]
-        self.position: dict[int, int] | None = None  # an op's first result -> its place (`_place_of`)
+        self.ops = ops = [op.operation for op in block.operations]
+        self.names = names = [op.name for op in ops]
         self.perms: dict[int, Perm] = {}  # place -> the permutation there
-        for i, name in enumerate(self.names):
-            if name == "sdy.manual_computation":
-                perm = perm_of(self.ops[i], mover.perms_read)
-                if perm is not None:
-                    perm.kind = mover.kind(perm.kind)
-                    perm.order = mover.order(perm.kind, perm.dim)
-                    self.perms[i] = perm
-        # value -> how many operands read it: of the body's ops, and of the ops nested in their regions (a reduce's
-        # body may read a value from outside it; a manual computation's can't, it is isolated from above)
-        self.use_count: dict[int, int] = {}
+        for i in [i for i, name in enumerate(names) if name == "sdy.manual_computation"]:
+            perm = perm_of(ops[i], mover.perms_read, mover.canonical_order)
+            if perm is not None:
+                self.perms[i] = perm
         self.perm_place = {id(perm): i for i, perm in self.perms.items()}
         # value -> (order, holder, like): the value is at hand in `order` as `holder` (the value itself when its op
         # runs in permuted order); `like` is the permutation new ones of that order copy their sharding from
         self.permuted: dict[int, tuple[Order, ir.Value, Perm]] = {}
-        # the ops that run in permuted order, each as its results' hashes (read once, when it is found to)
-        self.runs_permuted: list[list[int]] = []
+        # the results of the ops that run in permuted order, by their hashes, in the order they are found to
+        self.runs_permuted: list[int] = []
         self.own: set[int] = set()  # results of the ops in runs_permuted: at hand in permuted order as themselves
-        self.signatures: dict[int, int] = {}  # place -> Mover.signature of its op (asked each way at most once)
+        self.signatures: dict[int, tuple[int, tuple]] = {}  # place -> Mover.signature of its op (asked once)
         # what reads a value in permuted order: (reader's place, operand number or None for a forward permutation,
         # value, order, like)
         self.reads: list[tuple[int, int | None, ir.Value, Order, Perm, int]] = []  # ..., and the value's hash
         self.read_count: dict[tuple[int, Order], int] = {}
+        # The sink's shortcuts (`_sink`'s layout re-assertions, `_same_shape`) read every operand of an op they run
+        # in permuted order, so its place is kept (`whole`) rather than a read per operand; a read of a value its op
+        # computes in permuted order, in that order, needs no edit, so it isn't listed in reads. Neither is in
+        # read_order: that is asked only of the op at the same place, and an op whose results run permuted is never
+        # looked at again.
+        self.whole: set[int] = set()
+        # (place, operand number) of the other reads of such values, in their order, by the ops the sink runs
+        # permuted (read_count, which only `_all_reads_permuted` asks, and only of values not in permuted order,
+        # doesn't count them)
+        self.trivial: list[tuple[int, int]] = []
+        # The values their ops compute in permuted order that a use may read in another order (or as they are):
+        # an operand the op reading it doesn't read in that order (a ring region, a return, an op the motion
+        # stops at, an operand an op reads as it is), or a use in a region. Only their uses are looked at by the
+        # edits; every use of any other is a read in its order: its readers all come after it, and each is looked
+        # at by the sink, which sees it in permuted order (or, for the values `_hoist` gives in permuted order, was
+        # asked of every use before).
+        self.mixed: set[int] = set()
         self.read_order: dict[tuple[int, int], Order] = {}  # (reader's place, operand number) -> the order it reads
-        self.needs: dict[int, list[tuple[ir.Value, Order, Perm]]] = {}  # place -> its results read permuted
+        # place -> its results read permuted: (value, order, like, the value's hash)
+        self.needs: dict[int, list[tuple[ir.Value, Order, Perm, int]]] = {}
         self.heap: list[int] = []
         # the module's permutations, by (source, order), and the ones the edits keep (by id)
         self.forwards: dict[tuple[int, Order], Perm] = {}
@@ -349,15 +394,19 @@ class _Body:
     # -- 1. forward: inverses sink ------------------------------------------------------------------------------
 
     def _sink(self) -> None:
-        """(Each op's operands are counted here too, for the edits: see `use_count`.)"""
-        permuted, perms, names, count = self.permuted, self.perms, self.names, self.use_count
+        """(The values whose ops run in permuted order that some use may read otherwise are found here too, for the
+        edits: see `mixed`.)"""
+        permuted, perms, names = self.permuted, self.perms, self.names
         same_shape = self._same_shape
-        read_order, read_count, reads, runs_permuted, own = (self.read_order, self.read_count, self.reads,
-                                                             self.runs_permuted, self.own)
-        table, unknown, where_it_lives = OPS.get, UNKNOWN, OpMotion.WHERE_IT_LIVES
-        for place, op in enumerate(self.ops):
-            name = names[place]
-            entry = table(name, unknown)
+        read_count, reads, runs_permuted, own, mixed, whole = (self.read_count, self.reads, self.runs_permuted,
+                                                               self.own, self.mixed, self.whole)
+        read_order, needs, heap, trivial = self.read_order, self.needs, self.heap, self.trivial
+        where_it_lives, as_is, source, nested = (OpMotion.WHERE_IT_LIVES, OpMotion.AS_IS, OpMotion.SOURCE,
+                                                 Regions.NESTED)
+        mover = self.mover
+        plans = mover.plans
+        entries = list(map(OPS.get, names, repeat(UNKNOWN)))
+        for place, op, entry in zip(count(), self.ops, entries):
             motion = entry.motion
             if motion is where_it_lives:
                 # nearly half the ops between the rings on Explicit axes: one operand, a result of its type, so a
@@ -365,65 +414,128 @@ class _Body:
                 # (its operand and result read alone: the bindings build no lists)
                 value = op.operands[0]
                 key = hash(value)
-                count[key] = count.get(key, 0) + 1
                 found = permuted.get(key)
                 if found is not None:
                     order, like = found[0], found[2]
-                    read_order[(place, 0)] = order
-                    reads.append((place, 0, value, order, like, key))
-                    read_count[(key, order)] = read_count.get((key, order), 0) + 1
+                    whole.add(place)
+                    if key not in own:  # (a read of a value its op gives in this order needs no edit)
+                        reads.append((place, 0, value, order, like, key))
+                        read_count[(key, order)] = read_count.get((key, order), 0) + 1
                     result = op.result
                     key = hash(result)
-                    runs_permuted.append([key])
+                    runs_permuted.append(key)
                     permuted[key] = (order, result, like)
                     own.add(key)
                 continue
+            if motion is source:  # (no operands: constants, iotas)
+                continue
             values = list(op.operands)
             keys = list(map(hash, values))
-            for key in keys:
-                count[key] = count.get(key, 0) + 1
-            if entry.regions is Regions.NESTED and len(op.regions):
-                _count_nested(op, count)
-            perm = perms.get(place)
-            if perm is not None:
-                if perm.inverse:
-                    permuted[hash(perm.result)] = (perm.order, perm.source, perm)
-                    self.inverses.setdefault((hash(perm.source), perm.order), perm)
+            if own and entry.regions is nested and len(op.regions):
+                _mark_nested(op, own, mixed)  # (only values computed before the op can be read in its regions)
+            if motion is as_is:
+                perm = perms.get(place)
+                if perm is None:  # a ring region, a return: reads its operands as they are
+                    mixed.update(key for key in keys if key in own)
+                elif perm.inverse:
+                    permuted[hash(perm.result)] = (perm.order, values[0], perm)
+                    self.inverses.setdefault((keys[0], perm.order), perm)
+                    if keys[0] in own:
+                        mixed.add(keys[0])
                 else:
-                    self.forwards.setdefault((hash(perm.source), perm.order), perm)
-                    self._read(place, None, perm.source, perm.order, perm)
-                continue
-            if motion is OpMotion.AS_IS:
+                    self.forwards.setdefault((keys[0], perm.order), perm)
+                    self._read(place, None, values[0], perm.order, perm, keys[0])
+                    if keys[0] in own and permuted[keys[0]][0] is not perm.order:
+                        mixed.add(keys[0])
                 continue
             for i, key in enumerate(keys):
                 first = permuted.get(key)
                 if first is not None:
                     break
             else:
-                continue
+                continue  # (nothing of it in permuted order: none of its operands is in own either)
             order, _, like = first
             if motion is OpMotion.SAME_SHAPE:
                 same_shape(place, op, values, keys, order, like)
                 continue
-            mover = self.mover
-            try:
-                signature = self.signatures[place] = mover.signature(op, name, values)
-                # asked once per kind of op, operand and order (the layers of a model repeat the same ops)
-                dim, operand_dims = mover.rule((signature, i, order.dim, order.kind.length),
-                                               lambda: mover.sinks(op, name, motion, i, order))
-            except Blocked as why:
-                self.mover.say(order.kind, True, op, why)
+            name = names[place]
+            signature = self.signatures[place] = mover.signature(op, name, values)
+            plan = plans.get((signature[0], i, order))
+            if plan is None:
+                plan = self._plan(op, name, motion, i, order, signature, values)
+            if plan.__class__ is Blocked:
+                mover.say(order.kind, True, op, plan)
+                mixed.update(key for key in keys if key in own)
                 continue
-            if self._read_permuted(place, op, operand_dims, order.kind, like, True, keys, values) and \
-                    dim != REDUCED:
-                self._run_permuted(place, self.mover.order(order.kind, dim), like)
+            result_order, reading, read_operands = plan
+            why = None
+            for j, read, fits in reading:
+                found = permuted.get(keys[j])
+                if found is not None:
+                    if found[0] is not read:
+                        why = "reads values in two different sequence orders"
+                        break
+                elif not fits:
+                    why = "changes the sequence length"
+                    break
+            if why is not None:
+                mover.say(order.kind, True, op, Blocked(why))
+                mixed.update(key for key in keys if key in own)
+                continue
+            for j, read, _ in reading:  # `_read`: the op's first reads (none of its operands is read already)
+                key = keys[j]
+                read_order[(place, j)] = read
+                if key in own:  # at hand in that order (checked above): nothing to edit, nor to count
+                    trivial.append((place, j))
+                    continue
+                reads.append((place, j, values[j], read, like, key))
+                read_count[(key, read)] = read_count.get((key, read), 0) + 1
+                found = permuted.get(key)
+                if found is None or found[0] is not read:  # not at hand in that order: its op may compute it so
+                    owner = self._place_of(values[j], place)
+                    if owner is not None:
+                        if owner not in needs:
+                            heapq.heappush(heap, -owner)
+                        needs.setdefault(owner, []).append((values[j], read, like, key))
+            # an operand in permuted order that the op doesn't read so (the other side of an op that sums the
+            # sequence away, say); those it reads are read in their own order (checked above)
+            if len(keys) > len(read_operands):
+                for j, key in enumerate(keys):
+                    if key in own and j not in read_operands:
+                        mixed.add(key)
+            if result_order is not None:
+                self._run_permuted(place, result_order, like, entry.single_result)
+
+    def _plan(self, op: ir.Operation, name: str, motion: OpMotion, operand: int, order: Order,
+              signature: tuple[int, tuple[int, ...]], values: list) -> tuple | Blocked:
+        """How ops of this signature sink with operand `operand` in `order` (`Mover.sinks`, asked once per kind of
+        op, operand and order: the layers of a model repeat the same ops): the order of the result (None: an
+        order-free reduction sums the sequence away), for each operand read permuted, the order it is read in
+        and whether its type fits that order (the check `_check` makes of an operand not at hand in it), and the
+        numbers of the operands read permuted. Keyed by the signature, which holds every operand type, and the
+        order, so the whole answer is the key's; Blocked where the op can't sink."""
+        mover = self.mover
+        try:
+            dim, operand_dims = mover.rule((signature[0], operand, order.dim, order.kind.length),
+                                           lambda: mover.sinks(op, name, motion, operand, order))
+        except Blocked as why:
+            plan = why
+        else:
+            kind = order.kind
+            reading = []
+            for j, d in operand_dims.items():
+                read = mover.order(kind, d)
+                reading.append((j, read, mover.fits_hashed(signature[1][j], read, values[j])))
+            plan = (None if dim == REDUCED else mover.order(kind, dim), tuple(reading), frozenset(operand_dims))
+        mover.plans[(signature[0], operand, order)] = plan
+        return plan
 
     def _same_shape(self, place: int, op: ir.Operation, values: list, keys: list[int], order: Order,
                     like: Perm) -> None:
-        """`_read_permuted` and `_run_permuted` for an op whose operands and results all have one shape (most ops
+        """The sink's reads and `_run_permuted` for an op whose operands and results all have one shape (most ops
         between the rings): every operand read in `order` along the same dim, with the same checks, in one pass
         (the op is looked at once here, so none of its operands is read already)."""
-        permuted, fits = self.permuted, self.mover.fits
+        permuted, fits, own = self.permuted, self.mover.fits, self.own
         for j, key in enumerate(keys):
             found = permuted.get(key)
             why = None
@@ -434,53 +546,88 @@ class _Body:
                 why = "changes the sequence length"
             if why is not None:
                 self.mover.say(order.kind, True, op, Blocked(why))
+                self.mixed.update(key for key in keys if key in own)
                 return
         result = op.result  # (one result: elementwise)
         if not fits(result.type, order):  # a dynamic sequence dim: it couldn't be put back
             self.mover.say(order.kind, True, op, Blocked("changes the sequence length"))
+            self.mixed.update(key for key in keys if key in own)
             return
-        read_order, read_count, reads, needs = self.read_order, self.read_count, self.reads, self.needs
+        read_count, reads, needs = self.read_count, self.reads, self.needs
+        self.whole.add(place)
         for j, key in enumerate(keys):
-            read_order[(place, j)] = order
-            reads.append((place, j, values[j], order, like, key))
+            if key in own:  # in `order` (checked above): at hand, nothing to edit
+                continue
+            value = values[j]
+            reads.append((place, j, value, order, like, key))
             counted = (key, order)
             read_count[counted] = read_count.get(counted, 0) + 1
-            found = permuted.get(key)
-            if found is None or found[0] is not order:  # not at hand in that order: its op may compute it so
-                owner = self._place_of(values[j])
+            if key not in permuted:  # not at hand in that order (checked above): its op may compute it so
+                owner = self._place_of(value, place)
                 if owner is not None:
                     if owner not in needs:
                         heapq.heappush(self.heap, -owner)
-                    needs.setdefault(owner, []).append((values[j], order, like))
+                    needs.setdefault(owner, []).append((value, order, like, key))
         key = hash(result)
         permuted[key] = (order, result, like)
-        self.own.add(key)
-        self.runs_permuted.append([key])
+        own.add(key)
+        self.runs_permuted.append(key)
 
     # -- 2. backward: forward permutations rise -----------------------------------------------------------------
 
     def _hoist(self) -> None:
-        while self.heap:
-            place = -heapq.heappop(self.heap)
+        needs, heap, names, mover = self.needs, self.heap, self.names, self.mover
+        permuted, table, unknown, source = self.permuted, OPS.get, UNKNOWN, OpMotion.SOURCE
+        plans = mover.plans
+        while heap:
+            place = -heapq.heappop(heap)
             op = self.ops[place]
-            for value, order, like in self.needs.pop(place, ()):
-                if self._in(value, order) is not None:
-                    continue
-                if OPS.get(self.names[place], UNKNOWN).motion is OpMotion.SOURCE:
+            name = names[place]
+            for value, order, like, key in needs.pop(place, ()):
+                found = permuted.get(key)
+                if found is not None and found[0] is order:
+                    continue  # at hand in that order
+                if table(name, unknown).motion is source:
                     self._computed_permuted(op, value, order, like)
-                elif self._all_reads_permuted(place, order):
-                    name, mover = self.names[place], self.mover
+                    continue
+                if not self._all_reads_permuted(place, order):
+                    continue
+                signature = self.signatures.get(place)
+                if signature is None:
+                    signature = self.signatures[place] = mover.signature(op, name, list(op.operands))
+                plan = plans.get((signature[0], None, order))
+                if plan is None:
+                    plan = self._carriers_plan(op, name, order, signature)
+                if plan.__class__ is Blocked:
+                    mover.say(order.kind, False, op, plan)
+                    continue
+                if plan:
+                    operands = op.operands
+                    reading = [(j, operands[j], read, None) for j, read, _ in plan]
                     try:
-                        signature = self.signatures.get(place)
-                        if signature is None:
-                            signature = self.signatures[place] = mover.signature(op, name, list(op.operands))
-                        operand_dims = mover.rule((signature, "carriers", order.dim),
-                                                  lambda: mover.carriers(op, order.dim, name))
+                        self._check(place, reading, signature[1])
                     except Blocked as why:
-                        self.mover.say(order.kind, False, op, why)
+                        mover.say(order.kind, False, op, why)
                         continue
-                    if self._read_permuted(place, op, operand_dims, order.kind, like, inverse=False):
-                        self._run_permuted(place, order, like)
+                    for j, value, read, _ in reading:
+                        self._read(place, j, value, read, like)
+                self._run_permuted(place, order, like)
+
+    def _carriers_plan(self, op: ir.Operation, name: str, order: Order,
+                       signature: tuple[int, tuple[int, ...]]) -> tuple | Blocked:
+        """How ops of this signature run with their results in `order` (`Mover.carriers`, asked once per kind of
+        op and order): the operands read permuted, each with the order it is read in; Blocked where they can't.
+        Keyed by the signature (the carriers read no more than it holds) and the order."""
+        mover = self.mover
+        try:
+            operand_dims = mover.rule((signature[0], "carriers", order.dim),
+                                      lambda: mover.carriers(op, order.dim, name))
+        except Blocked as why:
+            plan = why
+        else:
+            plan = tuple((j, mover.order(order.kind, d), None) for j, d in operand_dims.items())
+        mover.plans[(signature[0], None, order)] = plan
+        return plan
 
     def _computed_permuted(self, op: ir.Operation, value: ir.Value, order: Order, like: Perm) -> None:
         """A value no operand makes, asked for in permuted order: a splat constant, or an iota across another dim,
@@ -504,55 +651,44 @@ class _Body:
         if holder is not None:
             self.permuted[key] = (order, holder, like)
 
-    def _read_permuted(self, place: int, op: ir.Operation, operand_dims: dict[int, int], kind: Kind, like: Perm,
-                       inverse: bool, keys: list[int] | None = None, values: list | None = None) -> bool:
-        """The op at `place` reads these operands in permuted order, if it may (else the motion stops there, said
-        as the inverse's or the forward permutation's). `keys`, `values`: its operands' hashes and values, where
-        the caller has them."""
-        operands = op.operands if values is None else values
-        reading = [(j, operands[j], self.mover.order(kind, d), None if keys is None else keys[j])
-                   for j, d in operand_dims.items()]
-        try:
-            self._check(place, reading)
-        except Blocked as why:
-            self.mover.say(kind, inverse, op, why)
-            return False
-        for j, value, order, key in reading:
-            self._read(place, j, value, order, like, key)
-        return True
-
     def _all_reads_permuted(self, place: int, order: Order) -> bool:
         """The op may run in permuted order: not a permutation or a region, not already running permuted, and
         every use of each of its results reads it in `order`."""
         op = self.ops[place]
-        if place in self.perms or OPS.get(self.names[place], UNKNOWN).motion is OpMotion.AS_IS or any(hash(r) in self.permuted for r in op.results):
+        entry = OPS.get(self.names[place], UNKNOWN)
+        if place in self.perms or entry.motion is OpMotion.AS_IS:
             return False
-        return all(sum(1 for _ in r.uses) == self.read_count.get((hash(r), order), 0) for r in op.results)
+        results = [(r, hash(r)) for r in ((op.result,) if entry.single_result else op.results)]
+        permuted, read_count = self.permuted, self.read_count
+        if any(key in permuted for _, key in results):
+            return False
+        return all(sum(1 for _ in r.uses) == read_count.get((key, order), 0) for r, key in results)
 
     # -- 3. the edits -------------------------------------------------------------------------------------------
 
     def _edit(self) -> None:
         # Which uses read contiguous order, found before anything changes: every use of a value computed in
-        # permuted order that is not one of the reads above (readers found by their first result, `_positions`;
-        # a reader without results is a return, one in a region or made here no reader of the body's)
+        # permuted order that is not one of the reads above (readers found by their place, `_place_of_op`; a reader
+        # without results is a return, one in a region or made here no reader of the body's)
         reads = None
         contiguous = []
-        count = self.use_count
-        permuted, read_count = self.permuted, self.read_count
-        for keys in self.runs_permuted:
-            for key in keys:
-                held = permuted[key]
-                if count.get(key, 0) == read_count.get((key, held[0]), 0):
-                    continue  # every use is one of the reads in permuted order
-                result = held[1]  # (the result itself: its op runs in permuted order)
-                if reads is None:
-                    reads = {(place, j if j is not None else 0) for place, j, _, _, _, _ in self.reads}
-                    positions = self._positions()
-                for use in result.uses:
-                    owner = use.owner.operation
-                    if not len(owner.results) or \
-                            (positions.get(hash(owner.results[0])), use.operand_number) not in reads:
-                        contiguous.append((result, owner, use.operand_number))
+        permuted, mixed, whole = self.permuted, self.mixed, self.whole
+        for key in (self.runs_permuted if mixed else ()):
+            if key not in mixed:
+                continue  # every use is one of the reads in permuted order
+            held = permuted[key]
+            result = held[1]  # (the result itself: its op runs in permuted order)
+            if reads is None:
+                reads = {(place, j if j is not None else 0) for place, j, _, _, _, _ in self.reads}
+                reads.update(self.trivial)
+            for use in result.uses:
+                owner = use.owner.operation
+                if not len(owner.results):
+                    contiguous.append((result, owner, use.operand_number))
+                    continue
+                place = self._place_of_op(owner)
+                if place not in whole and (place, use.operand_number) not in reads:
+                    contiguous.append((result, owner, use.operand_number))
         permuted, own = self.permuted, self.own
         for place, j, value, order, like, key in self.reads:
             if j is not None and key in own and permuted[key][0] is order:
@@ -627,57 +763,73 @@ class _Body:
             if (place, operand) in self.read_order:
                 return  # read already (a use is counted once: read_count is compared with the uses)
             self.read_order[(place, operand)] = order
-        key = (hash(value) if value_key is None else value_key, order)
-        self.reads.append((place, operand, value, order, like, key[0]))
+        value_key = hash(value) if value_key is None else value_key
+        key = (value_key, order)
+        self.reads.append((place, operand, value, order, like, value_key))
         self.read_count[key] = self.read_count.get(key, 0) + 1
-        found = self.permuted.get(key[0])
+        found = self.permuted.get(value_key)
         if found is None or found[0] is not order:  # not at hand in that order: its op may compute it so
-            owner = self._place_of(value)  # None: a function argument
+            owner = self._place_of(value, place)  # None: a function argument
             if owner is not None:
                 if owner not in self.needs:
                     heapq.heappush(self.heap, -owner)
-                self.needs.setdefault(owner, []).append((value, order, like))
+                self.needs.setdefault(owner, []).append((value, order, like, value_key))
 
-    def _place_of(self, value: ir.Value) -> int | None:
-        """The place of the op whose result `value` is (None for a block argument); the map, from each op's first
-        result (an op's own hash follows its operands), is made on first use, which few bodies have."""
+    def _place_of(self, value: ir.Value, reader: int) -> int | None:
+        """The place of the op whose result `value` is (None for a block argument), read by the op at `reader`.
+        Nearly always the op right before its reader (a broadcast of a weight, say): the few ops before it are
+        compared first, by their hashes (the address of the op, whichever object of the bindings names it), and
+        the rest searched by their order in the block."""
         owner = value.owner
         if isinstance(owner, ir.Block):
             return None
-        return self._positions().get(hash(owner.results[0]))
+        key = hash(owner)  # (an op view's hash is its operation's)
+        ops = self.ops
+        for place in range(reader - 1, max(reader - _NEAR, 0) - 1, -1):
+            if hash(ops[place]) == key:
+                return place
+        return self._place_of_op(owner.operation, reader)
 
-    def _positions(self) -> dict[int, int]:
-        """The body's ops' places, by their first results (made once, before the edits)."""
-        if self.position is None:
-            position = self.position = {}
-            table, unknown = OPS.get, UNKNOWN
-            for i, (op, name) in enumerate(zip(self.ops, self.names)):
-                if table(name, unknown).single_result:  # its one result read alone: the bindings build no list
-                    position[hash(op.result)] = i
-                elif len(op.results):
-                    position[hash(op.results[0])] = i
-        return self.position
+    def _place_of_op(self, op: ir.Operation, before: int | None = None) -> int | None:
+        """The place of an op of the body, found by bisection on the order of the block (MLIR keeps each op's
+        index in its block, so each comparison is a lookup), before place `before` where given; None for an op
+        that isn't one of the body's (nested in a region, or made here)."""
+        if op.block != self.block:
+            return None  # (ops of two blocks have no order to compare)
+        ops = self.ops
+        low, high = 0, len(ops) if before is None else before
+        while low < high:
+            middle = (low + high) // 2
+            if ops[middle].is_before_in_block(op):
+                low = middle + 1
+            else:
+                high = middle
+        return low if low < len(ops) and hash(ops[low]) == hash(op) else None
 
-    def _run_permuted(self, place: int, order: Order, like: Perm) -> None:
-        keys = []
+    def _run_permuted(self, place: int, order: Order, like: Perm, single_result: bool | None = None) -> None:
         op = self.ops[place]
-        for result in ((op.result,) if OPS.get(self.names[place], UNKNOWN).single_result else op.results):
+        if single_result is None:
+            single_result = OPS.get(self.names[place], UNKNOWN).single_result
+        runs_permuted, permuted, own = self.runs_permuted, self.permuted, self.own
+        for result in ((op.result,) if single_result else op.results):
             key = hash(result)
-            keys.append(key)
-            self.permuted[key] = (order, result, like)
-            self.own.add(key)
-        self.runs_permuted.append(keys)
+            runs_permuted.append(key)
+            permuted[key] = (order, result, like)
+            own.add(key)
 
-    def _check(self, place: int, reading: list[tuple[int, ir.Value, Order, int | None]]) -> None:
+    def _check(self, place: int, reading: list[tuple[int, ir.Value, Order, int | None]],
+               types: tuple[int, ...] | None = None) -> None:
         """The op at `place` may read these operands in permuted order: each has the sequence's length along
         its dim (a value at hand in that order has it already), is in no other permuted order, and is not read in
         another order already (a dot_general that sums the tokens of one dim of an operand can't also give a
-        result permuted along another dim of it)."""
+        result permuted along another dim of it). `types`: the hashes of the op's operands' types, where known."""
+        fits, hashed = self.mover.fits, self.mover.fits_hashed
         for index, value, order, key in reading:
             found = self.permuted.get(hash(value) if key is None else key)
             if found is not None and found[0] is not order:
                 raise Blocked("reads values in two different sequence orders")
-            if found is None and not self.mover.fits(value.type, order):
+            if found is None and not (fits(value.type, order) if types is None else
+                                      hashed(types[index], order, value)):
                 raise Blocked("changes the sequence length")
             read = self.read_order.get((place, index))
             if read is not None and read is not order:
@@ -696,17 +848,18 @@ class _Body:
         return Perm(op, kind, order.dim, inverse, sharding, like.manual_axes, order)
 
 
-def _count_nested(op: ir.Operation, count: dict[int, int]) -> None:
-    """Add to `count` each value read by an operand of an op in `op`'s regions, except inside manual
+def _mark_nested(op: ir.Operation, own: set[int], mixed: set[int]) -> None:
+    """Add to `mixed` each value of `own` read by an operand of an op in `op`'s regions, except inside manual
     computations (isolated from above: their bodies read only their own values)."""
     for region in op.regions:
         for block in region.blocks:
             for inner in block.operations:
                 inner = inner.operation
                 for key in map(hash, inner.operands):
-                    count[key] = count.get(key, 0) + 1
+                    if key in own:
+                        mixed.add(key)
                 if inner.name != "sdy.manual_computation" and len(inner.regions):
-                    _count_nested(inner, count)
+                    _mark_nested(inner, own, mixed)
 
 
 def _derive_sharding(like: Perm, like_shape: list[int], shape: list[int], dim: int, mesh: Mesh) -> TensorSharding:

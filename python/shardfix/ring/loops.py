@@ -18,6 +18,7 @@ from . import coverage as cov_ops
 from .algebra import agg_fn, cov_prefix, start_value, try_complete
 from .analysis import Engine, Refusal
 from .dims import element_type, holds, shape
+from .loopmemo import memoized
 from .symbolic import Aff, Coord, Node, Scope, Var, congruent, sourced_nodes
 from .symbolic import Dim as SymDim
 from .values import (CONST, EMPTY, FREE, AggOp, Axis, Cells, Coverage, CoverageVar, Data, Index, Obligation,
@@ -216,8 +217,7 @@ def _constant_step(engine: Engine, op, inits: list, i: int, passthrough: list[bo
     return step or None
 
 
-def while_loop(engine: Engine, op):
-    inits = [engine.get(v) for v in op.operands]
+def _while_loop(engine: Engine, op, inits: list):
     body = op.regions[1].blocks[0]
     terminator = list(body.operations)[-1].operation
     passthrough = [terminator.operands[i] == body.arguments[i] for i in range(len(inits))]
@@ -247,6 +247,10 @@ def while_loop(engine: Engine, op):
             _restore(engine.state, saved)
             plan.free |= more.slots
     engine.refuse("carries a value the analysis can't follow through a loop", op)
+
+
+# analysed once per distinct input, where a loop around it runs it again (loopmemo.py)
+while_loop = memoized(_while_loop)
 
 
 class _MoreFree(Exception):
@@ -337,7 +341,7 @@ def _discover(engine: Engine, op, inits, passthrough, counter) -> _Plan:
         elif isinstance(ph, Index):
             step = ret.expr - ph.expr if isinstance(ret, Index) else None
             if step is None or not step.is_const:
-                engine.refuse("changes a loop-carried integer other than by a constant step", op)
+                engine.refuse("changes a loop-carried integer other than by a constant step", op, (ret,))
             index_steps[i] = step.const
             steps[owned[i][0]] = Aff.of(k).scale(step.const)
         elif isinstance(ret, Data) and len(ret.axes) == len(ph.axes) and ph.axes:
@@ -483,7 +487,7 @@ def _analyse(engine: Engine, op, inits, passthrough, counter, plan: _Plan):
         returned = engine.run_block(body, placeholders)
         for i in plan.free:
             if not _follows_no_token(returned[i]) or returned[i].shape != placeholders[i].shape:
-                engine.refuse("changes loop-carried token data other than by an order-free merge", op)
+                engine.refuse(_MIXED, op)
         more = {i for i in changing if i not in plan.free and _follows_no_token(placeholders[i])
                 and _follows_no_token(returned[i]) and returned[i].fn != placeholders[i].fn
                 and returned[i].shape == placeholders[i].shape}
@@ -502,6 +506,12 @@ def _analyse(engine: Engine, op, inits, passthrough, counter, plan: _Plan):
             exits.append(_exit_value(engine, op, init, placeholders[i], returned[i], solution, k, trips, final))
     _check_ring_steps(engine, op, plan, trips, exits)
     return exits
+
+
+_MIXED = ("changes, step after step in a loop, a value that depends on which tokens the device holds (its data, or "
+          "its ring coordinate: a PRNG key folded with the device index, say) other than by merging blocks into a "
+          "running sum or max: what it computes changes with the layout; key random numbers by token positions or "
+          "by replicated values")
 
 
 def _check_ring_steps(engine: Engine, op, plan: _Plan, trips, exits) -> None:
@@ -544,7 +554,7 @@ def _solve(engine: Engine, op, placeholders, returned, changing, k: Var) -> dict
             step = ret.expr - ph.expr if isinstance(ret, Index) else None
             expected = ph.expr.substitute({k: Aff.of(k) + 1}) - ph.expr
             if step is None or step != expected:
-                engine.refuse("changes a loop-carried integer other than by a constant step", op)
+                engine.refuse("changes a loop-carried integer other than by a constant step", op, (ret,))
             continue
         if not isinstance(ret, Data) or ret.shape != ph.shape or ret.dims != ph.dims or \
                 [key for key, _ in ret.axes] != [key for key, _ in ph.axes]:
@@ -554,7 +564,7 @@ def _solve(engine: Engine, op, placeholders, returned, changing, k: Var) -> dict
                 engine.refuse("moves loop-carried tokens differently from one iteration to the next", op)
         if ph.agg is None:
             if ret.agg is not None or ret.fn != ph.fn or ret.elements != ph.elements:
-                engine.refuse("changes loop-carried token data other than by an order-free merge", op)
+                engine.refuse(_MIXED, op)
             continue
         x, y = ph.agg, ret.agg
         if y is None or (x.op, x.term, x.score, x.home) != (y.op, y.term, y.score, y.home):
@@ -570,7 +580,9 @@ def _added(engine: Engine, op, before: Coverage, after: Coverage, k: Var, i: int
     """The coverage an accumulator holds at iteration k, from what one iteration adds to it."""
     added = cov_prefix(engine, op, before, after, "merges a block into a loop-carried aggregate")
     if added is None:
-        engine.refuse(f"replaces loop-carried aggregate {i} instead of merging into it", op)
+        engine.refuse("replaces a running sum or max the loop carries instead of merging the step's block into it "
+                      "(a reset at a step other than the ring's first, or a value that keeps only the latest block)",
+                      op)
     if any(isinstance(p, CoverageVar) for p in added.parts):
         engine.refuse("merges aggregates of different loops", op)
     if not added.parts:

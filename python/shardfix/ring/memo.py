@@ -18,6 +18,7 @@ import dataclasses
 
 from jaxlib.mlir import ir
 
+from .analysis import Rewrite
 from .detect import RingRegion
 from .structural import StructuralKeys
 from .dims import origin, readers
@@ -34,7 +35,7 @@ class GroupMemo:
         self._paths: dict = {}  # op of a proved group -> where it sits in its holder (`_path`)
         self._places: dict = {}  # block of a proved group -> its ops' places
         self._callees: dict = {}  # func.call op -> the function it calls
-        self._resolved: dict = {}  # (holder, path) -> the op there (`_at`)
+        self._resolved: dict = {}  # (holder, path) -> the op there (`_op_at`)
 
     def key(self, group: list[RingRegion]) -> tuple:
         members = {r.region: i for i, r in enumerate(group)}
@@ -68,23 +69,33 @@ class GroupMemo:
             return None
 
     def _carry(self, verdict, old: RingRegion, new: RingRegion):
-        rewrites = [dataclasses.replace(r, **self._moved(r.op, r.calls, old, new)) for r in verdict.rewrites]
-        units = {unit: tuple(self._moved(op, calls, old, new).values()) for unit, (op, calls) in verdict.units.items()}
+        chains: dict = {}  # the chains of calls of this verdict's ops (they share a few), each moved once
+        moved = self._moved
+        # a Rewrite's fields are its read (op, operand), its unit and its calls: the read moved, the rest kept
+        rewrites = [Rewrite(*moved(r.op, r.calls, old, new, chains, r.operand, r.unit)) for r in verdict.rewrites]
+        units = {unit: moved(op, calls, old, new, chains) for unit, (op, calls) in verdict.units.items()}
         return dataclasses.replace(verdict, ring=new, rewrites=rewrites, units=units,
                                    sequence_operands=dict(verdict.sequence_operands),
                                    sequence_results=dict(verdict.sequence_results))
 
-    def _moved(self, op: ir.Operation, calls: tuple, old: RingRegion, new: RingRegion) -> dict:
-        """{"op": ..., "calls": ...}: the op at the same place in `new`, through the same chain of calls."""
-        old_holder, new_holder = old.region, new.region
-        moved_calls = []
-        for call in calls:
-            # once both chains reach the same function (the layers share the kernel), ops stay where they are
-            new_call = call if old_holder is new_holder else self._op_at(new_holder, self._path(old_holder, call))
-            moved_calls.append(new_call)
-            old_holder, new_holder = self._callee(call), self._callee(new_call)
+    def _moved(self, op: ir.Operation, calls: tuple, old: RingRegion, new: RingRegion, chains: dict,
+               *kept) -> tuple:
+        """(op, *kept, calls): the op at the same place in `new`, through the same chain of calls. `chains`: the
+        chains already moved from `old` to `new` (calls -> (moved calls, the functions both chains reach))."""
+        chain = chains.get(calls)
+        if chain is None:
+            old_holder, new_holder = old.region, new.region
+            moved_calls = []
+            for call in calls:
+                # once both chains reach the same function (the layers share the kernel), ops stay where they are
+                new_call = call if old_holder is new_holder else \
+                    self._op_at(new_holder, self._path(old_holder, call))
+                moved_calls.append(new_call)
+                old_holder, new_holder = self._callee(call), self._callee(new_call)
+            chain = chains[calls] = (tuple(moved_calls), old_holder, new_holder)
+        moved_calls, old_holder, new_holder = chain
         moved = op if old_holder is new_holder else self._op_at(new_holder, self._path(old_holder, op))
-        return {"op": moved, "calls": tuple(moved_calls)}
+        return (moved, *kept, moved_calls)
 
     def _callee(self, call: ir.Operation) -> ir.Operation:
         """The function a func.call calls (a group's rewrites mostly go through the same few calls)."""
@@ -94,10 +105,17 @@ class GroupMemo:
         return found
 
     def _op_at(self, holder: ir.Operation, path: tuple) -> ir.Operation:
-        """`_at`, once per holder and path (the calls a group's rewrites go through are looked up once)."""
+        """The op at `path` in `holder` (IndexError where the holder has no such place), once per holder and path
+        (the calls a group's rewrites go through are looked up once)."""
         found = self._resolved.get((holder, path))
         if found is None:
-            found = self._resolved[(holder, path)] = self._at(holder, path)
+            if not path:
+                return holder
+            # the op holding the last step's block, resolved once for every op of that block asked for (a
+            # region's rewrites sit in a few loop bodies)
+            region, block, place = path[-1]
+            above = self._op_at(holder, path[:-1])
+            found = self._resolved[(holder, path)] = above.regions[region].blocks[block].operations[place].operation
         return found
 
     def _path(self, holder: ir.Operation, op: ir.Operation) -> tuple:
@@ -128,14 +146,6 @@ class GroupMemo:
         if places is None:
             places = self._places[block] = {o.operation: i for i, o in enumerate(block.operations)}
         return places[op]
-
-    @staticmethod
-    def _at(holder: ir.Operation, path: tuple) -> ir.Operation:
-        """The op at `path` in `holder` (IndexError where the holder has no such place)."""
-        op = holder
-        for region, block, place in path:
-            op = op.regions[region].blocks[block].operations[place].operation
-        return op
 
 
 def _index(items, item) -> int:

@@ -16,15 +16,16 @@ others on purpose: every kind's rules for both passes side by side.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 from typing import Callable
 
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
-from . import algebra, branches, contract, finite, loops
+from . import algebra, branches, contract, counters, finite, loops, reasons
 from . import symbolic as sym
-from .analysis import Engine
+from .analysis import Engine, Refusal
 from .dims import (ORDER_FREE_REDUCERS, dot_dims, dot_result_dims, element_type, holds, ints, is_integer, rank,
                    reducer, reshape_groups, row_major_strides, shape, splat_number)
 from .optable import OPS, Motion, Transfer, info
@@ -74,7 +75,8 @@ def carries_rule(*kinds: Motion):
 def apply_rule(engine: Engine, op: ir.Operation) -> list:
     entry = RULES.get(op.name)
     if entry is None or entry.transfer is None:
-        engine.refuse("is not known to treat tokens alike (no rule for it)", op)
+        engine.refuse("is an op the analysis has no rule for, so nothing shows that it treats every token alike: "
+                      "compute it outside the ring's shard_map (a dropout mask, say), or with ops it knows", op)
     results = entry.transfer(engine, op)
     for value, result in zip(op.results, results):
         if isinstance(result, Data) and result.agg is not None and result.agg.op in (AggOp.SUM, AggOp.SSUM) and \
@@ -198,15 +200,15 @@ _DIRECTIONS = {"LT": "lt", "LE": "le", "GT": "gt", "GE": "ge", "EQ": "eq", "NE":
 def elementwise(engine: Engine, op):
     ins = _ins(engine, op)
     result = op.results[0]
-    if info(op.name).index and all(isinstance(x, Index) for x in ins) and \
-            (is_integer(result) or op.name == "stablehlo.compare"):
-        folded = _exact(engine, op, _index_elementwise(engine, op, ins))
+    wrap = None
+    if (info(op.name).index and all(isinstance(x, Index) for x in ins) and
+            (is_integer(result) or op.name == "stablehlo.compare")) or \
+            (op.name == "stablehlo.select" and all(isinstance(x, Index) for x in ins)):
+        exact = _index_elementwise(engine, op, ins)
+        folded = _exact(engine, op, exact)
         if folded is not None:
             return [folded]
-    if op.name == "stablehlo.select" and isinstance(ins[0], Index) and all(isinstance(x, Index) for x in ins[1:]):
-        folded = _exact(engine, op, _index_elementwise(engine, op, ins))
-        if folded is not None:
-            return [folded]
+        wrap = _wraps(engine, op, exact)
     if op.name == "stablehlo.select" and isinstance(ins[0], Index) and ins[0].expr.is_const:
         # decided at compile time, the same on every device in every layout (`where(i == 0, fresh, merged)` at
         # the second ring step of an iteration that runs two): the operand it picks
@@ -218,7 +220,20 @@ def elementwise(engine: Engine, op):
             reset = algebra.reset_select(engine, loop, data[1], data[2])
             if reset is not None:
                 return [reset]
-    return [algebra.combine(engine, op, data)]
+    combined = algebra.combine(engine, op, data)
+    if wrap is not None:
+        reasons.note_wrap(engine.fns, combined.fn, op, tuple(engine.state.call_ops), *wrap)
+    return [combined]
+
+
+def _wraps(engine: Engine, op, folded: Index | None) -> tuple[float, float] | None:
+    """The values an integer op's exact result takes, where its type doesn't hold them all (it may wrap). None
+    where the analysis can't bound them: that is a value it doesn't know (an integer a loop changes other than by
+    a constant step), which a wider type wouldn't make known either, so no wrap to blame."""
+    if folded is None or not is_integer(op.results[0]):
+        return None
+    lo, hi = sym.bounds(folded.expr, engine.scope_for(folded.shape))
+    return None if math.isinf(lo) or math.isinf(hi) or holds(op.results[0], lo, hi) else (lo, hi)
 
 
 def _exact(engine: Engine, op, folded: Index | None) -> Index | None:
@@ -702,7 +717,19 @@ def custom_call(engine: Engine, op):
 rule(Transfer.COLLECTIVE_PERMUTE)(contract.collective_permute)
 rule(Transfer.ALL_REDUCE)(contract.all_reduce)
 rule(Transfer.OTHER_COLLECTIVE)(contract.other_collective)
-rule(Transfer.WHILE)(loops.while_loop)
+
+
+@rule(Transfer.WHILE)
+def while_loop(engine: Engine, op):
+    try:
+        return loops.while_loop(engine, op)
+    except Refusal as refusal:
+        better = counters.explain(engine, op, refusal)  # a counter whose type gives no trip count: say so
+        if better is refusal:
+            raise
+        raise better from refusal
+
+
 rule(Transfer.BRANCHES)(branches.branches)
 
 

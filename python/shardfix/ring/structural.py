@@ -29,9 +29,12 @@ if TYPE_CHECKING:
     from .detect import RingRegion
 
 # a symbol reference, as the printer writes it; not a custom call's target, which it writes the same way
-# (`stablehlo.custom_call @Sharding(...)`) though it names no function: a function of that name is another thing
+# (`stablehlo.custom_call @Sharding(...)`) though it names no function: a function of that name is another thing.
+# The `@` comes first and the look-behind after it (the same matches as `(?<!custom_call )@...`): a pattern that
+# starts with a literal is searched for that byte, one that starts with a look-behind is tried at every position
+# (ten times slower over a region's text)
 _TARGET = b"custom_call @"
-_SYMBOL = re.compile(rb"(?<!custom_call )@([A-Za-z0-9_$.\-]+)")
+_SYMBOL = re.compile(rb"@(?<!custom_call @)([A-Za-z0-9_$.\-]+)")
 _BARE = re.compile(rb"[A-Za-z_][A-Za-z0-9_$.]*\Z")  # a name the printer writes unquoted, as `@name`
 _WORD = re.compile(rb"[A-Za-z0-9_$]")
 _SELF = b"\0self"  # the function's own name in a string table (strings hold no NUL: this is none of them)
@@ -78,6 +81,9 @@ class StructuralKeys:
         self._names = {name.encode(): name for name in funcs}
         self._keys: dict[str, bytes] = {}
         self._digests: dict[str, bytes] = {}  # function name -> digest of its key
+        # a symbol reference as written -> what the key writes for it (`_normalised`): every match of the same
+        # name gets the same replacement once its function's digest is final
+        self._replaced: dict[bytes, bytes] = {}
         self._printed: dict[bytes, _Printed] = {}  # bytecode signature -> the first function printed with it
         self.printed: list[str] = []  # the functions keyed by their text, in order (the others took a key over)
         self._stripping: tuple[ir.Module, passmanager.PassManager] | None = None  # where `_split` strips copies
@@ -122,23 +128,23 @@ class StructuralKeys:
             raw, sections = self._split(name)
         except bytecode.Unreadable:
             return None
-        own = name.encode()
-        strings = []
-        for s in raw:
-            callee = self._names.get(s)
+        own, names = name.encode(), self._names
+        strings = list(raw)
+        # most strings name no function (types, attributes, dialects): only those that do are looked at
+        for i in [i for i, s in enumerate(raw) if s in names]:
+            s = raw[i]
+            callee = names[s]
             if s == own:
-                strings.append(_SELF)
-            elif callee is None:
-                strings.append(s)
+                strings[i] = _SELF
             elif callee in calling:
                 return None
             else:
-                strings.append(b"\0" + self._digest(callee, calling))
-        hashed = hashlib.blake2b(digest_size=16)
-        for ident, body in sections:
-            hashed.update(b"%d:%d:" % (ident, len(body)))
-            hashed.update(body)
-        hashed.update(b"".join(b"%d:" % len(s) + s for s in strings))
+                strings[i] = b"\0" + self._digest(callee, calling)
+        hashed = hashlib.blake2b(b"".join(b"%d:%d:" % (ident, len(body)) + body for ident, body in sections),
+                                 digest_size=16)
+        # one for each list of strings: no string holds a NUL but a marker, as its first byte, so each run of NULs
+        # reads back as separators, empty strings between them and whether a marker follows
+        hashed.update(b"%d:" % len(strings) + b"\0\0".join(strings))
         return hashed.digest(), strings, raw
 
     def _split(self, name: str) -> tuple[list[bytes], list[tuple[int, bytes]]]:
@@ -182,13 +188,21 @@ class StructuralKeys:
         return digest
 
     def _normalised(self, text: bytes, calling: set) -> bytes:
-        funcs = self.funcs
+        names, replaced = self._names, self._replaced
 
         def replace(match: re.Match) -> bytes:
-            name = match.group(1).decode()
-            if name not in funcs:
-                return match.group(0)
-            return b"@{" + self._digest(name, calling) + b"}"
+            raw = match.group(1)
+            found = replaced.get(raw)
+            if found is not None:
+                return found
+            name = names.get(raw)
+            if name is None:  # no function's name (a mesh's, most often): as written, whoever asks
+                found = replaced[raw] = match.group(0)
+                return found
+            found = b"@{" + self._digest(name, calling) + b"}"
+            if name in self._digests:  # final (a name being keyed stands for itself only while it is)
+                replaced[raw] = found
+            return found
 
         return _SYMBOL.sub(replace, text)
 

@@ -99,7 +99,7 @@ func.func @five_steps(%arg0: tensor<16x8xf32>) -> tensor<16x8xf32> {
     } do {
       %zero = stablehlo.constant dense<0.0> : tensor<f32>
       %s = stablehlo.reduce(%k init: %zero) applies stablehlo.add across dimensions = [0] : (tensor<4x8xf32>, tensor<f32>) -> tensor<8xf32>
-      // expected-remark @+1 {{merges aggregates that may count the same tokens twice)}}
+      // expected-remark @+1 {{merges two partial results (running sums or maxima) that may both hold the same block, counting its tokens twice (two merges that read the block of one ring step, or one block merged at two steps): merge each block once, the block that ring step brings)}}
       %t1 = stablehlo.add %t, %s : tensor<8xf32>
       %k1 = "stablehlo.collective_permute"(%k) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, source_target_pairs = dense<[[0, 1], [1, 2], [2, 3], [3, 0]]> : tensor<4x2xi64>}> : (tensor<4x8xf32>) -> tensor<4x8xf32>
       %one = stablehlo.constant dense<1> : tensor<i32>

@@ -319,7 +319,7 @@ func.func @replicated_result(%arg0: tensor<16x8xf32>) -> tensor<8xf32> {
 
 // -----
 
-// The block one step behind added twice to the total: an aggregate that may count the same tokens twice.
+// The block one step behind added twice to the total: partial sums that may count the same tokens twice.
 sdy.mesh @mesh = <["cp"=4]>
 
 func.func @double_count(%arg0: tensor<16x8xf32>) -> tensor<16x8xf32> {
@@ -330,8 +330,8 @@ func.func @double_count(%arg0: tensor<16x8xf32>) -> tensor<16x8xf32> {
     %p2 = "stablehlo.collective_permute"(%p1) <{channel_handle = #stablehlo.channel_handle<handle = 2, type = 1>, source_target_pairs = dense<[[0, 1], [1, 2], [2, 3], [3, 0]]> : tensor<4x2xi64>}> : (tensor<8xf32>) -> tensor<8xf32>
     %p3 = "stablehlo.collective_permute"(%p2) <{channel_handle = #stablehlo.channel_handle<handle = 3, type = 1>, source_target_pairs = dense<[[0, 1], [1, 2], [2, 3], [3, 0]]> : tensor<4x2xi64>}> : (tensor<8xf32>) -> tensor<8xf32>
     %t1 = stablehlo.add %s, %p1 : tensor<8xf32>
-    // REPORT: ring: {{.*}}refusals.mlir:[[# @LINE + 2]]:11: axis "cp", zigzag: not applied (not provably safe: 'stablehlo.add' at {{.*}}refusals.mlir:[[# @LINE + 2]]:11 merges aggregates that may count the same tokens twice ({{.*}})){{$}}
-    // expected-remark @+1 {{merges aggregates that may count the same tokens twice}}
+    // REPORT: ring: {{.*}}refusals.mlir:[[# @LINE + 2]]:11: axis "cp", zigzag: not applied (not provably safe: 'stablehlo.add' at {{.*}}refusals.mlir:[[# @LINE + 2]]:11 merges two partial results (running sums or maxima) that may both hold the same block, counting its tokens twice (two merges that read the block of one ring step, or one block merged at two steps): merge each block once, the block that ring step brings){{$}}
+    // expected-remark @+1 {{merges two partial results (running sums or maxima) that may both hold the same block, counting its tokens twice (two merges that read the block of one ring step, or one block merged at two steps): merge each block once, the block that ring step brings}}
     %t2 = stablehlo.add %t1, %p1 : tensor<8xf32>
     %t = stablehlo.add %t2, %p3 : tensor<8xf32>
     %b = stablehlo.broadcast_in_dim %t, dims = [1] : (tensor<8xf32>) -> tensor<4x8xf32>
@@ -577,5 +577,38 @@ func.func @uncounted_loop(%arg0: tensor<16x8xf32>, %stop: tensor<f32>) -> tensor
     }
     sdy.return %r : tensor<4x8xf32>
   } : (tensor<16x8xf32>, tensor<f32>) -> tensor<16x8xf32>
+  return %0 : tensor<16x8xf32>
+}
+
+// -----
+
+// The ring total-sum in a loop counted with an unsigned counter (ui32 `i < 4`): no trip count is read from it, so
+// the loop is refused at the loop, saying so (with an i32 counter it is proved).
+sdy.mesh @mesh = <["cp"=4]>
+
+func.func @unsigned_counter(%arg0: tensor<16x8xf32>) -> tensor<16x8xf32> {
+  %0 = sdy.manual_computation(%arg0) in_shardings=[<@mesh, [{"cp"}, {}]>] out_shardings=[<@mesh, [{"cp"}, {}]>] manual_axes={"cp"} (%x: tensor<4x8xf32>) {
+    %c0 = stablehlo.constant dense<0> : tensor<ui32>
+    %t0 = stablehlo.constant dense<0.0> : tensor<8xf32>
+    // REPORT: ring: {{.*}}refusals.mlir:[[# @LINE + 2]]:12: axis "cp", zigzag: not applied (not provably safe: 'stablehlo.while' at {{.*}}refusals.mlir:[[# @LINE + 2]]:12 counts its iterations with a uint32 counter: `i < n` on unsigned integers (where 0 - 1 is the largest) gives no trip count the analysis reads, only a signed counter's does; count with a signed int32 counter (int32 bounds for lax.fori_loop, an int32 carry for lax.while_loop)){{$}}
+    // expected-remark @+1 {{counts its iterations with a uint32 counter: `i < n` on unsigned integers (where 0 - 1 is the largest) gives no trip count the analysis reads, only a signed counter's does; count with a signed int32 counter (int32 bounds for lax.fori_loop, an int32 carry for lax.while_loop)}}
+    %r:3 = stablehlo.while(%i = %c0, %t = %t0, %k = %x) : tensor<ui32>, tensor<8xf32>, tensor<4x8xf32>
+    cond {
+      %n = stablehlo.constant dense<4> : tensor<ui32>
+      %lt = stablehlo.compare LT, %i, %n : (tensor<ui32>, tensor<ui32>) -> tensor<i1>
+      stablehlo.return %lt : tensor<i1>
+    } do {
+      %zero = stablehlo.constant dense<0.0> : tensor<f32>
+      %s = stablehlo.reduce(%k init: %zero) applies stablehlo.add across dimensions = [0] : (tensor<4x8xf32>, tensor<f32>) -> tensor<8xf32>
+      %t1 = stablehlo.add %t, %s : tensor<8xf32>
+      %k1 = "stablehlo.collective_permute"(%k) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, source_target_pairs = dense<[[0, 1], [1, 2], [2, 3], [3, 0]]> : tensor<4x2xi64>}> : (tensor<4x8xf32>) -> tensor<4x8xf32>
+      %one = stablehlo.constant dense<1> : tensor<ui32>
+      %i1 = stablehlo.add %i, %one : tensor<ui32>
+      stablehlo.return %i1, %t1, %k1 : tensor<ui32>, tensor<8xf32>, tensor<4x8xf32>
+    }
+    %b = stablehlo.broadcast_in_dim %r#1, dims = [1] : (tensor<8xf32>) -> tensor<4x8xf32>
+    %y = stablehlo.add %x, %b : tensor<4x8xf32>
+    sdy.return %y : tensor<4x8xf32>
+  } : (tensor<16x8xf32>) -> tensor<16x8xf32>
   return %0 : tensor<16x8xf32>
 }
