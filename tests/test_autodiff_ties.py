@@ -166,16 +166,132 @@ def test_a_ring_nested_in_a_data_parallel_shard_map_is_tied_apart_from_it():
         assert [j for j in t.slots if j is not None] == [0]
 
 
-def test_a_plain_autodiff_ring_is_refused_for_what_remains_unproved_once_its_cotangents_are_tied():
-    """An online-softmax ring (the registry's grad-fori-causal) differentiated by jax.grad: the cotangent is tied
-    to the ring's one result, which is proved; the backward is still left alone, the reason naming what is not
-    proved (the order-free gradient at ties of the running maximum, the positions the backward recomputes)."""
-    from support.ring_user_programs import PROGRAMS
-    p = next(p for p in PROGRAMS if p.name == "grad-fori-causal")
-    fn, args = p.build(meshes()[p.mesh])
-    grad = jax.grad(lambda *a: jnp.sum(fn(*a) ** 2), argnums=p.wrt)
+INVARIANT = "and each is the same for any value of the running maxima its sums are shifted by"
+STILL = "what rewriting this backward still needs is that the positions it recomputes from the forward's residuals"
+
+
+def _whys(grad, args) -> list[str]:
+    """ring-reorder's reasons for the lowered `grad`, none of whose rings it may rewrite."""
     low = autofix_shardings(grad, ring_reorder="zigzag", on_fix="ignore").lower(*args)
-    assert len(low.rings) == 2 and not any(r.applied for r in low.rings), [(r.applied, r.why) for r in low.rings]
-    assert any("and so are the results its cotangents differentiate (result 0 of the ring region at" in r.why
-               and "each running maximum must receive a cotangent that is zero" in r.why for r in low.rings), \
-        [r.why for r in low.rings]
+    assert low.rings and not any(r.applied for r in low.rings), [(r.applied, r.why) for r in low.rings]
+    return [r.why for r in low.rings]
+
+
+@pytest.mark.parametrize("name", ["grad-fori-causal", "grad-blockwise-causal"])
+def test_a_plain_autodiff_online_softmax_passes_the_stabiliser_check_and_is_refused_for_its_positions(name):
+    """An online-softmax ring (the registry's fori kernel, and the blockwise one: running state cut into chunks,
+    scans over q and kv chunks, a lax.cond skip) differentiated by jax.grad: the cotangent is tied to the ring's one
+    result, which is proved, and o = acc / l with acc and l shifted by the same running maximum at every step (slot
+    by slot through the nested loops and the skip), so the cotangent reaching the maximum is zero; the backward is
+    still left alone, the reason naming what is left: the positions the backward recomputes."""
+    from support.ring_user_programs import PROGRAMS
+    p = next(p for p in PROGRAMS if p.name == name)
+    fn, args = p.build(meshes()[p.mesh])
+    whys = _whys(jax.grad(lambda *a: jnp.sum(fn(*a) ** 2), argnums=p.wrt), args)
+    assert any("and so are the results its cotangents differentiate (result 0 of the ring region at" in why
+               and INVARIANT in why and STILL in why for why in whys), whys
+
+
+def _softmax_ring(mesh, two_maxima: bool = False, with_max: bool = False):
+    """An online softmax over the ring (no mask). `two_maxima`: l is shifted by a second running maximum, carried
+    in a slot of its own, merged by an op of its own and folded from another floor, of the same scores as the one
+    acc is shifted by (the same value as far as the algebra knows, so the forward is proved alike, but another
+    maximum). `with_max`: the running maximum is a second result."""
+    def body(q, k, v):
+        def step(_, carry):
+            m1, m2, l, o, k, v = carry
+            s = uk.scores(q, k)
+            m1_new = jnp.maximum(m1, jnp.max(s, axis=-1))
+            m2_new = jnp.maximum(m2, jnp.max(s, axis=-1)) if two_maxima else m1_new
+            o = o * jnp.exp(m1 - m1_new)[..., None] + uk.apply(jnp.exp(s - m1_new[..., None]), v)
+            l = l * jnp.exp(m2 - m2_new) + jnp.sum(jnp.exp(s - m2_new[..., None]), axis=-1)
+            k, v = (jax.lax.ppermute(t, "cp", uk.ring(4)) for t in (k, v))
+            return m1_new, m2_new, l, o, k, v
+
+        def step1(i, carry):  # one running maximum
+            m, l, o, k, v = carry
+            m, _, l, o, k, v = step(i, (m, m, l, o, k, v))
+            return m, l, o, k, v
+
+        m0, l0 = uk.row_stats(q, uk.NEG)
+        if two_maxima:
+            # the second maximum folded from another floor
+            m, _, l, o, _, _ = jax.lax.fori_loop(0, 4, step, (m0, m0 * 2, l0, jnp.zeros_like(q), k, v))
+        else:
+            m, l, o, _, _ = jax.lax.fori_loop(0, 4, step1, (m0, l0, jnp.zeros_like(q), k, v))
+        return (o / l[..., None], m) if with_max else o / l[..., None]
+
+    out = (SPEC, jax.sharding.PartitionSpec("dp", "cp")) if with_max else SPEC
+    return jax.shard_map(body, mesh=mesh, in_specs=(SPEC,) * 3, out_specs=out, check_vma=False)
+
+
+def test_sums_shifted_by_two_different_running_maxima_fail_the_stabiliser_check():
+    """acc shifted by one running maximum, l by another of the same scores: the algebra proves the forward (the two
+    hold the same value), but o = exp(m2 - m1)·F sends the two maxima opposite cotangents, split at ties by each
+    one's fold; the check names the two maxima."""
+    mesh = meshes()["explicit"]
+    f = _softmax_ring(mesh, two_maxima=True)
+    whys = _whys(jax.grad(lambda q, k, v: jnp.sum(f(q, k, v) ** 2), argnums=(0, 1, 2)), _args(mesh))
+    assert any("which fails here: result 0 combines values shifted by two different running maxima (the running "
+               "maximum carried in slot" in why and "the cotangents reaching them do not cancel" in why
+               for why in whys), whys
+    assert not any(INVARIANT in why for why in whys)
+
+
+def test_a_running_maximum_differentiated_itself_fails_the_stabiliser_check():
+    """The same kernel with its running maximum a second result the loss reads: o passes, m does not (its cotangent
+    is the loss's, split at ties by the blocks' order); and the ring max of tests/test_ring_autodiff_ties.py, whose
+    gradient the reorder changes by 3.0 at ties."""
+    from test_ring_autodiff_ties import loss as max_loss, ring_max, tied_inputs
+    mesh = meshes()["explicit"]
+    f = _softmax_ring(mesh, with_max=True)
+
+    def loss(q, k, v):
+        o, m = f(q, k, v)
+        return jnp.sum(o ** 2) + jnp.sum(m ** 2)
+
+    def fails(result: int):
+        return re.compile(rf"which fails here: result {result} varies with the running maximum carried in slot \d+ "
+                          r"of the loop at [^ ]+ \(1 times it\): the cotangent reaching that maximum is not zero")
+
+    whys = _whys(jax.grad(loss, argnums=(0, 1, 2)), _args(mesh))
+    assert any(fails(1).search(why) for why in whys), whys
+    whys = _whys(jax.grad(max_loss(ring_max(mesh)), argnums=1), tied_inputs(mesh))
+    assert any(fails(0).search(why) for why in whys), whys
+
+
+def test_the_stabiliser_check_reads_lse_and_softmax_forms_of_one_maximum():
+    """stabiliser.invariant on functions as the analysis interns them: m + log(l) and acc / l with l (and acc)
+    shifted by m are free of m; the same with l shifted by another maximum, or m alone, or exp(m), are not."""
+    from shardfix.ring import stabiliser
+    from shardfix.ring.analysis import FnTable
+    from shardfix.ring.values import AggOp
+
+    fns = FnTable()
+    scores, weight = fns.intern(("operand", 0, 0, None)), fns.intern(("operand", 0, 1, None))
+    one = fns.intern(("const", repr(1.0)))
+
+    def complete(op, term, ident):
+        fn = fns.intern(("complete", op, term, scores, len(fns.keys)))  # one fn per maximum, as two folds give
+        stabiliser.note_complete(fns, fn, ident)
+        return fn
+
+    def ew(name, *args):
+        return fns.intern(("ew", f"stablehlo.{name}", "", args))
+
+    m1, m2 = ("slot", "loop", 0, scores), ("slot", "loop", 1, scores)
+    m = complete(AggOp.MAX, 0, m1)
+    acc, l_same, l_other = (complete(AggOp.SSUM, weight, m1), complete(AggOp.SSUM, one, m1),
+                            complete(AggOp.SSUM, one, m2))
+    assert stabiliser.invariant(fns, ew("add", m, ew("log", l_same))) is None
+    assert stabiliser.invariant(fns, ew("divide", acc, l_same)) is None
+    assert stabiliser.invariant(fns, ew("multiply", ew("exp", ew("negate", m)),
+                                        ew("divide", l_same, ew("exp", ew("negate", m))))) is not None
+    assert "two different running maxima" in stabiliser.invariant(fns, ew("divide", acc, l_other))
+    assert "two different running maxima" in stabiliser.invariant(fns, ew("add", m, ew("log", l_other)))
+    assert "(1 times it)" in stabiliser.invariant(fns, m)
+    assert "is scaled by exp of" in stabiliser.invariant(fns, ew("exp", m))
+    # a sum's shift variable lost at its loop (stabiliser.check_loop) names no maximum
+    lost = complete(AggOp.SSUM, one, ("shift-of", "loop", 2, scores))
+    fns.bound[("shift-of", "loop", 2, scores)] = None
+    assert "can't name" in stabiliser.invariant(fns, ew("divide", acc, lost))

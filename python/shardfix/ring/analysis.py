@@ -18,7 +18,7 @@ from ..ir import op_loc
 from ..ir.locations import innermost_loc, this_programs
 from ..locations import SourceLoc, is_library_file
 from . import coverage as cov_ops
-from . import reasons
+from . import reasons, stabiliser
 from .dims import element_type, holds
 from .symbolic import Aff, Coord, Node, Other, Pid, PidDiv, Scope, Var, bounds, gpos, map_sources, sourced_nodes
 from .symbolic import Dim as SymDim
@@ -115,6 +115,10 @@ class FnTable:
         self.infinite: dict[int, bool] = {}  # algebra.may_be_infinite's answers
         self.read_at: dict[int, tuple] = {}  # fn -> (op, calls) where a loop variable it depends on became data
         self.wrapped: dict[int, object] = {}  # fn -> reasons.Wrap: an integer op read as data, its type too narrow
+        # stabiliser.py: complete aggregate fn -> the identities of the maxima it was made from, and what each
+        # unknown shift of a loop-carried sum was bound to (None: lost)
+        self.idents: dict[int, set] = {}
+        self.bound: dict = {}
 
     def intern(self, key, depends: frozenset = frozenset(), read_at: tuple | None = None) -> int:
         """The function `key` describes; `read_at`: where it reads a loop variable as data, if it does (else the
@@ -325,7 +329,7 @@ class Engine:
         # calls are analysed afresh each time.
         key = None if _sourced(args) else \
             (callee_name, tuple((a, state.carried.get(id(a))) for a in args), _scope_key(self.scope), state.ring,
-             wanted)
+             wanted, stabiliser.memo_key(args))
         memo = None if key is None else state.shared.call_memo.get(key)
         if memo is not None:  # the same call analysed before: its results, and what it recorded, again
             results, rewrites, units, obligations, directions = memo

@@ -30,6 +30,7 @@ from jaxlib.mlir import ir
 
 from .detect import RingRegion
 from .dims import readers_across
+from .stabiliser import invariant
 from .ties import Role, Tie, of_location
 
 _NAME = re.compile(r'loc\("([^"]*)"')
@@ -159,6 +160,30 @@ def differentiated(group: list[RingRegion]) -> tuple[list[int], RingRegion | Non
     return sorted({j for t in found for j in t.cotangents().values()}), forward
 
 
+def stabiliser_invariant(verdict, backwards: list[RingRegion]) -> str | None:
+    """Obligation (c) of rewriting a plain-autodiff backward: every result of the forward region (`verdict`, its
+    proof) that a backward region of `backwards` differentiates (their ties) is the same for any value of every
+    running maximum it reads (stabiliser.py: o = acc / l, lse = m + log l, acc and l shifted by the same maximum),
+    so the cotangent reaching each maximum is zero in exact arithmetic and JAX's split of it at ties, which follows
+    the order the blocks arrive in, does not matter. None where it holds; else the sentence saying where it fails.
+    Used for reasons only: the backward's recomputed positions (d) are not proved."""
+    forward = tie(verdict.ring) if verdict is not None else None
+    if forward is None or forward.role is not Role.FORWARD:
+        return "the forward region is not tied to the backward (JAX recorded nothing for it)"
+    found = [tie(r) for r in backwards]
+    if not found or any(t is None or t.role is not Role.BACKWARD or t.ring != forward.ring for t in found):
+        return "a backward region is not tied to this forward region"
+    for j in sorted({j for t in found for j in t.cotangents().values()}):
+        fn = next((verdict.result_fns[i] for i, slot in enumerate(forward.slots)
+                   if slot == j and i in verdict.result_fns), None)
+        if fn is None or verdict.fns is None:
+            return f"result {j} is not a function of its tokens the proof knows whole"
+        why = invariant(verdict.fns, fn)
+        if why is not None:
+            return f"result {j} {why}"
+    return None
+
+
 def _proved_results(forwards: list, transposes: list, rings: frozenset) -> list:
     """(forward region, the results of it the proof covers): those read by anything but the transposes (the others
     are residuals)."""
@@ -267,5 +292,5 @@ def _mark_while(op: ir.Operation, live_values: set, live: set, dead_slots: dict)
         dead_slots[op] = dead
 
 
-__all__ = ["OPAQUE", "Liveness", "dropped_forward", "is_transpose", "differentiated", "made_by_autodiff", "tie",
-           "unproved_cotangent"]
+__all__ = ["OPAQUE", "Liveness", "dropped_forward", "is_transpose", "differentiated", "made_by_autodiff",
+           "stabiliser_invariant", "tie", "unproved_cotangent"]

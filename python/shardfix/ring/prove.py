@@ -19,7 +19,8 @@ from jaxlib.mlir import ir
 
 from ..locations import SourceLoc
 from .analysis import Engine, Refusal, RingInfo, Shared, State
-from .autodiff import Liveness, differentiated, dropped_forward, is_transpose, made_by_autodiff, unproved_cotangent
+from .autodiff import (Liveness, differentiated, dropped_forward, is_transpose, made_by_autodiff, stabiliser_invariant,
+                       unproved_cotangent)
 
 AUTODIFF = ("is the backward that jax.grad made of a ring region without a custom_vjp: its forward is proved, but this "
             "backward is not: its own ops are no order-free merge (an online softmax's backward recomputes and "
@@ -31,10 +32,18 @@ TIED = ("is the backward that jax.grad made of a ring region without a custom_vj
         "the results its cotangents differentiate ({results} of {where}, as JAX recorded while differentiating), "
         "but not what rewriting this backward needs besides: that its gradient is the same whichever order the "
         "blocks arrive in (JAX splits a maximum's cotangent between tied operands by their order, so each running "
-        "maximum must receive a cotangent that is zero, which the proof does not show: it knows the value each sum "
-        "is shifted by, not which running maximum computed it) and that the positions it recomputes from the "
-        "forward's residuals are rewritten: give the kernel a custom_vjp whose backward is a ring of its own (as "
-        "ejkernel's and Liu et al.'s kernels do), which is proved like any ring")
+        "maximum must receive a cotangent that is zero, which fails here: {stabiliser}) and that the positions it "
+        "recomputes from the forward's residuals are rewritten: give the kernel a custom_vjp whose backward is a "
+        "ring of its own (as ejkernel's and Liu et al.'s kernels do), which is proved like any ring")
+# the same, where every differentiated result is the same for any value of the running maxima it is stabilised by
+TIED_INVARIANT = (
+    "is the backward that jax.grad made of a ring region without a custom_vjp: its forward is proved, and so are the "
+    "results its cotangents differentiate ({results} of {where}, as JAX recorded while differentiating), and each "
+    "is the same for any value of the running maxima its sums are shifted by (the cotangent reaching every running "
+    "maximum is zero in exact arithmetic, so how JAX splits it at ties does not matter); what rewriting this "
+    "backward still needs is that the positions it recomputes from the forward's residuals (the ring step's source "
+    "block, masks) are rewritten like the forward's, which is not done: give the kernel a custom_vjp whose backward "
+    "is a ring of its own (as ejkernel's and Liu et al.'s kernels do), which is proved like any ring")
 DROPPED = ("differentiates a ring region whose result the program dropped, so there is no forward to prove it from: "
            "use the forward's result (return it, or let the loss read it), or give the kernel a custom_vjp")
 from .detect import RingRegion, axis_strides, find_ring_regions, module_funcs, module_meshes
@@ -59,6 +68,10 @@ class Verdict:
     rewrites: list = field(default_factory=list)
     units: dict = field(default_factory=dict)  # (tokens, alignment) -> (op, calls) that relies on it
     group: int = 0
+    # each result the proof covers, as a complete function of its tokens (fn ids of `fns`, the analysis's table):
+    # what stabiliser.invariant reads
+    result_fns: dict[int, int] = field(default_factory=dict)
+    fns: object = None
 
 
 class _GroupRefusal(Exception):
@@ -206,8 +219,11 @@ def _autodiff_reason(group: list[RingRegion], funcs, verdicts: dict, members: se
     if tied is not None:
         results, forward = tied
         where = f"the ring region at {forward.loc}" if forward is not None and forward.loc else "its ring region"
-        text = TIED.format(results=("result " if len(results) == 1 else "results ") + ", ".join(map(str, results)),
-                           where=where)
+        named = ("result " if len(results) == 1 else "results ") + ", ".join(map(str, results))
+        verdict = verdicts.get(id(forward.region)) if forward is not None else None
+        why = stabiliser_invariant(verdict, [r for r in group if r.region in transposes])
+        text = TIED.format(results=named, where=where, stabiliser=why) if why else \
+            TIED_INVARIANT.format(results=named, where=where)
         return _GroupRefusal(Refusal(text, region.region), region)
     return _GroupRefusal(Refusal(AUTODIFF, region.region), region)
 
@@ -394,6 +410,9 @@ def _check_results(r: RingRegion, engine: Engine, results: list, outs, verdict: 
             continue
         if isinstance(value, Data):
             value = try_complete(engine, value)
+            if value.agg is None:
+                verdict.result_fns[j] = value.fn
+                verdict.fns = engine.fns
         kind = _classify(sharding, r.axis, _local_shape(r, j))
         where = f"result {j}"
         if kind is None:
