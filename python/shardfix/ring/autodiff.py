@@ -14,12 +14,13 @@ analysis does not prove. Nor would proving F's every result be enough: autodiff 
 by halving the cotangent, so a running maximum folded block by block splits ties by the order the blocks arrive in,
 which is what the reorder changes (tests/test_ring_autodiff_ties.py: a proved ring max, reordered by hand before
 jax.grad, keeps its forward and changes its gradient by 3.0 where keys repeat). Only where every maximum's cotangent
-provably cancels (an online softmax's output o / l is the same for any running shift) is the order immaterial, an
-algebra over the transposed ops this module does not have. So such a B is refused, saying so where the forward alone
-would be proved: a custom_vjp whose backward is a ring of its own is proved like any ring. This module recognises B
-(`is_transpose`, `made_by_autodiff`), finds a forward whose results the program dropped (`dropped_forward`), and
-gives the liveness that proves the forward alone with B's residuals set aside (`Liveness`), for the refusal's reason
-only.
+provably cancels (an online softmax's output o / l is the same for any running shift) is the order immaterial:
+`stabiliser_invariant` checks that of the forward's proof (stabiliser.py), but B also recomputes positions from the
+forward's residuals, which nothing proves rewritten. So such a B is refused, saying which of these fails where the
+forward alone would be proved: a custom_vjp whose backward is a ring of its own is proved like any ring. This module
+recognises B (`is_transpose`, `made_by_autodiff`), finds a forward whose results the program dropped
+(`dropped_forward`), and gives the liveness that proves the forward alone with B's residuals set aside (`Liveness`),
+for the refusal's reason only.
 """
 
 from __future__ import annotations
