@@ -177,17 +177,23 @@ def _whys(grad, args) -> list[str]:
     return [r.why for r in low.rings]
 
 
-@pytest.mark.parametrize("name", ["grad-fori-causal", "grad-blockwise-causal"])
+@pytest.mark.parametrize("name", ["grad-fori-causal", "grad-blockwise-causal", "blockwise-causal-guarded"])
 def test_a_plain_autodiff_online_softmax_passes_the_stabiliser_check_and_is_refused_for_its_positions(name):
-    """An online-softmax ring (the registry's fori kernel, and the blockwise one: running state cut into chunks,
-    scans over q and kv chunks, a lax.cond skip) differentiated by jax.grad: the cotangent is tied to the ring's one
-    result, which is proved, and o = acc / l with acc and l shifted by the same running maximum at every step (slot
-    by slot through the nested loops and the skip), so the cotangent reaching the maximum is zero; the backward is
-    still left alone, the reason naming what is left: the positions the backward recomputes."""
-    from support.ring_user_programs import PROGRAMS
-    p = next(p for p in PROGRAMS if p.name == name)
-    fn, args = p.build(meshes()[p.mesh])
-    whys = _whys(jax.grad(lambda *a: jnp.sum(fn(*a) ** 2), argnums=p.wrt), args)
+    """An online-softmax ring (the registry's fori kernel, the blockwise one: running state cut into chunks, scans
+    over q and kv chunks, a lax.cond skip, and the blockwise one shifting by m_safe = where(isfinite(m), m, 0) under
+    -inf masks) differentiated by jax.grad: the cotangent is tied to the ring's one result, which is proved, and
+    o = acc / l with acc and l shifted by the same running maximum at every step (slot by slot through the nested
+    loops and the skip), so the cotangent reaching the maximum is zero; the backward is still left alone, the reason
+    naming what is left: the positions the backward recomputes."""
+    from support.ring_user_programs import PROGRAMS, blockwise
+    if name == "blockwise-causal-guarded":
+        fn, args = blockwise("causal", merge="guarded")(meshes()["explicit"])
+        wrt = (0, 1, 2)
+    else:
+        p = next(p for p in PROGRAMS if p.name == name)
+        fn, args = p.build(meshes()[p.mesh])
+        wrt = p.wrt
+    whys = _whys(jax.grad(lambda *a: jnp.sum(fn(*a) ** 2), argnums=wrt), args)
     assert any("and so are the results its cotangents differentiate (result 0 of the ring region at" in why
                and INVARIANT in why and STILL in why for why in whys), whys
 

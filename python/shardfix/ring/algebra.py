@@ -542,7 +542,10 @@ def _select(engine: Engine, op, values: list[Data]) -> Data:
     # sum in every order, and a complete max is the same in every order anyway. A function of the merge state.
     if a.agg is not None and a.agg.op in (AggOp.MAX, AggOp.MIN) and guard == a.fn and b.agg is None \
             and engine.fns.constant(b.fn) is not None:
-        return _new_max(engine, op, a, dataclasses.replace(a.agg, finite=math.isfinite(engine.fns.constant(b.fn))))
+        # named as m (stabiliser.py): where m is finite it is m, derivative included (select passes the cotangent
+        # through); where m is -inf every sum shifted by either is empty and stays so, and the select sends m no
+        # cotangent, so what reaches m through m_safe is what would reach m used in its place
+        return with_agg(engine, a, dataclasses.replace(a.agg, finite=math.isfinite(engine.fns.constant(b.fn))))
     # select(is_finite(x), exp(x - max), 0) is exp(x - max): masked scores contribute nothing either way
     if a.agg is not None and a.agg.op == AggOp.EXP and b.agg is None and _is_const(engine, b, 0.0):
         if plain_guard == _finite_fn(engine, a.agg.score):
