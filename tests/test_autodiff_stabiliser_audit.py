@@ -183,17 +183,21 @@ def test_where_the_gradient_follows_block_order_the_check_fails(name, why):
 @pytest.mark.parametrize("name", ["stop-gradient-weights", "stop-gradient-rescale", "custom-jvp-rescale",
                                   "custom-vjp-rescale"])
 def test_a_derivative_rule_the_forward_does_not_show_fails_the_check(name):
-    """FINDING (fails as of 0265df0): exp(s - stop_gradient(m)) as block weights with the rescaling left to
+    """FINDING (failed as of 0265df0; the tie records those rules now): exp(s - stop_gradient(m)) as block weights with the rescaling left to
     autodiff, or the rescaling stopped, or an exp with a custom_jvp / custom_vjp rule: the forward module is the
     online softmax's, the check passes, and the gradient changes with the blocks' order (by 4e-2..8e-2 here, by
     0.4..0.8 on untied keys): the cotangent reaching each running maximum is not zero in what jax.grad computes."""
     whys, diff, top = _audit(name)
     assert diff > 1e-3 * top, (diff, top)
     assert not _passes(whys), whys
+    rule = {"stop-gradient-weights": "stop_gradient", "stop-gradient-rescale": "stop_gradient"}.get(name)
+    rule = rule or name.removesuffix("-rescale").replace("-", "_")
+    assert any(f"which fails here: its derivative follows a rule the forward does not show ({rule} at "
+               f"{__file__}:" in why for why in whys), whys
 
 
 def test_a_sink_logit_in_the_denominator_passes_the_check():
-    """NOT a soundness finding, a false failure (fails as of 0265df0): o / (l + exp(sink - m)) is exp(-m)·F over
+    """NOT a soundness finding, a false failure (failed as of 0265df0, fixed since): o / (l + exp(sink - m)) is exp(-m)·F over
     exp(-m)·(G + exp(sink)), free of m, and its gradient ignores block order; the check fails it with "applies
     'exponential'": stabiliser._ew matches the name "exp", but the module's op is stablehlo.exponential (the
     hand-interned fns of test_autodiff_ties use "exp", so nothing else meets it)."""

@@ -291,13 +291,77 @@ def test_the_stabiliser_check_reads_lse_and_softmax_forms_of_one_maximum():
                             complete(AggOp.SSUM, one, m2))
     assert stabiliser.invariant(fns, ew("add", m, ew("log", l_same))) is None
     assert stabiliser.invariant(fns, ew("divide", acc, l_same)) is None
-    assert stabiliser.invariant(fns, ew("multiply", ew("exp", ew("negate", m)),
-                                        ew("divide", l_same, ew("exp", ew("negate", m))))) is not None
+    assert stabiliser.invariant(fns, ew("multiply", ew("exponential", ew("negate", m)),
+                                        ew("divide", l_same, ew("exponential", ew("negate", m))))) is not None
     assert "two different running maxima" in stabiliser.invariant(fns, ew("divide", acc, l_other))
     assert "two different running maxima" in stabiliser.invariant(fns, ew("add", m, ew("log", l_other)))
     assert "(1 times it)" in stabiliser.invariant(fns, m)
-    assert "is scaled by exp of" in stabiliser.invariant(fns, ew("exp", m))
+    assert "is scaled by exp of" in stabiliser.invariant(fns, ew("exponential", m))
     # a sum's shift variable lost at its loop (stabiliser.check_loop) names no maximum
     lost = complete(AggOp.SSUM, one, ("shift-of", "loop", 2, scores))
     fns.bound[("shift-of", "loop", 2, scores)] = None
     assert "can't name" in stabiliser.invariant(fns, ew("divide", acc, lost))
+
+
+@jax.jit
+def _stopped_weights(s, m):
+    """Block weights exp(s - stop_gradient(m)) made by a jitted helper (one jaxpr JAX traces once and whose
+    derivative it caches, so a second trace meets the stop_gradient only in the helper's jaxpr)."""
+    return jnp.exp(s - jax.lax.stop_gradient(m)[..., None])
+
+
+_STOPPED_LINE = _stopped_weights.__wrapped__.__code__.co_firstlineno + 4
+
+
+def test_a_stop_gradient_in_a_jitted_helper_fails_the_stabiliser_check():
+    """An online softmax whose block weights are exp(s - stop_gradient(m_new)) from a jitted helper (the rescaling
+    left to autodiff): its forward module is an online softmax's, but its gradient follows the blocks' order
+    (tests/test_autodiff_stabiliser_audit.py); the check fails it naming the stop_gradient's line."""
+    mesh = meshes()["explicit"]
+
+    def body(q, k, v):
+        def step(_, carry):
+            m, l, o, k, v = carry
+            s = uk.scores(q, k)
+            m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+            p, c = _stopped_weights(s, m_new), jnp.exp(m - m_new)
+            l, o = l * c + p.sum(-1), o * c[..., None] + uk.apply(p, v)
+            return (m_new, l, o) + tuple(jax.lax.ppermute(t, "cp", uk.ring(4)) for t in (k, v))
+
+        _, l, o, _, _ = jax.lax.fori_loop(0, 4, step, uk.row_stats(q, uk.NEG) + (jnp.zeros_like(q), k, v))
+        return o / l[..., None]
+
+    f = jax.shard_map(body, mesh=mesh, in_specs=(SPEC,) * 3, out_specs=SPEC, check_vma=False)
+    grad = jax.grad(lambda q, k, v: jnp.sum(f(q, k, v) ** 2), argnums=(0, 1, 2))
+    rule = re.compile(r"which fails here: its derivative follows a rule the forward does not show \(stop_gradient at "
+                      rf"[^ ]*test_autodiff_ties\.py:{_STOPPED_LINE}\b")
+    whys = _whys(grad, _args(mesh))
+    assert any(rule.search(why) and "jax.nn.softmax, logsumexp" in why for why in whys), whys
+    assert not any(INVARIANT in why for why in whys)
+
+
+def test_the_tie_records_the_derivative_rules_of_the_body_and_none_elsewhere():
+    """Tie.rules: a shard_map whose body calls jax.nn.softmax (a custom_jvp function) records it in its forward and
+    backward ties; two shard_maps of one program whose loops call the stop_gradient helper both record it (JAX
+    linearizes the helper's jaxpr once and reuses it: only the jaxprs bound in the body show it the second time);
+    the online softmax records none."""
+    mesh = meshes()["explicit"]
+
+    def body(q):
+        return jax.lax.fori_loop(0, 2, lambda i, c: _stopped_weights(c, jnp.max(c, -1)), q)
+
+    f, g = (jax.shard_map(body, mesh=mesh, in_specs=SPEC, out_specs=SPEC) for _ in range(2))
+    forwards, backwards = _ties_of(jax.grad(lambda q: jnp.sum(f(q) ** 2) + jnp.sum(g(2 * q) ** 3)),
+                                   _args(mesh)[:1])
+    assert len(forwards) == len(backwards) == 2
+    for t in forwards + backwards:
+        assert t.rules == (f"stop_gradient at {__file__}:{_STOPPED_LINE}:23 (_stopped_weights)",), t.rules
+    f = jax.shard_map(lambda q: jax.nn.softmax(q, axis=-1), mesh=mesh, in_specs=SPEC, out_specs=SPEC)
+    forwards, backwards = _ties_of(jax.grad(lambda q: jnp.sum(f(q) ** 3)), _args(mesh)[:1])
+    assert forwards and backwards
+    for t in forwards + backwards:
+        assert t.rules and all(re.fullmatch(r"(custom_jvp|stop_gradient) at .*test_autodiff_ties\.py:\d+.*", r)
+                               for r in t.rules), t.rules
+    forwards, backwards = _ties_of(jax.grad(lambda *a: jnp.sum(_softmax_ring(mesh)(*a) ** 2), argnums=(0, 1, 2)),
+                                   _args(mesh))
+    assert forwards and backwards and all(t.rules == () for t in forwards + backwards)

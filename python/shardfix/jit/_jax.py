@@ -641,12 +641,21 @@ def _boundary_sites(signature: inspect.Signature, what: str, args: tuple, kwargs
 # naming what it kept. Wrapped: LinearizeTrace.process_shard_map, DynamicJaxprTrace.process_shard_map (staging),
 # the shard_map transpose rule (ad.fancy_transposes on JAX 0.12, ad.primitive_transposes on 0.10) and its DCE rule
 # (which takes live_ins before the eqn on 0.12). What is not found as expected is left untied (callers refuse).
+# While a tied shard_map's body is linearized, LinearizeTrace.process_primitive and its custom_jvp / custom_vjp
+# calls are wrapped too: each derivative rule the module won't show (_RULES), met there or in a jaxpr bound there,
+# is recorded in the ring's ties (Tie.rules).
 
 import contextvars as _contextvars
 
 _ties_installed = False
 _linearizing: _contextvars.ContextVar = _contextvars.ContextVar("shardfix_linearizing", default=None)
 _transposing: _contextvars.ContextVar = _contextvars.ContextVar("shardfix_transposing", default=None)
+# the shard_maps whose bodies JAX is linearizing now, innermost last (a rule met in a nested one is the outer's too)
+_deriving: _contextvars.ContextVar = _contextvars.ContextVar("shardfix_deriving", default=())
+# primitives whose derivative is not the derivative of what they lower to (stop_gradient lowers to nothing, a custom
+# rule's call to its primal), by the name the tie's reason gives them
+_RULES = {"stop_gradient": "stop_gradient", "custom_jvp_call": "custom_jvp", "custom_vjp_call": "custom_vjp",
+          "custom_vjp_call_jaxpr": "custom_vjp", "custom_lin": "custom_vjp"}
 
 
 class _Staged:
@@ -661,6 +670,7 @@ class _Linearizing:
         self.trace = trace
         self.forward: _Staged | None = None
         self.tangent: _Staged | None = None
+        self.rules: list[str] = []  # derivative rules met in the body the module won't show ("stop_gradient at ...")
 
 
 class _Transposing:
@@ -690,6 +700,9 @@ def install_autodiff_ties(active) -> None:
         table = getattr(ad, "fancy_transposes", {})
         table = table if prim in table else ad.primitive_transposes
         ad.LinearizeTrace.process_shard_map = _tie_linearize(ad.LinearizeTrace.process_shard_map, active, ad)
+        ad.LinearizeTrace.process_primitive = _rules_primitive(ad.LinearizeTrace.process_primitive)
+        for method, kind in (("process_custom_jvp_call", "custom_jvp"), ("process_custom_vjp_call", "custom_vjp")):
+            setattr(ad.LinearizeTrace, method, _rules_custom(getattr(ad.LinearizeTrace, method), kind))
         pe.DynamicJaxprTrace.process_shard_map = _tie_staging(pe.DynamicJaxprTrace.process_shard_map, prim)
         table[prim] = _tie_transpose(table[prim], active, ad)
         pe.dce_rules[prim] = _tie_dce(pe.dce_rules[prim])
@@ -704,11 +717,15 @@ def _tie_linearize(original, active, ad):
         if active() is None:
             return original(trace, shard_map_p, f, tracers, **params)
         record = _Linearizing(trace)
-        token = _linearizing.set(record)
+        token, deriving = _linearizing.set(record), _deriving.set(_deriving.get() + (record,))
         try:
             outs = original(trace, shard_map_p, f, tracers, **params)
         finally:
+            _deriving.reset(deriving)
             _linearizing.reset(token)
+        if record.forward is not None:  # what the body's linearization itself staged (a stop_gradient's primal)
+            _note_jaxprs(record.forward.eqn.params.values(), (record,), set())
+        rules = tuple(dict.fromkeys(record.rules))
         results = list(outs)
         primals = {id(o.primal if isinstance(o, ad.LinearizeTracer) else o): j for j, o in enumerate(results)}
         tangents = {id(o.tangent): j for j, o in enumerate(results) if isinstance(o, ad.LinearizeTracer)}
@@ -716,13 +733,62 @@ def _tie_linearize(original, active, ad):
         if record.forward is not None:
             slots = tuple(primals.get(id(x)) for x in record.forward.outs)
             ok = sorted(j for j in slots if j is not None) == list(range(len(results)))
-            ties.bind(record.forward.scope, ties.Tie(ring, ties.Role.FORWARD, len(results), slots) if ok else None)
+            ties.bind(record.forward.scope, ties.Tie(ring, ties.Role.FORWARD, len(results), slots, rules=rules)
+                      if ok else None)
         if record.tangent is not None:
             slots = tuple(tangents.get(id(x)) for x in record.tangent.outs)
             ok = None not in slots and len(set(slots)) == len(slots)
-            ties.bind(record.tangent.scope, ties.Tie(ring, ties.Role.TANGENT, len(results), slots) if ok else None)
+            ties.bind(record.tangent.scope, ties.Tie(ring, ties.Role.TANGENT, len(results), slots, rules=rules)
+                      if ok else None)
         return outs
     return linearize
+
+
+def _note(records: tuple, kind: str, source_info: Any) -> None:
+    where = source_info_util.summarize(source_info) if source_info is not None else "unknown"
+    for record in records:
+        record.rules.append(f"{kind} at {where}")
+
+
+def _note_jaxprs(values, records: tuple, seen: set) -> None:
+    """Note every eqn of the jaxprs among `values` (params: a jaxpr, closed or not, or a tuple of them), nested ones
+    included (loop and branch bodies, jit/closed_call/remat callees, custom rules' primals), whose primitive is in
+    _RULES: a jaxpr the body binds was traced before its linearization (and JAX caches the derivative of a jaxpr it
+    has met, so its eqns' rules may never run again)."""
+    for value in values:
+        for item in value if isinstance(value, (tuple, list)) else (value,):
+            jaxpr = getattr(item, "jaxpr", item)  # a ClosedJaxpr's open jaxpr
+            if not isinstance(jaxpr, _core.Jaxpr) or id(jaxpr) in seen:
+                continue
+            seen.add(id(jaxpr))
+            for eqn in jaxpr.eqns:
+                kind = _RULES.get(eqn.primitive.name)
+                if kind is not None:
+                    _note(records, kind, eqn.source_info)
+                _note_jaxprs(eqn.params.values(), records, seen)
+
+
+def _rules_primitive(original):
+    @functools.wraps(original)
+    def process_primitive(trace, primitive, tracers, params, /):
+        records = _deriving.get()
+        if records:
+            kind = _RULES.get(primitive.name)
+            if kind is not None:
+                _note(records, kind, source_info_util.current())
+            _note_jaxprs(params.values(), records, set())
+        return original(trace, primitive, tracers, params)
+    return process_primitive
+
+
+def _rules_custom(original, kind: str):
+    @functools.wraps(original)
+    def process_custom(trace, *args, **kwargs):
+        records = _deriving.get()
+        if records:
+            _note(records, kind, source_info_util.current())
+        return original(trace, *args, **kwargs)
+    return process_custom
 
 
 def _tie_staging(original, prim):
@@ -796,8 +862,8 @@ def _tie_transpose(original, active, ad):
                 _aval_key(a) == _aval_key(ct) for a, (_, ct) in zip(lead, nonzero))
             slots = (None,) * consts + tuple(j for j, _ in nonzero) + (None,) * (len(staged.args) - len(nonzero))
             zero = frozenset(range(tangent.results)) - {j for j, _ in nonzero}
-            ties.bind(staged.scope, ties.Tie(tangent.ring, ties.Role.BACKWARD, tangent.results, slots, zero)
-                      if ok else None)
+            ties.bind(staged.scope, ties.Tie(tangent.ring, ties.Role.BACKWARD, tangent.results, slots, zero,
+                                             tangent.rules) if ok else None)
         return result
     return transpose
 

@@ -166,7 +166,9 @@ def stabiliser_invariant(verdict, backwards: list[RingRegion]) -> str | None:
     proof) that a backward region of `backwards` differentiates (their ties) is the same for any value of every
     running maximum it reads (stabiliser.py: o = acc / l, lse = m + log l, acc and l shifted by the same maximum),
     so the cotangent reaching each maximum is zero in exact arithmetic and JAX's split of it at ties, which follows
-    the order the blocks arrive in, does not matter. None where it holds; else the sentence saying where it fails.
+    the order the blocks arrive in, does not matter. It reads the forward's function, so it fails wherever JAX met a
+    derivative rule in the ring's body that the module does not show (Tie.rules: the gradient of exp(s -
+    stop_gradient(m)) follows each running maximum). None where it holds; else the sentence saying where it fails.
     Used for reasons only: the backward's recomputed positions (d) are not proved."""
     forward = tie(verdict.ring) if verdict is not None else None
     if forward is None or forward.role is not Role.FORWARD:
@@ -174,6 +176,13 @@ def stabiliser_invariant(verdict, backwards: list[RingRegion]) -> str | None:
     found = [tie(r) for r in backwards]
     if not found or any(t is None or t.role is not Role.BACKWARD or t.ring != forward.ring for t in found):
         return "a backward region is not tied to this forward region"
+    rules = tuple(dict.fromkeys(forward.rules + tuple(r for t in found for r in t.rules)))
+    if rules:
+        shown = "; ".join(rules[:3]) + ("; ..." if len(rules) > 3 else "")
+        return (f"its derivative follows a rule the forward does not show ({shown}), so what jax.grad differentiates "
+                f"is not the function proved here (a stop_gradient lowers to nothing, a custom_jvp / custom_vjp to "
+                f"its primal); this is conservative for now: jax.nn.softmax, logsumexp and other functions with such "
+                f"rules in a ring fail it too")
     for j in sorted({j for t in found for j in t.cotangents().values()}):
         fn = next((verdict.result_fns[i] for i, slot in enumerate(forward.slots)
                    if slot == j and i in verdict.result_fns), None)

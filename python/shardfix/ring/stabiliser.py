@@ -237,11 +237,11 @@ def _ew(fns, name: str, attrs: str, forms: list):
     if name == "negate":
         kind, ident, c = forms[0]
         return _norm(kind, ident, -c) if kind == "add" else forms[0]
-    if name in ("log", "exp") and len(forms) == 1:
+    if name in ("log", "exponential") and len(forms) == 1:  # the StableHLO names (stablehlo.exponential)
         kind, ident, c = forms[0]
         if (name, kind) == ("log", "mul"):
             return _norm("add", ident, c)
-        if (name, kind) == ("exp", "add"):
+        if (name, kind) == ("exponential", "add"):
             return _norm("mul", ident, c)
         return f"takes the {name} of a value that depends on {describe(ident)} in a way that is not a shift"
     if len(forms) != 2 or name not in ("add", "subtract", "multiply", "divide"):

@@ -34,13 +34,17 @@ class Tie:
     `slots`: FORWARD and TANGENT, one per result of the region: the original result it is (its primal value, or its
     tangent), None for a residual; BACKWARD, one per operand of the region: the original result whose cotangent it
     is, None for anything else (residuals, forwarded primal inputs, hoisted constants). `zero`: BACKWARD only, the
-    original results whose cotangent was symbolically zero (no cotangent operand differentiates them)."""
+    original results whose cotangent was symbolically zero (no cotangent operand differentiates them). `rules`: the
+    derivative rules JAX met in the ring's body that the module does not show (a stop_gradient lowers to nothing, a
+    custom_jvp / custom_vjp function to its primal), each as "stop_gradient at file:line": where there is one, what
+    jax.grad differentiates is not the function the forward region computes."""
 
     ring: int
     role: Role
     results: int
     slots: tuple[int | None, ...]
     zero: frozenset[int] = frozenset()
+    rules: tuple[str, ...] = ()
 
     def cotangents(self) -> dict[int, int]:
         """BACKWARD: operand number -> the original result it is the cotangent of."""
@@ -48,7 +52,8 @@ class Tie:
 
     def kept(self, used: list[bool]) -> "Tie":
         """The tie of the region left when JAX's dead-code elimination keeps the `used` slots."""
-        return Tie(self.ring, self.role, self.results, tuple(s for s, u in zip(self.slots, used) if u), self.zero)
+        return Tie(self.ring, self.role, self.results, tuple(s for s, u in zip(self.slots, used) if u), self.zero,
+                   self.rules)
 
 
 PREFIX = "shardfix_tie"
