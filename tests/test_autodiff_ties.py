@@ -167,7 +167,9 @@ def test_a_ring_nested_in_a_data_parallel_shard_map_is_tied_apart_from_it():
 
 
 INVARIANT = "and each is the same for any value of the running maxima its sums are shifted by"
-STILL = "what rewriting this backward still needs is that the positions it recomputes from the forward's residuals"
+# obligation (d) (ring/recompute.py): the backward's integer ops are loop counters, or move the forward's residuals
+NONE = re.compile(r"of the positions it may recompute \(obligation \(d\)\): none of its (\d+) integer and predicate "
+                  r"ops computes a position: (\d+) are functions of constants and its own loop counters alone")
 
 
 def _whys(grad, args) -> list[str]:
@@ -178,13 +180,14 @@ def _whys(grad, args) -> list[str]:
 
 
 @pytest.mark.parametrize("name", ["grad-fori-causal", "grad-blockwise-causal", "blockwise-causal-guarded"])
-def test_a_plain_autodiff_online_softmax_passes_the_stabiliser_check_and_is_refused_for_its_positions(name):
+def test_a_plain_autodiff_online_softmax_passes_the_stabiliser_check_and_recomputes_no_positions(name):
     """An online-softmax ring (the registry's fori kernel, the blockwise one: running state cut into chunks, scans
     over q and kv chunks, a lax.cond skip, and the blockwise one shifting by m_safe = where(isfinite(m), m, 0) under
     -inf masks) differentiated by jax.grad: the cotangent is tied to the ring's one result, which is proved, and
     o = acc / l with acc and l shifted by the same running maximum at every step (slot by slot through the nested
-    loops and the skip), so the cotangent reaching the maximum is zero; the backward is still left alone, the reason
-    naming what is left: the positions the backward recomputes."""
+    loops and the skip), so the cotangent reaching the maximum is zero. Its backward recomputes
+    no position (obligation (d)): without jax.checkpoint its integer ops are the reversed loop counters and the hop
+    bookkeeping, or slice the masks the forward saved out of their stack; it is still left alone (no acceptance)."""
     from support.ring_user_programs import PROGRAMS, blockwise
     if name == "blockwise-causal-guarded":
         fn, args = blockwise("causal", merge="guarded")(meshes()["explicit"])
@@ -194,8 +197,71 @@ def test_a_plain_autodiff_online_softmax_passes_the_stabiliser_check_and_is_refu
         fn, args = p.build(meshes()[p.mesh])
         wrt = p.wrt
     whys = _whys(jax.grad(lambda *a: jnp.sum(fn(*a) ** 2), argnums=wrt), args)
-    assert any("and so are the results its cotangents differentiate (result 0 of the ring region at" in why
-               and INVARIANT in why and STILL in why for why in whys), whys
+    tied = [why for why in whys if "and so are the results its cotangents differentiate (result 0 of the ring "
+            "region at" in why and INVARIANT in why]
+    assert tied and all(NONE.search(why) for why in tied), whys
+    assert "recomputes positions" not in " ".join(whys)
+    ops, counters = map(int, NONE.search(tied[0]).groups())
+    assert 0 < counters <= ops
+
+
+def _checkpointed_ring(mesh):
+    """A causal online-softmax ring whose step is jax.checkpoint'ed: the backward recomputes the step's key
+    positions from the forward's residual device index `me` (no partition_id of its own) and its own iota, and the
+    causal compare from them."""
+    def body(q, k, v):
+        n = q.shape[1]
+        me = jax.lax.axis_index("cp")  # _ME_LINE
+        q_pos = (me * n + jnp.arange(n))[:, None]
+
+        @jax.checkpoint
+        def step(i, carry):
+            acc, k, v = carry
+            k_pos = (((me - i) % 4) * n + jnp.arange(n))[None, :]  # _K_POS_LINE
+            s = jnp.where(q_pos >= k_pos, uk.scores(q, k), uk.NEG)  # _MASK_LINE
+            acc = uk.merge_online(acc, s, v, i)
+            return (acc,) + tuple(jax.lax.ppermute(t, "cp", uk.ring(4)) for t in (k, v))
+
+        (_, l, o), _, _ = jax.lax.fori_loop(0, 4, step, (uk.row_stats(q, uk.NEG) + (jnp.zeros_like(q),), k, v))
+        return o / l[..., None]
+    return jax.shard_map(body, mesh=mesh, in_specs=(SPEC,) * 3, out_specs=SPEC, check_vma=False)
+
+
+def _line_of(marker: str) -> int:
+    with open(__file__) as f:
+        return next(i for i, line in enumerate(f, 1) if line.rstrip().endswith("# " + marker))
+
+
+def test_a_checkpointed_ring_step_recomputes_positions_in_its_backward_named_at_their_lines():
+    """Under jax.checkpoint the backward recomputes (me - i) % 4, the key positions and the causal compare from
+    the forward's residual `me`: its forward is proved and passes the stabiliser check, and the reason names those
+    ops at the user's lines (the key positions' line, the mask's, the max's tie compare on the masked scores) and
+    the position sources (axis_index's partition_id, the iotas), not the loop counters. Its gradient is left as
+    jax.jit computes it."""
+    mesh = meshes()["explicit"]
+    f = _checkpointed_ring(mesh)
+    args = _args(mesh)
+    grad = jax.grad(lambda *a: jnp.sum(f(*a) ** 2), argnums=(0, 1, 2))
+    whys = _whys(grad, args)
+    tied = [why for why in whys if INVARIANT in why and "recomputes positions, or values from them, at" in why]
+    assert tied, whys
+    recomputed = re.search(r"it recomputes positions, or values from them, at (.*?) \(from (.*?)\), which are "
+                           r"not rewritten", tied[0])
+    assert recomputed, tied[0]
+    at, sources = recomputed.groups()
+    k_pos, mask = f"{__file__}:{_line_of('_K_POS_LINE')}", f"{__file__}:{_line_of('_MASK_LINE')}"
+    lines = dict(re.findall(r"(\S+:\d+) \(([^)]*)\)", at))
+    assert "compare" in lines[mask].split(", "), at
+    assert {"subtract", "remainder", "multiply", "add", "iota"} <= set(lines[k_pos].split(", ")), at
+    # and the max's tie compare on the scores masked there (merge_online); not the loop counters' ops (JAX's lines)
+    assert all(line.startswith((f"{__file__}:", uk.__file__ + ":")) for line in lines), at
+    sources = dict(re.findall(r"(\S+:\d+) \(([^)]*)\)", sources))
+    assert sources[f"{__file__}:{_line_of('_ME_LINE')}"] == "partition_id", sources
+    assert "iota" in sources[k_pos], sources
+    assert not NONE.search(tied[0])
+    got = autofix_shardings(grad, ring_reorder="zigzag", on_fix="ignore")(*args)
+    for a, b in zip(got, jax.jit(grad)(*args)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
 
 
 def _softmax_ring(mesh, two_maxima: bool = False, with_max: bool = False):

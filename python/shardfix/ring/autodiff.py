@@ -15,8 +15,8 @@ by halving the cotangent, so a running maximum folded block by block splits ties
 which is what the reorder changes (tests/test_ring_autodiff_ties.py: a proved ring max, reordered by hand before
 jax.grad, keeps its forward and changes its gradient by 3.0 where keys repeat). Only where every maximum's cotangent
 provably cancels (an online softmax's output o / l is the same for any running shift) is the order immaterial:
-`stabiliser_invariant` checks that of the forward's proof (stabiliser.py), but B also recomputes positions from the
-forward's residuals, which nothing proves rewritten. So such a B is refused, saying which of these fails where the
+`stabiliser_invariant` checks that of the forward's proof (stabiliser.py); and B may recompute positions from the
+forward's residuals (under jax.checkpoint it does), which nothing rewrites: recompute.py says which of B's ops do. So such a B is refused, saying which of these fails where the
 forward alone would be proved: a custom_vjp whose backward is a ring of its own is proved like any ring. This module
 recognises B (`is_transpose`, `made_by_autodiff`), finds a forward whose results the program dropped
 (`dropped_forward`), and gives the liveness that proves the forward alone with B's residuals set aside (`Liveness`),
@@ -169,7 +169,7 @@ def stabiliser_invariant(verdict, backwards: list[RingRegion]) -> str | None:
     the order the blocks arrive in, does not matter. It reads the forward's function, so it fails wherever JAX met a
     derivative rule in the ring's body that the module does not show (Tie.rules: the gradient of exp(s -
     stop_gradient(m)) follows each running maximum). None where it holds; else the sentence saying where it fails.
-    Used for reasons only: the backward's recomputed positions (d) are not proved."""
+    Used for reasons only, like (d) (recompute.py: the positions the backward recomputes, which are not rewritten)."""
     forward = tie(verdict.ring) if verdict is not None else None
     if forward is None or forward.role is not Role.FORWARD:
         return "the forward region is not tied to the backward (JAX recorded nothing for it)"

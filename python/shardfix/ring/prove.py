@@ -33,23 +33,23 @@ TIED = ("is the backward that jax.grad made of a ring region without a custom_vj
         "but not what rewriting this backward needs besides: that its gradient is the same whichever order the "
         "blocks arrive in (JAX splits a maximum's cotangent between tied operands by their order, so each running "
         "maximum must receive a cotangent that is zero, which fails here: {stabiliser}) and that the positions it "
-        "recomputes from the forward's residuals are rewritten: give the kernel a custom_vjp whose backward is a "
+        "recomputes are rewritten (obligation (d): {positions}): give the kernel a custom_vjp whose backward is a "
         "ring of its own (as ejkernel's and Liu et al.'s kernels do), which is proved like any ring")
 # the same, where every differentiated result is the same for any value of the running maxima it is stabilised by
 TIED_INVARIANT = (
     "is the backward that jax.grad made of a ring region without a custom_vjp: its forward is proved, and so are the "
     "results its cotangents differentiate ({results} of {where}, as JAX recorded while differentiating), and each "
     "is the same for any value of the running maxima its sums are shifted by (the cotangent reaching every running "
-    "maximum is zero in exact arithmetic, so how JAX splits it at ties does not matter); what rewriting this "
-    "backward still needs is that the positions it recomputes from the forward's residuals (the ring step's source "
-    "block, masks) are rewritten like the forward's, which is not done: give the kernel a custom_vjp whose backward "
-    "is a ring of its own (as ejkernel's and Liu et al.'s kernels do), which is proved like any ring")
+    "maximum is zero in exact arithmetic, so how JAX splits it at ties does not matter); of the positions it may "
+    "recompute (obligation (d)): {positions}; rewriting such a backward is not done: give the kernel a custom_vjp "
+    "whose backward is a ring of its own (as ejkernel's and Liu et al.'s kernels do), which is proved like any ring")
 DROPPED = ("differentiates a ring region whose result the program dropped, so there is no forward to prove it from: "
            "use the forward's result (return it, or let the loss read it), or give the kernel a custom_vjp")
 from .detect import RingRegion, axis_strides, find_ring_regions, module_funcs, module_meshes
 from .dims import origin_across, readers_across, shape
 from .finite import finite_constant
 from .memo import GroupMemo
+from .recompute import classify
 from .rules import apply_rule
 from .symbolic import Aff, Scope
 from .values import CONST, FREE, Axis, Data, Index, Stack, Tok, canonical
@@ -221,11 +221,23 @@ def _autodiff_reason(group: list[RingRegion], funcs, verdicts: dict, members: se
         where = f"the ring region at {forward.loc}" if forward is not None and forward.loc else "its ring region"
         named = ("result " if len(results) == 1 else "results ") + ", ".join(map(str, results))
         verdict = verdicts.get(id(forward.region)) if forward is not None else None
-        why = stabiliser_invariant(verdict, [r for r in group if r.region in transposes])
-        text = TIED.format(results=named, where=where, stabiliser=why) if why else \
-            TIED_INVARIANT.format(results=named, where=where)
+        backwards = [r for r in group if r.region in transposes]
+        why = stabiliser_invariant(verdict, backwards)
+        # (d), for the reason only: what each backward's integer ops depend on (recompute.py)
+        positions = "; ".join(_recomputed(r, forwards, funcs, shared.rings) for r in backwards)
+        text = TIED.format(results=named, where=where, stabiliser=why, positions=positions) if why else \
+            TIED_INVARIANT.format(results=named, where=where, positions=positions)
         return _GroupRefusal(Refusal(text, region.region), region)
     return _GroupRefusal(Refusal(AUTODIFF, region.region), region)
+
+
+def _recomputed(backward: RingRegion, forwards: list[RingRegion], funcs, rings: frozenset) -> str:
+    """Obligation (d)'s sentence for one backward region (recompute.py); the walk meeting IR it does not expect
+    (a call naming no function, an operand of no known kind) says so rather than fail the pass over a reason."""
+    try:
+        return classify(backward, forwards, funcs, rings).reason()
+    except (ValueError, KeyError, IndexError, TypeError) as e:
+        return f"whether it computes positions, which the walk of its integer ops can't tell ({e})"
 
 
 def _prove_members(group: list[RingRegion], funcs, verdicts: dict, members: set, shared: Shared,
