@@ -179,7 +179,8 @@ def _whys(grad, args) -> list[str]:
     return [r.why for r in low.rings]
 
 
-@pytest.mark.parametrize("name", ["grad-fori-causal", "grad-blockwise-causal", "blockwise-causal-guarded"])
+@pytest.mark.parametrize("name", ["grad-fori-causal", "grad-blockwise-causal", "blockwise-causal-guarded",
+                                  "grad-partial-blockwise-causal"])
 def test_a_plain_autodiff_online_softmax_passes_the_stabiliser_check_and_recomputes_no_positions(name):
     """An online-softmax ring (the registry's fori kernel, the blockwise one: running state cut into chunks, scans
     over q and kv chunks, a lax.cond skip, and the blockwise one shifting by m_safe = where(isfinite(m), m, 0) under
@@ -187,7 +188,8 @@ def test_a_plain_autodiff_online_softmax_passes_the_stabiliser_check_and_recompu
     o = acc / l with acc and l shifted by the same running maximum at every step (slot by slot through the nested
     loops and the skip), so the cotangent reaching the maximum is zero. Its backward recomputes
     no position (obligation (d)): without jax.checkpoint its integer ops are the reversed loop counters and the hop
-    bookkeeping, or slice the masks the forward saved out of their stack; it is still left alone (no acceptance)."""
+    bookkeeping, or slice the masks the forward saved out of their stack (through layout re-assertions where the
+    ring is partly manual); it is still left alone (no acceptance)."""
     from support.ring_user_programs import PROGRAMS, blockwise
     if name == "blockwise-causal-guarded":
         fn, args = blockwise("causal", merge="guarded")(meshes()["explicit"])

@@ -25,7 +25,7 @@ from ..ir import op_loc
 from ..ir.locations import this_programs
 from ..locations import SourceLoc, is_library_file
 from .detect import RingRegion
-from .dims import origin_across
+from .dims import RESTATING, origin_across
 
 # ops whose value is a position or a device's index; an iota counts whatever its dim (conservative)
 SOURCES = frozenset({"stablehlo.iota", "stablehlo.partition_id", "stablehlo.replica_id"})
@@ -64,7 +64,7 @@ _MOVES = {"stablehlo.reshape": slice(0, 0), "stablehlo.broadcast_in_dim": slice(
           "stablehlo.transpose": slice(0, 0), "stablehlo.slice": slice(0, 0), "stablehlo.convert": slice(0, 0),
           "stablehlo.concatenate": slice(0, 0), "stablehlo.dynamic_slice": slice(1, None),
           "stablehlo.dynamic_update_slice": slice(2, None), "stablehlo.select": slice(0, 1),
-          "stablehlo.optimization_barrier": slice(0, 0)}
+          "stablehlo.optimization_barrier": slice(0, 0), **{name: slice(0, 0) for name in RESTATING}}
 # ops whose nested ops are classified one by one (their results only pass on what those return)
 _CONTAINERS = frozenset({"stablehlo.while", "stablehlo.case", "stablehlo.if", "func.call"})
 
