@@ -154,11 +154,20 @@ def _terminator(block: ir.Block) -> ir.Operation:
     return list(block.operations)[-1].operation
 
 
-def _integral(value: ir.Value) -> bool:
+def _element(value: ir.Value) -> ir.Type:
     try:
-        return isinstance(ir.ShapedType(value.type).element_type, ir.IntegerType)
-    except ValueError:
-        return isinstance(value.type, ir.IntegerType) or isinstance(value.type, ir.IndexType)
+        return ir.ShapedType(value.type).element_type
+    except ValueError:  # a scalar (index, token)
+        return value.type
+
+
+def _integral(value: ir.Value) -> bool:
+    return isinstance(_element(value), (ir.IntegerType, ir.IndexType))
+
+
+def _predicate(value: ir.Value) -> bool:
+    element = _element(value)
+    return isinstance(element, ir.IntegerType) and ir.IntegerType(element).width == 1
 
 
 class _Flow:
@@ -197,8 +206,15 @@ class _Flow:
             results = [self._generic(op, calls, record)] * len(op.results)
         for v, t in zip(op.results, results):
             self.taint[v] = t
-        if record and name not in _CONTAINERS and any(_integral(v) for v in op.results):
-            self.found.append((Place(op, calls), frozenset().union(*results), self._moves(op)))
+        if not record or name in _CONTAINERS:
+            return
+        # a position leaving the integers (converted to float: alibi's bias) is followed no further, so the op it
+        # leaves by computes one; a predicate made of positions (a mask the forward saved) may select or weigh
+        # data: it is the forward's value, and what it selects is not a position
+        escapes = not all(_integral(v) for v in op.results) and any(
+            _integral(v) and not _predicate(v) and self.get(v) - {DATA} for v in op.operands)
+        if name in SOURCES or escapes or any(_integral(v) for v in op.results):
+            self.found.append((Place(op, calls), frozenset().union(*results), not escapes and self._moves(op)))
 
     def _moves(self, op: ir.Operation) -> bool:
         """Whether `op` only moves its data operands' values (the operands that pick where from, if any, depend
