@@ -172,3 +172,28 @@ def test_the_recorder_leaves_ordinary_programs_alone():
             want = jax.tree.leaves(jax.jit(f)(a, b))
             got = jax.tree.leaves(autofix_shardings(f, ring_reorder="zigzag", on_fix="ignore")(a, b))
             assert all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(want, got))
+
+
+@jax.custom_vjp
+def _exp_vjp_late(x):
+    return jnp.exp(x)
+
+
+_exp_vjp_late.defvjp(lambda x: (jnp.exp(x), jnp.exp(x)), lambda r, g: (0.5 * r * g,))
+KERNELS["audit2-custom-vjp3"] = audit.KERNELS["audit2-custom-vjp3"] = audit._fori(audit._merge(
+    rescale=lambda m0, m: _exp_vjp_late(m0 - m)))
+
+
+def test_a_custom_vjp_under_jax_custom_vjp3_fails_the_check():
+    """FINDING on JAX 0.12 (fails until fixed): with the jax.config flag `jax_custom_vjp3` (custom_vjp as a hijax
+    primitive) a custom_vjp rescaling is recorded nowhere (no custom_vjp_call eqn, no process_custom_vjp_call): the
+    check passes and the gradient follows block order (by 5.6e-2). JAX 0.10.2 accepts the flag and the rule is
+    recorded there (the check fails, as it should)."""
+    before = getattr(jax.config, "jax_custom_vjp3")
+    jax.config.update("jax_custom_vjp3", True)
+    try:
+        whys, diff, top = audit._audit("audit2-custom-vjp3")
+    finally:
+        jax.config.update("jax_custom_vjp3", before)
+    assert diff > 1e-3 * top, (diff, top)
+    assert not audit._passes(whys), whys
