@@ -132,7 +132,8 @@ def test_two_rings_of_one_shape_are_tied_apart():
         return jnp.sum(o ** 2) + jnp.sum(l ** 2)
 
     low = autofix_shardings(jax.grad(loss, argnums=(0, 1, 2)), ring_reorder="zigzag", on_fix="ignore").lower(x, x, x)
-    whys = [r.why for r in low.rings if "the backward that jax.grad made" in r.why and "reordered together" not in r.why]
+    whys = [r.why for r in low.rings
+            if "the backward that jax.grad made" in r.why and "reordered together" not in r.why]
     lines = {name: f"{__file__}:{n}" for n, name in ((i + 1, name) for i, text in
              enumerate(open(__file__).read().splitlines()) for name in ("online", "normaliser")
              if text.lstrip().startswith(f"{name[0].replace('n', 'l')} = {name}(q, k, v)"))}
