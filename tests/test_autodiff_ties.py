@@ -433,3 +433,28 @@ def test_the_tie_records_the_derivative_rules_of_the_body_and_none_elsewhere():
     forwards, backwards = _ties_of(jax.grad(lambda *a: jnp.sum(_softmax_ring(mesh)(*a) ** 2), argnums=(0, 1, 2)),
                                    _args(mesh))
     assert forwards and backwards and all(t.rules == () for t in forwards + backwards)
+
+
+def test_a_ring_checked_after_another_of_the_same_shape_names_its_own_maximum():
+    """The normaliser ring first, then an online softmax of the same shapes: the two rings' functions intern alike in
+    the module's table, so the online softmax's complete sums were also noted with the normaliser's maximum; its
+    check reads only the maxima of its own region and passes, the normaliser's still fails by name."""
+    import test_autodiff_stabiliser_audit as audit
+    mesh = meshes()["explicit"]
+    online, normaliser = (jax.shard_map(audit.KERNELS[name], mesh=mesh, in_specs=(SPEC,) * 3, out_specs=SPEC,
+                                        check_vma=False) for name in ("online", "normaliser"))
+    x = _args(mesh)[0]
+    x = jax.device_put(np.random.default_rng(1).standard_normal((2, 32, 4)).astype(np.float32), x.sharding)
+
+    def loss(q, k, v):
+        first = normaliser(q, k, v)  # normaliser first
+        second = online(q, k, v)  # online second
+        return jnp.sum(second ** 2) + jnp.sum(first ** 2)
+
+    whys = _whys(jax.grad(loss, argnums=(0, 1, 2)), [x, x, x])
+    line = _line_of("online second")
+    own = [w for w in whys if w.startswith(f"not provably safe: 'sdy.manual_computation' at {__file__}:{line} ")]
+    assert own and INVARIANT in own[0] and "can't name" not in own[0], whys
+    other = _line_of("normaliser first")
+    assert any(f"at {__file__}:{other} " in w and "which fails here: result 0 is scaled by exp of" in w
+               for w in whys), whys

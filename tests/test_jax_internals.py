@@ -297,4 +297,7 @@ def test_autodiff_ties_hooked():
     names |= {p.name for p in (getattr(cd, "custom_vjp_call_p", None), getattr(cd, "custom_vjp_call_jaxpr_p", None))
               if p is not None}
     assert names <= set(_jax._RULES) and not issubclass(ad.LinearizeTracer, ad.JVPTracer), names
+    # the allow-list of standard derivatives holds none of them, nor a solver or a hijax primitive
+    from jax._src.lax.control_flow import solves
+    assert not (names | {solves.linear_solve_p.name, "call_hi_primitive"}) & _jax._STANDARD
     assert "tracing_eqns" in pe.JaxprStackFrame.__slots__

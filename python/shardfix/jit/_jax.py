@@ -642,8 +642,8 @@ def _boundary_sites(signature: inspect.Signature, what: str, args: tuple, kwargs
 # the shard_map transpose rule (ad.fancy_transposes on JAX 0.12, ad.primitive_transposes on 0.10) and its DCE rule
 # (which takes live_ins before the eqn on 0.12). What is not found as expected is left untied (callers refuse).
 # While a tied shard_map's body is linearized, LinearizeTrace.process_primitive and its custom_jvp / custom_vjp
-# calls are wrapped too: each derivative rule the module won't show (_RULES), met there or in a jaxpr bound there,
-# is recorded in the ring's ties (Tie.rules).
+# calls are wrapped too: each derivative rule the module won't show (any primitive outside _STANDARD), met there or
+# in a jaxpr bound there, is recorded in the ring's ties (Tie.rules).
 
 import contextvars as _contextvars
 
@@ -652,10 +652,36 @@ _linearizing: _contextvars.ContextVar = _contextvars.ContextVar("shardfix_linear
 _transposing: _contextvars.ContextVar = _contextvars.ContextVar("shardfix_transposing", default=None)
 # the shard_maps whose bodies JAX is linearizing now, innermost last (a rule met in a nested one is the outer's too)
 _deriving: _contextvars.ContextVar = _contextvars.ContextVar("shardfix_deriving", default=())
-# primitives whose derivative is not the derivative of what they lower to (stop_gradient lowers to nothing, a custom
-# rule's call to its primal), by the name the tie's reason gives them
+# The primitives whose derivative JAX computes as the derivative of what they lower to (an allow-list): element-wise
+# arithmetic, comparisons and converts, reductions, data movement, calls, loops and branches (their bodies are walked
+# and bound one by one), collectives and layout assertions. Any other primitive a tied ring's body differentiates is
+# a derivative rule the module does not show (stop_gradient lowers to nothing, a custom rule's call, a linear solve
+# or a hijax primitive to its primal), so the stabiliser check fails naming it: a primitive JAX adds later is refused
+# until it is listed here.
+_STANDARD = frozenset("""
+    abs acos acosh add add_any and asin asinh atan atan2 atanh cbrt ceil clamp clz complex conj convert_element_type
+    bitcast_convert_type copy copy_p cos cosh div eq ne lt le gt ge erf erf_inv erfc exp exp2 expm1 floor imag
+    integer_pow is_finite log log1p logistic max min mul neg nextafter not or population_count pow real rem round
+    rsqrt select_n shift_left shift_right_arithmetic shift_right_logical sign sin sinh sqrt square sub tan tanh xor
+    broadcast_in_dim concatenate dynamic_slice dynamic_update_slice gather iota pad reshape rev slice squeeze
+    transpose split scatter-add argmax argmin cumsum reduce_sum reduce_max reduce_min reduce_prod reduce_and
+    reduce_or reduce_xor reduce_precision dot_general zeros_like empty empty2
+    jit pjit closed_call core_call call remat2 checkpoint scan while cond shard_map
+    ppermute psum pmax pmin all_gather all_gather_invariant all_to_all reduce_scatter axis_index psum_invariant
+    pbroadcast pvary pcast sharding_constraint reshard mesh_cast optimization_barrier
+""".split())
+# how the tie's reason names the rules people meet most
 _RULES = {"stop_gradient": "stop_gradient", "custom_jvp_call": "custom_jvp", "custom_vjp_call": "custom_vjp",
           "custom_vjp_call_jaxpr": "custom_vjp", "custom_lin": "custom_vjp"}
+
+
+def _rule(primitive: Any, params: dict) -> str | None:
+    """How a tie names the derivative rule `primitive` is (None: a standard one, in _STANDARD)."""
+    name = primitive.name
+    if name in _STANDARD:
+        return None
+    hijax = params.get("_prim")  # a hijax primitive (custom_root, custom_vjp under jax_custom_vjp3) names its kind
+    return _RULES.get(name) or (type(hijax).__name__ if hijax is not None else name)
 
 
 class _Staged:
@@ -752,8 +778,8 @@ def _note(records: tuple, kind: str, source_info: Any) -> None:
 
 def _note_jaxprs(values, records: tuple, seen: set) -> None:
     """Note every eqn of the jaxprs among `values` (params: a jaxpr, closed or not, or a tuple of them), nested ones
-    included (loop and branch bodies, jit/closed_call/remat callees, custom rules' primals), whose primitive is in
-    _RULES: a jaxpr the body binds was traced before its linearization (and JAX caches the derivative of a jaxpr it
+    included (loop and branch bodies, jit/closed_call/remat callees, custom rules' primals), whose primitive is not
+    in _STANDARD: a jaxpr the body binds was traced before its linearization (and JAX caches the derivative of a jaxpr it
     has met, so its eqns' rules may never run again)."""
     for value in values:
         for item in value if isinstance(value, (tuple, list)) else (value,):
@@ -762,7 +788,7 @@ def _note_jaxprs(values, records: tuple, seen: set) -> None:
                 continue
             seen.add(id(jaxpr))
             for eqn in jaxpr.eqns:
-                kind = _RULES.get(eqn.primitive.name)
+                kind = _rule(eqn.primitive, eqn.params)
                 if kind is not None:
                     _note(records, kind, eqn.source_info)
                 _note_jaxprs(eqn.params.values(), records, seen)
@@ -773,7 +799,7 @@ def _rules_primitive(original):
     def process_primitive(trace, primitive, tracers, params, /):
         records = _deriving.get()
         if records:
-            kind = _RULES.get(primitive.name)
+            kind = _rule(primitive, params)
             if kind is not None:
                 _note(records, kind, source_info_util.current())
             _note_jaxprs(params.values(), records, set())

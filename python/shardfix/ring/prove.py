@@ -222,7 +222,7 @@ def _autodiff_reason(group: list[RingRegion], funcs, verdicts: dict, members: se
         named = ("result " if len(results) == 1 else "results ") + ", ".join(map(str, results))
         verdict = verdicts.get(id(forward.region)) if forward is not None else None
         backwards = [r for r in group if r.region in transposes]
-        why = stabiliser_invariant(verdict, backwards)
+        why = stabiliser_invariant(verdict, backwards, shared.rings)
         # (d), for the reason only: what each backward's integer ops depend on (recompute.py)
         positions = "; ".join(_recomputed(r, forwards, funcs, shared.rings) for r in backwards)
         text = TIED.format(results=named, where=where, stabiliser=why, positions=positions) if why else \

@@ -115,8 +115,13 @@ def note_complete(fns, fn: int, ident) -> None:
     fns.idents.setdefault(fn, set()).add(ident)
 
 
-def complete_ident(fns, fn: int):
+def complete_ident(fns, fn: int, foreign=None):
+    """The one maximum the complete aggregate `fn` was made from, None if several (or lost). `foreign(ident)`: a
+    maximum another ring region made (the table is the module's, and the fns of two rings fed alike intern alike),
+    which no value of the region being checked can hold."""
     found = {resolve(fns, ident) for ident in fns.idents.get(fn, ())}
+    if foreign is not None:
+        found = {ident for ident in found if ident is None or not foreign(ident)}
     return found.pop() if len(found) == 1 else None
 
 
@@ -166,9 +171,10 @@ def _where(op) -> str:
 _INV = ("inv",)
 
 
-def invariant(fns, fn: int) -> str | None:
-    """None where the function `fn` is the same for every value of every running maximum it reads; else why not."""
-    found = _form(fns, fn, {})
+def invariant(fns, fn: int, foreign=None) -> str | None:
+    """None where the function `fn` is the same for every value of every running maximum it reads; else why not.
+    `foreign`: see complete_ident."""
+    found = _form(fns, fn, {}, foreign)
     if isinstance(found, str):
         return found
     if found == _INV:
@@ -182,14 +188,14 @@ def _norm(kind: str, ident, c: float):
     return _INV if c == 0 else (kind, ident, c)
 
 
-def _form(fns, fn: int, memo: dict):
+def _form(fns, fn: int, memo: dict, foreign=None):
     found = memo.get(fn)
     if found is None:
-        found = memo[fn] = _compute(fns, fn, memo)
+        found = memo[fn] = _compute(fns, fn, memo, foreign)
     return found
 
 
-def _compute(fns, fn: int, memo: dict):
+def _compute(fns, fn: int, memo: dict, foreign):
     key = fns.keys[fn]
     head = key[0] if isinstance(key, tuple) and key else None
     if head in _LEAVES:
@@ -197,11 +203,11 @@ def _compute(fns, fn: int, memo: dict):
     if head in ("complete", "agg") and key[1] in _SHIFTED:
         # the weights summed and the scores maxed must be free of every maximum (MAX and the rescalings have no term)
         for x in key[2:4] if key[1] in (AggOp.SSUM, AggOp.EXP) else key[3:4]:
-            if _form(fns, x, memo) != _INV:
+            if _form(fns, x, memo, foreign) != _INV:
                 return "folds a running maximum into another running sum or maximum, which this check does not follow"
         if head == "agg":
             return "reads a running sum or maximum before every block is merged into it"
-        ident = complete_ident(fns, fn)
+        ident = complete_ident(fns, fn, foreign)
         if ident is None or pair(ident, 0) is not None:
             return "depends on a running maximum the analysis can't name (a sum not shifted by one maximum at every " \
                    "step, or two maxima of the same scores that one function holds)"
@@ -211,9 +217,9 @@ def _compute(fns, fn: int, memo: dict):
             return ("mul", ident, -1.0)
         return "reads a rescaling of one running maximum to another"
     if head == "ew":
-        return _ew(fns, key[1].removeprefix("stablehlo."), key[2], [_form(fns, x, memo) for x in key[3]])
+        return _ew(fns, key[1].removeprefix("stablehlo."), key[2], [_form(fns, x, memo, foreign) for x in key[3]])
     for x in _ints(key):  # any other function: free of maxima, or not analysed
-        if 0 <= x < fn and _form(fns, x, memo) != _INV:
+        if 0 <= x < fn and _form(fns, x, memo, foreign) != _INV:
             return f"reads a running maximum through '{head}', which this check does not follow"
     return _INV
 
