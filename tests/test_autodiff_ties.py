@@ -181,15 +181,15 @@ def _whys(grad, args) -> list[str]:
 
 @pytest.mark.parametrize("name", ["grad-fori-causal", "grad-blockwise-causal", "blockwise-causal-guarded",
                                   "grad-partial-blockwise-causal"])
-def test_a_plain_autodiff_online_softmax_passes_the_stabiliser_check_and_recomputes_no_positions(name):
+def test_a_plain_autodiff_online_softmax_is_rewritten_with_its_backward(name):
     """An online-softmax ring (the registry's fori kernel, the blockwise one: running state cut into chunks, scans
     over q and kv chunks, a lax.cond skip, and the blockwise one shifting by m_safe = where(isfinite(m), m, 0) under
-    -inf masks) differentiated by jax.grad: the cotangent is tied to the ring's one result, which is proved, and
-    o = acc / l with acc and l shifted by the same running maximum at every step (slot by slot through the nested
-    loops and the skip), so the cotangent reaching the maximum is zero. Its backward recomputes
-    no position (obligation (d)): without jax.checkpoint its integer ops are the reversed loop counters and the hop
-    bookkeeping, or slice the masks the forward saved out of their stack (through layout re-assertions where the
-    ring is partly manual); it is still left alone (no acceptance)."""
+    -inf masks, and the partly manual one) differentiated by jax.grad: the cotangent is tied to the ring's one result,
+    which is proved; o = acc / l with acc and l shifted by the same running maximum at every step (slot by slot
+    through the nested loops and the skip), so the cotangent reaching the maximum is zero; and its backward
+    recomputes no position (without jax.checkpoint its integer ops are the reversed loop counters and the hop
+    bookkeeping, or slice the masks the forward saved out of their stack). So forward and backward are rewritten
+    (prove._accept_autodiff), and the gradient is jax.jit's."""
     from support.ring_user_programs import PROGRAMS, blockwise
     if name == "blockwise-causal-guarded":
         fn, args = blockwise("causal", merge="guarded")(meshes()["explicit"])
@@ -198,13 +198,12 @@ def test_a_plain_autodiff_online_softmax_passes_the_stabiliser_check_and_recompu
         p = next(p for p in PROGRAMS if p.name == name)
         fn, args = p.build(meshes()[p.mesh])
         wrt = p.wrt
-    whys = _whys(jax.grad(lambda *a: jnp.sum(fn(*a) ** 2), argnums=wrt), args)
-    tied = [why for why in whys if "and so are the results its cotangents differentiate (result 0 of the ring "
-            "region at" in why and INVARIANT in why]
-    assert tied and all(NONE.search(why) for why in tied), whys
-    assert "recomputes positions" not in " ".join(whys)
-    ops, counters = map(int, NONE.search(tied[0]).groups())
-    assert 0 < counters <= ops
+    grad = jax.grad(lambda *a: jnp.sum(fn(*a) ** 2), argnums=wrt)
+    fixed = autofix_shardings(grad, ring_reorder="zigzag", on_fix="ignore")
+    low = fixed.lower(*args)
+    assert len(low.rings) >= 2 and all(r.applied for r in low.rings), [(r.applied, r.why) for r in low.rings]
+    for got, want in zip(fixed(*args), jax.jit(grad)(*args)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
 def _checkpointed_ring(mesh):
@@ -438,7 +437,8 @@ def test_the_tie_records_the_derivative_rules_of_the_body_and_none_elsewhere():
 def test_a_ring_checked_after_another_of_the_same_shape_names_its_own_maximum():
     """The normaliser ring first, then an online softmax of the same shapes: the two rings' functions intern alike in
     the module's table, so the online softmax's complete sums were also noted with the normaliser's maximum; its
-    check reads only the maxima of its own region and passes, the normaliser's still fails by name."""
+    check reads only the maxima of its own region and passes (forward and backward rewritten, the gradient
+    jax.jit's), the normaliser's still fails by name."""
     import test_autodiff_stabiliser_audit as audit
     mesh = meshes()["explicit"]
     online, normaliser = (jax.shard_map(audit.KERNELS[name], mesh=mesh, in_specs=(SPEC,) * 3, out_specs=SPEC,
@@ -451,10 +451,75 @@ def test_a_ring_checked_after_another_of_the_same_shape_names_its_own_maximum():
         second = online(q, k, v)  # online second
         return jnp.sum(second ** 2) + jnp.sum(first ** 2)
 
-    whys = _whys(jax.grad(loss, argnums=(0, 1, 2)), [x, x, x])
-    line = _line_of("online second")
-    own = [w for w in whys if w.startswith(f"not provably safe: 'sdy.manual_computation' at {__file__}:{line} ")]
-    assert own and INVARIANT in own[0] and "can't name" not in own[0], whys
-    other = _line_of("normaliser first")
-    assert any(f"at {__file__}:{other} " in w and "which fails here: result 0 is scaled by exp of" in w
-               for w in whys), whys
+    grad = jax.grad(loss, argnums=(0, 1, 2))
+    fixed = autofix_shardings(grad, ring_reorder="zigzag", on_fix="ignore")
+    low = fixed.lower(x, x, x)
+    line, other = _line_of("online second"), _line_of("normaliser first")
+    applied = [r for r in low.rings if r.applied]
+    assert len(applied) == 2 and all(r.loc.line == line for r in applied), [(r.applied, r.why) for r in low.rings]
+    assert any(f"at {__file__}:{other} " in r.why and "which fails here: result 0 is scaled by exp of" in r.why
+               for r in low.rings if not r.applied), [r.why for r in low.rings]
+    for got, want in zip(fixed(x, x, x), jax.jit(grad)(x, x, x)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+@jax.custom_jvp
+def _exp_as_exp(x):
+    return jnp.exp(x)
+
+
+_exp_as_exp.defjvp(lambda primals, tangents: (jnp.exp(primals[0]), jnp.exp(primals[0]) * tangents[0]))
+
+
+def test_two_rings_of_one_program_apart_from_their_derivative_rules_are_decided_apart():
+    """An online softmax and the same kernel with its rescaling an exp under a custom_jvp that is exp's own, in one
+    loss: the first is rewritten and the second keeps its refusal naming the rule (conservative: the rule is refused
+    wherever it is). (The group memo's key holds each region's tie and rules; these two groups' structural keys
+    differ already, so this does not reach the memo.)"""
+    import test_autodiff_stabiliser_audit as audit
+    mesh = meshes()["explicit"]
+    ruled = audit._fori(audit._merge(rescale=lambda m0, m: _exp_as_exp(m0 - m)))
+    online, stopped = (jax.shard_map(kernel, mesh=mesh, in_specs=(SPEC,) * 3, out_specs=SPEC, check_vma=False)
+                       for kernel in (audit.KERNELS["online"], ruled))
+    x = jax.device_put(np.random.default_rng(3).standard_normal((2, 32, 4)).astype(np.float32),
+                       jax.NamedSharding(mesh, SPEC))
+
+    def loss(q, k, v):
+        first = online(q, k, v)  # online, first
+        second = stopped(q, k, v)  # stopped, second
+        return jnp.sum(first ** 2) + jnp.sum(second ** 2)
+
+    grad = jax.grad(loss, argnums=(0, 1, 2))
+    fixed = autofix_shardings(grad, ring_reorder="zigzag", on_fix="ignore")
+    low = fixed.lower(x, x, x)
+    first, second = _line_of("online, first"), _line_of("stopped, second")
+    assert {r.loc.line for r in low.rings if r.applied} == {first}, [(r.applied, r.why) for r in low.rings]
+    assert any("its derivative follows a rule the forward does not show (custom_jvp at" in r.why
+               for r in low.rings if not r.applied), [r.why for r in low.rings]
+    assert all(r.loc.line != first for r in low.rings if not r.applied)
+    for got, want in zip(fixed(x, x, x), jax.jit(grad)(x, x, x)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def test_the_tie_scopes_leave_no_trace_in_the_module_and_are_freed_with_the_program():
+    """The compiled and printed module carries the names JAX gives without the recorder (the tie scopes are read
+    by ring-reorder, then stripped), whether the rings are rewritten or left alone; and the registry holds a
+    program's ties only while JAX keeps what it traced (jax.clear_caches frees them)."""
+    import gc
+    mesh = meshes()["explicit"]
+    f, ring = _two_results(mesh), _softmax_ring(mesh)
+    args = _args(mesh)
+    for fun, applied in ((jax.grad(lambda q, k, v: jnp.sum(f(q, k, v)[0] ** 2), argnums=(0, 1, 2)), False),
+                         (jax.grad(lambda q, k, v: jnp.sum(ring(q, k, v) ** 2), argnums=(0, 1, 2)), True)):
+        low = autofix_shardings(fun, ring_reorder="zigzag", on_fix="ignore").lower(*args)
+        assert all(r.applied == applied for r in low.rings), [(r.applied, r.why) for r in low.rings]
+        assert ties.PREFIX not in low.as_text(debug_info=True)
+        assert ties.PREFIX not in low.compile().as_text()
+        want = jax.jit(fun).lower(*args).as_text(debug_info=True)
+        assert {n for n in _NAME.findall(want) if "shard_map" in n} <= set(_NAME.findall(low.as_text(debug_info=True)))
+    held = ties.recorded()
+    assert held > 0
+    del low, fun
+    jax.clear_caches()
+    gc.collect()
+    assert ties.recorded() < held

@@ -200,6 +200,9 @@ class State:
     cov_alias: dict = field(default_factory=dict)  # coverage unknowns assumed equal (checked when solved)
     loop_vars: dict = field(default_factory=dict)  # a loop's iteration variable -> id of the loop op
     loop_memo: dict = field(default_factory=dict)  # the loops analysed, by their inputs (loopmemo.py)
+    # the region's backward is to be rewritten with it (prove._accept_autodiff): an op only residuals depend on may
+    # not compute positions of its own (nor call a function that does), which the rewrite would not see
+    strict_residuals: bool = False
 
     @property
     def fns(self) -> FnTable:
@@ -289,7 +292,13 @@ class Engine:
         """An op only residuals depend on: not interpreted. Where it reads positions computed from the device
         index, they are rewritten as any read of them is (the backward then sees the new layout's positions, as
         the forward's results do)."""
-        from .autodiff import OPAQUE
+        from .autodiff import OPAQUE, position_source
+        if self.state.strict_residuals:
+            source = position_source(op, self.state.funcs)
+            if source is not None:
+                self.refuse("computes positions (or a device index) that only the backward reads, which the proof "
+                            "of its results does not follow, so the rewrite would leave them in the old layout",
+                            source)
         nested = [op]
         while nested:
             current = nested.pop()
@@ -329,7 +338,7 @@ class Engine:
         # calls are analysed afresh each time.
         key = None if _sourced(args) else \
             (callee_name, tuple((a, state.carried.get(id(a))) for a in args), _scope_key(self.scope), state.ring,
-             wanted, stabiliser.memo_key(args))
+             wanted, stabiliser.memo_key(args), state.strict_residuals)
         memo = None if key is None else state.shared.call_memo.get(key)
         if memo is not None:  # the same call analysed before: its results, and what it recorded, again
             results, rewrites, units, obligations, directions = memo

@@ -161,6 +161,52 @@ def differentiated(group: list[RingRegion]) -> tuple[list[int], RingRegion | Non
     return sorted({j for t in found for j in t.cotangents().values()}), forward
 
 
+_SOURCES = frozenset({"stablehlo.iota", "stablehlo.partition_id", "stablehlo.replica_id"})  # as recompute.SOURCES
+
+
+def position_source(op: ir.Operation, funcs: dict) -> ir.Operation | None:
+    """An op computing positions or a device index (an iota of any dim, a partition or replica id) in `op`, its
+    nested regions or the functions it calls, transitively; None if there is none."""
+    pending, seen = [op], set()
+    while pending:
+        current = pending.pop()
+        if current.name in _SOURCES:
+            return current
+        if current.name == "func.call":
+            name = ir.FlatSymbolRefAttr(current.attributes["callee"]).value
+            callee = funcs.get(name)
+            if callee is None:
+                return current  # a function the module does not define: anything
+            if name not in seen:
+                seen.add(name)
+                pending.append(callee)
+        for region in current.regions:
+            for block in region.blocks:
+                pending.extend(inner.operation for inner in block.operations)
+    return None
+
+
+def tied_pairs(forwards: list[RingRegion], transposes: list[RingRegion]) -> list | None:
+    """(forward region, its backward regions) for each ring of a group whose every region is tied (ring/ties.py):
+    each forward a FORWARD tie of a ring of its own, each transpose a BACKWARD tie of one of those rings; None
+    otherwise (and where there is no transpose)."""
+    if not transposes:
+        return None
+    by_ring: dict[int, RingRegion] = {}
+    for r in forwards:
+        t = tie(r)
+        if t is None or t.role is not Role.FORWARD or t.ring in by_ring:
+            return None
+        by_ring[t.ring] = r
+    backwards: dict[int, list] = {}
+    for r in transposes:
+        t = tie(r)
+        if t is None or t.role is not Role.BACKWARD or t.ring not in by_ring:
+            return None
+        backwards.setdefault(t.ring, []).append(r)
+    return [(by_ring[ring], found) for ring, found in backwards.items()]
+
+
 def _enclosing(op) -> list:
     """The ops `op` is nested in, innermost first."""
     out = []
@@ -333,4 +379,4 @@ def _mark_while(op: ir.Operation, live_values: set, live: set, dead_slots: dict)
 
 
 __all__ = ["OPAQUE", "Liveness", "dropped_forward", "is_transpose", "differentiated", "made_by_autodiff",
-           "stabiliser_invariant", "tie", "unproved_cotangent"]
+           "position_source", "stabiliser_invariant", "tie", "tied_pairs", "unproved_cotangent"]

@@ -20,7 +20,7 @@ from jaxlib.mlir import ir
 from ..locations import SourceLoc
 from .analysis import Engine, Refusal, RingInfo, Shared, State
 from .autodiff import (Liveness, differentiated, dropped_forward, is_transpose, made_by_autodiff, stabiliser_invariant,
-                       unproved_cotangent)
+                       tie, tied_pairs, unproved_cotangent)
 
 AUTODIFF = ("is the backward that jax.grad made of a ring region without a custom_vjp: its forward is proved, but this "
             "backward is not: its own ops are no order-free merge (an online softmax's backward recomputes and "
@@ -147,6 +147,8 @@ def _prove_group(group: list[RingRegion], funcs, verdicts: dict, shared: Shared,
     try:
         _prove_members(group, funcs, verdicts, members, shared, frozenset())
     except _GroupRefusal as first:
+        if _accept_autodiff(group, funcs, verdicts, members, shared):
+            return
         dropped = dropped_forward(group, shared.rings)
         unproved = unproved_cotangent(group, shared.rings) if dropped is not None else None
         if unproved is not None:  # JAX's record names the result
@@ -231,6 +233,46 @@ def _autodiff_reason(group: list[RingRegion], funcs, verdicts: dict, members: se
     return _GroupRefusal(Refusal(AUTODIFF, region.region), region)
 
 
+def _accept_autodiff(group: list[RingRegion], funcs, verdicts: dict, members: set, shared: Shared) -> bool:
+    """Prove a group of forward regions and the backward regions JAX's autodiff made of them (no custom_vjp), and
+    mark it proved, where: every backward is tied to a forward of the group (ring/ties.py) and reads, besides the
+    cotangents of that forward's proved results (laid out as those results), only the forward's residuals and
+    operands (`_tied_operands`); the forwards are proved with every op interpreted, residuals included, so that the
+    rewrite reads every position the forward reads alike (its residuals are those of the rewritten forward); every
+    differentiated result is free of the running maxima that stabilise it, and no derivative rule the module does
+    not show is in the rings' bodies (autodiff.stabiliser_invariant); and no backward computes a position or
+    anything the walk of its integer ops can't tell (recompute.py; under jax.checkpoint it recomputes them).
+
+    Why that is sound: the rewritten forward F' satisfies F'(P x) = P F(x) for any tokens, so its derivative is the
+    P-conjugate of F's; the backward's code is the transpose of F's linearisation, which reads the primal only
+    through the residuals (it computes no position of its own), so fed F''s residuals it is the transpose of F''s
+    linearisation; permuting its cotangents and restoring its results then gives F's gradient. The stabiliser check
+    covers the points where autodiff's derivative is not the function's (ties in a running maximum). False where
+    any of it fails: the group is then refused for the reason _autodiff_reason finds."""
+    transposes = [r for r in group if is_transpose(r)]
+    forwards = [r for r in group if not is_transpose(r)]
+    pairs = tied_pairs(forwards, transposes)
+    if pairs is None:
+        return False
+    try:
+        _prove_members(group, funcs, verdicts, members, shared, frozenset(r.region for r in transposes), whole=True)
+    except _GroupRefusal:
+        return False
+    for forward, backwards in pairs:
+        if stabiliser_invariant(verdicts[id(forward.region)], backwards, shared.rings) is not None:
+            return False
+    for r in transposes:
+        try:
+            found = classify(r, forwards, funcs, shared.rings)
+        except (ValueError, KeyError, IndexError, TypeError):
+            return False
+        if found.positions or found.unknown:
+            return False
+    for r in group:
+        verdicts[id(r.region)].proved = True
+    return True
+
+
 def _recomputed(backward: RingRegion, forwards: list[RingRegion], funcs, rings: frozenset) -> str:
     """Obligation (d)'s sentence for one backward region (recompute.py); the walk meeting IR it does not expect
     (a call naming no function, an operand of no known kind) says so rather than fail the pass over a reason."""
@@ -241,22 +283,62 @@ def _recomputed(backward: RingRegion, forwards: list[RingRegion], funcs, rings: 
 
 
 def _prove_members(group: list[RingRegion], funcs, verdicts: dict, members: set, shared: Shared,
-                   backwards: frozenset) -> None:
+                   backwards: frozenset, whole: bool = False) -> None:
+    """Prove the group's regions in order; those in `backwards` are transposes of its forwards (_transposed_region).
+    `whole`: the forwards are interpreted whole, residuals included, and each backward's operands are checked
+    against its tie (_tied_operands), as _accept_autodiff needs; else only what the forwards' proved results need
+    is interpreted and the cotangents are matched by type (for a refusal's reason)."""
     produced: dict = {}  # region result value -> abstract value (per-device values for the group's consumers)
     block = None
     primal: list = []  # the proved results of forward regions whose transposes are in the group
     forwarded: set = set()  # the operands of those forward regions (JAX hands some to the transposes as well)
+    residual_sets: dict = {}  # forward region -> the results of it only the transposes read
     for place, r in enumerate(group):
         verdict = verdicts[id(r.region)] = Verdict(r, group=verdicts[id(r.region)].group)
         if r.region in backwards:
             _transposed_region(r, verdict, produced, members, block, shared.rings)
-            _match_cotangents(r, primal, forwarded, produced, shared.rings)
+            if whole:
+                _tied_operands(r, group, verdicts, residual_sets, forwarded, produced, shared.rings)
+            else:
+                _match_cotangents(r, primal, forwarded, produced, shared.rings)
         else:
-            residuals = _prove_region(r, place, funcs, verdict, produced, members, shared, backwards)
+            residuals = _prove_region(r, place, funcs, verdict, produced, members, shared, backwards, whole)
+            residual_sets[r.region] = residuals
             block = verdict.block
             if backwards:
                 primal += [(r, j) for j in range(len(r.region.results)) if j not in residuals]
                 forwarded |= {origin_across(v, shared.rings) for v in r.region.operands}
+
+
+def _tied_operands(r: RingRegion, group: list[RingRegion], verdicts: dict, residual_sets: dict, forwarded: set,
+                   produced: dict, rings: frozenset) -> None:
+    """Each operand of the backward `r` that JAX recorded as the cotangent of result j of its ring is laid out as
+    the forward region's result that is j (same type and sharding, permuted alike), which the forward's proof
+    covers (not a residual); every other per-device operand is a result of that forward region (a residual) or an
+    operand of a forward region of the group."""
+    tied = tie(r)
+    forward = next(f for f in group if not is_transpose(f) and (t := tie(f)) is not None and t.ring == tied.ring)
+    slots, fv, bv = tie(forward).slots, verdicts[id(forward.region)], verdicts[id(r.region)]
+    ins, outs = r.in_shardings(), forward.out_shardings()
+    local_shapes = [shape(a) for a in r.region.regions[0].blocks[0].arguments]
+    for i, operand in enumerate(r.region.operands):
+        source = origin_across(operand, rings)
+        j = tied.slots[i]
+        if j is not None:
+            k = next((k for k, s in enumerate(slots) if s == j), None)
+            if k is None or k in residual_sets[forward.region] or source in produced \
+                    or str(forward.region.results[k].type) != str(operand.type) or str(outs[k]) != str(ins[i]) \
+                    or fv.sequence_results.get(k) != bv.sequence_operands.get(i):
+                raise _GroupRefusal(Refusal(f"operand {i} is the cotangent of result {j} of its ring, which the "
+                                            "forward region does not hand on as a proved result laid out alike",
+                                            r.region), r)
+            continue
+        owner = source.owner if isinstance(source, ir.OpResult) else None
+        if source in forwarded or (owner is not None and owner == forward.region) \
+                or _classify(ins[i], r.axis, local_shapes[i]) is None:
+            continue
+        raise _GroupRefusal(Refusal(f"operand {i} is a per-device value that is neither a residual of its forward "
+                                    "region nor one of the forward's operands", r.region), r)
 
 
 def _match_cotangents(r: RingRegion, primal: list, forwarded: set, produced: dict, rings: frozenset) -> None:
@@ -352,13 +434,15 @@ def _ring_info(r: RingRegion, block: int) -> RingInfo:
 
 
 def _prove_region(r: RingRegion, place: int, funcs, verdict: Verdict, produced: dict, members: set,
-                  shared: Shared, backwards: frozenset = frozenset()) -> set:
+                  shared: Shared, backwards: frozenset = frozenset(), whole: bool = False) -> set:
     body = r.region.regions[0].blocks[0]
     local_shapes = [shape(a) for a in body.arguments]
     ins, outs = r.in_shardings(), r.out_shardings()
     seq_in, block, length = _sequence_operands(r, produced, shared.rings)
     verdict.block, verdict.length, verdict.sequence_operands = block, length, seq_in
-    state = State(_ring_info(r, block), funcs, shared)
+    # `whole`: residuals are interpreted only where they read positions the results' proof computes (rewritten
+    # there, as any read of them); one that computes positions of its own refuses
+    state = State(_ring_info(r, block), funcs, shared, strict_residuals=whole)
     # results only JAX's transposes read (residuals) need no proof: interpret what the others depend on
     residuals = {j for j, result in enumerate(r.region.results)
                  if all(reader in backwards for reader in readers_across(result, shared.rings))} if backwards else set()

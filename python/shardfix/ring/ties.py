@@ -18,6 +18,7 @@ import enum
 import itertools
 import re
 import threading
+import weakref
 from dataclasses import dataclass
 
 
@@ -60,7 +61,28 @@ PREFIX = "shardfix_tie"
 # a region's own scope: the last of its name stack, followed only by the transforms' closing parentheses and the
 # primitive's name (`jvp(shardfix_tie4)/shard_map`); a scope further out is an enclosing region's
 _OWN_SCOPE = re.compile(PREFIX + r"(\d+)\)*/[^/()]*$")
-_ties: dict[str, Tie] = {}
+# every tie scope in a location name: a whole segment with its slash, else the name alone (inside a transform's
+# parentheses: `transpose(jvp(shardfix_tie1))/shardfix_tie2/shard_map` is JAX's `transpose(jvp())/shard_map`)
+_ANY_SCOPE = re.compile(PREFIX + r"\d+/|" + PREFIX + r"\d+")
+
+
+class _Holder:
+    """What a scope names; alive while a jaxpr staged under the scope is (its name stack holds the scope's name,
+    which holds this), so the registry frees the ties of programs JAX no longer keeps."""
+
+    __slots__ = ("tie", "__weakref__")
+
+    def __init__(self):
+        self.tie: Tie | None = None
+
+
+class _ScopeName(str):
+    """A scope's name, holding what it names (JAX keeps the name object itself in its name stacks' scopes)."""
+
+    holder: _Holder
+
+
+_ties: "weakref.WeakValueDictionary[str, _Holder]" = weakref.WeakValueDictionary()
 _numbers = itertools.count()
 _rings = itertools.count()
 _lock = threading.Lock()
@@ -73,18 +95,22 @@ def new_ring() -> int:
 
 
 def reserve() -> str:
-    """A scope name fresh in this process, naming no tie yet (`bind` it once what it stands for is known)."""
+    """A scope name fresh in this process, naming no tie yet (`bind` it once what it stands for is known). Stage
+    under this very object: the registry keeps its tie only while something holds the name."""
     with _lock:
-        return f"{PREFIX}{next(_numbers)}"
+        name = _ScopeName(f"{PREFIX}{next(_numbers)}")
+        name.holder = _Holder()
+        _ties[str(name)] = name.holder
+        return name
 
 
 def bind(scope: str, tie: Tie | None) -> None:
-    """Let `scope` name `tie` (None: nothing, where what was staged under it could not be tied)."""
+    """Let `scope` (a name `reserve` gave) name `tie` (None: nothing, where what was staged under it could not be
+    tied)."""
     with _lock:
-        if tie is None:
-            _ties.pop(scope, None)
-        else:
-            _ties[scope] = tie
+        holder = getattr(scope, "holder", None) or _ties.get(str(scope))
+        if holder is not None:
+            holder.tie = tie
 
 
 def register(tie: Tie) -> str:
@@ -95,13 +121,14 @@ def register(tie: Tie) -> str:
 
 
 def lookup(scope: str) -> Tie | None:
-    return _ties.get(scope)
+    holder = _ties.get(str(scope))
+    return holder.tie if holder is not None else None
 
 
 def innermost(names: list[str]) -> tuple[str, Tie] | None:
     """The innermost registered tie scope among name-stack entries `names` (outermost first)."""
     for name in reversed(names):
-        tie = _ties.get(name)
+        tie = lookup(name)
         if tie is not None:
             return name, tie
     return None
@@ -111,7 +138,18 @@ def of_location(name: str) -> Tie | None:
     """The tie a region's location name (a printed name stack: `jit(f)/transpose(jvp(shardfix_tie3))/
     shardfix_tie7/shard_map`) names: its own scope's, None where its last scope is no tie scope or an unknown one."""
     found = _OWN_SCOPE.search(name)
-    return _ties.get(f"{PREFIX}{found.group(1)}") if found else None
+    return lookup(f"{PREFIX}{found.group(1)}") if found else None
 
 
-__all__ = ["PREFIX", "Role", "Tie", "bind", "innermost", "lookup", "new_ring", "of_location", "register", "reserve"]
+def strip(text: str) -> str:
+    """`text` (a module printed with its locations) without the tie scopes: the names JAX would have given."""
+    return _ANY_SCOPE.sub("", text)
+
+
+def recorded() -> int:
+    """How many scopes the registry holds now (those of jaxprs JAX still keeps)."""
+    return len(_ties)
+
+
+__all__ = ["PREFIX", "Role", "Tie", "bind", "innermost", "lookup", "new_ring", "of_location", "recorded", "register",
+           "reserve", "strip"]
