@@ -16,11 +16,13 @@ which is what the reorder changes (tests/test_ring_autodiff_ties.py: a proved ri
 jax.grad, keeps its forward and changes its gradient by 3.0 where keys repeat). Only where every maximum's cotangent
 provably cancels (an online softmax's output o / l is the same for any running shift) is the order immaterial:
 `stabiliser_invariant` checks that of the forward's proof (stabiliser.py); and B may recompute positions from the
-forward's residuals (under jax.checkpoint it does), which nothing rewrites: recompute.py says which of B's ops do. So such a B is refused, saying which of these fails where the
-forward alone would be proved: a custom_vjp whose backward is a ring of its own is proved like any ring. This module
-recognises B (`is_transpose`, `made_by_autodiff`), finds a forward whose results the program dropped
-(`dropped_forward`), and gives the liveness that proves the forward alone with B's residuals set aside (`Liveness`),
-for the refusal's reason only.
+forward's residuals (under jax.checkpoint it does), which nothing rewrites: recompute.py says which of B's ops do.
+Where JAX's record ties each cotangent of B to a proved result of its forward (ring/ties.py, `tied_pairs`), the
+stabiliser check passes, B computes no position and the forward none for B alone, prove._accept_autodiff rewrites
+B with its forward; otherwise such a B is refused, saying which of these fails: a custom_vjp whose backward is a
+ring of its own is proved like any ring. This module recognises B (`is_transpose`, `made_by_autodiff`), finds a
+forward whose results the program dropped (`dropped_forward`), and gives the liveness that proves the forward
+alone with B's residuals set aside (`Liveness`).
 """
 
 from __future__ import annotations
