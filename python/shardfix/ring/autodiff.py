@@ -209,37 +209,7 @@ def tied_pairs(forwards: list[RingRegion], transposes: list[RingRegion]) -> list
     return [(by_ring[ring], found) for ring, found in backwards.items()]
 
 
-def _enclosing(op) -> list:
-    """The ops `op` is nested in, innermost first."""
-    out = []
-    parent = op.parent
-    while parent is not None:
-        parent = getattr(parent, "operation", parent)
-        if parent.name == "builtin.module":
-            break
-        out.append(parent)
-        parent = parent.parent
-    return out
-
-
-def _foreign_to(region: ir.Operation, rings: frozenset):
-    """Whether a maximum's identity (stabiliser.py) names only ops of other ring regions than `region` (not nested in
-    it): no value of `region`'s proof holds such a maximum (loops are memoised by op, calls' ops lie outside every
-    ring region)."""
-    def foreign(ident) -> bool:
-        ops = [part for part in (ident if isinstance(ident, tuple) else ())
-               if isinstance(getattr(part, "operation", None), ir.Operation)]
-        if not ops:
-            return False
-        for op in ops:
-            around = _enclosing(op.operation)
-            if region in around or not any(p in rings for p in around):
-                return False
-        return True
-    return foreign
-
-
-def stabiliser_invariant(verdict, backwards: list[RingRegion], rings: frozenset = frozenset()) -> str | None:
+def stabiliser_invariant(verdict, backwards: list[RingRegion]) -> str | None:
     """Obligation (c) of rewriting a plain-autodiff backward: every result of the forward region (`verdict`, its
     proof) that a backward region of `backwards` differentiates (their ties) is the same for any value of every
     running maximum it reads (stabiliser.py: o = acc / l, lse = m + log l, acc and l shifted by the same maximum),
@@ -266,7 +236,7 @@ def stabiliser_invariant(verdict, backwards: list[RingRegion], rings: frozenset 
                    if slot == j and i in verdict.result_fns), None)
         if fn is None or verdict.fns is None:
             return f"result {j} is not a function of its tokens the proof knows whole"
-        why = invariant(verdict.fns, fn, _foreign_to(verdict.ring.region, rings))
+        why = invariant(verdict.fns, fn, verdict.ring.region)
         if why is not None:
             return f"result {j} {why}"
     return None

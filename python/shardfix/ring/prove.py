@@ -226,7 +226,7 @@ def _autodiff_reason(group: list[RingRegion], funcs, verdicts: dict, members: se
         named = ("result " if len(results) == 1 else "results ") + ", ".join(map(str, results))
         verdict = verdicts.get(id(forward.region)) if forward is not None else None
         backwards = [r for r in group if r.region in transposes]
-        why = stabiliser_invariant(verdict, backwards, shared.rings)
+        why = stabiliser_invariant(verdict, backwards)
         # (d), for the reason only: what each backward's integer ops depend on (recompute.py)
         positions = "; ".join(_recomputed(r, forwards, funcs, shared.rings) for r in backwards)
         text = TIED.format(results=named, where=where, stabiliser=why, positions=positions) if why else \
@@ -262,7 +262,7 @@ def _accept_autodiff(group: list[RingRegion], funcs, verdicts: dict, members: se
     except _GroupRefusal as e:
         return e.refusal.describe(e.region.loc)
     for forward, backwards in pairs:
-        why = stabiliser_invariant(verdicts[id(forward.region)], backwards, shared.rings)
+        why = stabiliser_invariant(verdicts[id(forward.region)], backwards)
         if why is not None:
             return f"the stabiliser check fails: {why}"
     for r in transposes:
@@ -447,6 +447,7 @@ def _prove_region(r: RingRegion, place: int, funcs, verdict: Verdict, produced: 
     # `whole`: residuals are interpreted only where they read positions the results' proof computes (rewritten
     # there, as any read of them); one that computes positions of its own refuses
     state = State(_ring_info(r, block), funcs, shared, strict_residuals=whole)
+    state.fns.owner = r.region  # the maxima its aggregates are made from are noted for it (stabiliser.py)
     # results only JAX's transposes read (residuals) need no proof: interpret what the others depend on
     residuals = {j for j, result in enumerate(r.region.results)
                  if all(reader in backwards for reader in readers_across(result, shared.rings))} if backwards else set()
