@@ -507,6 +507,10 @@ def _check_results(r: RingRegion, engine: Engine, results: list, outs, verdict: 
     for j, (value, sharding) in enumerate(zip(results, outs)):
         result = r.region.results[j]
         if j in residuals:  # read by transposed regions only, in the layout this region makes them
+            if engine.state.strict_residuals and isinstance(value, Index) and not value.expr.is_const:
+                # positions handed on unread: the rewrite changes their reads, not them
+                _refuse_result(r, j, f"result {j} hands the backward positions (or a device index) it has not read, "
+                               "which the rewrite would leave in the old layout")
             produced[result] = value
             continue
         if isinstance(value, Data):
