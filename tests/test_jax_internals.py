@@ -276,3 +276,28 @@ def test_spec_check_session_key_separates_caches():
     with _jax.repair_key(12345):
         assert config.trace_context() != outside
     assert config.trace_context() == outside
+
+
+def test_autodiff_ties_hooked():
+    """The shard_map autodiff rules the tie recorder wraps (ring/ties.py): a move of any of them fails here; that
+    the record is right is tests/test_autodiff_ties.py's."""
+    from jax._src import shard_map as sm
+    from jax._src.interpreters import ad, partial_eval as pe
+    from shardfix.jit import tracing
+    tracing.install()
+    transposes = ad.fancy_transposes if _jax.JAX_VERSION >= (0, 12) else ad.primitive_transposes
+    for rule in (ad.LinearizeTrace.process_shard_map, pe.DynamicJaxprTrace.process_shard_map,
+                 transposes[sm.shard_map_p], pe.dce_rules[sm.shard_map_p], ad.LinearizeTrace.process_primitive,
+                 ad.LinearizeTrace.process_custom_jvp_call, ad.LinearizeTrace.process_custom_vjp_call):
+        assert getattr(rule, "__wrapped__", None) is not None and "shardfix" in rule.__code__.co_filename, rule
+    assert hasattr(ad, "LinearizeTracer") and hasattr(pe.JaxprStackFrame, "__slots__")
+    # the derivative rules the module does not show go by these names in a jaxpr (Tie.rules)
+    from jax._src import ad_util, custom_derivatives as cd
+    names = {ad_util.stop_gradient_p.name, cd.custom_jvp_call_p.name}
+    names |= {p.name for p in (getattr(cd, "custom_vjp_call_p", None), getattr(cd, "custom_vjp_call_jaxpr_p", None))
+              if p is not None}
+    assert names <= set(_jax._RULES) and not issubclass(ad.LinearizeTracer, ad.JVPTracer), names
+    # the allow-list of standard derivatives holds none of them, nor a solver or a hijax primitive
+    from jax._src.lax.control_flow import solves
+    assert not (names | {solves.linear_solve_p.name, "call_hi_primitive"}) & _jax._STANDARD
+    assert "tracing_eqns" in pe.JaxprStackFrame.__slots__

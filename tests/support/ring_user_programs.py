@@ -39,8 +39,6 @@ class Program:
       "proved"     either of the two (the layout choice rests on the cost model; the proof must hold);
       "refused"    every ring is left alone as not provably safe, the reason names an op and one of the lines
                    marked `# refused here` in `source` (the function whose lines are searched);
-      "autodiff"   a forward proved and the backward jax.grad made of it (no custom_vjp): both left alone, the
-                   backward's reason saying to give the kernel a custom_vjp.
     strategies: explicit ring_reorder values under which every ring must be rewritten."""
 
     name: str
@@ -362,8 +360,10 @@ def _registry() -> list[Program]:
     add("two-layers-fori-window40", two_layers(one_block("window40")), "proved", ZIGZAG)
     add("psum-loss-blockwise-causal", psum_loss(blockwise("causal")), "rewritten", ZIGZAG)
 
-    # Training: plain autodiff (jax.grad through the ring's loops): the forward is proved, the backward JAX made
-    # is not (autodiff.py), so the pair is left alone with the custom_vjp advice, whatever the layout asked.
+    # Training: plain autodiff (jax.grad through the ring's loops): the forward is proved, and the backward JAX made
+    # is rewritten with it (prove._accept_autodiff: tied to the forward's proved result, free of the running
+    # maxima, recomputing no position), under both layouts; the layout under the defaults is the cost model's.
+    # (Under jax.checkpoint the backward recomputes positions and is left alone: tests/test_autodiff_ties.py.)
     for name, build, mesh in (
             ("fori-causal", one_block("causal"), "explicit"),
             ("fori-window40", one_block("window40"), "explicit"),
@@ -379,7 +379,7 @@ def _registry() -> list[Program]:
             ("nested-blockwise-causal", nested(blockwise("causal")), "explicit"),
             ("nested-fori-causal@auto", nested(one_block("causal")), "auto"),
             ("partial-blockwise-causal", partial_manual(blockwise("causal")), "explicit")):
-        add(f"grad-{name}", build, "autodiff", grad=True, mesh=mesh)
+        add(f"grad-{name}", build, "proved", BOTH, grad=True, mesh=mesh)
 
     add("grad-nested-vjp-causal@auto", nested(vjp("causal")), "proved", ZIGZAG, grad=True, mesh="auto")
     # Training: custom_vjp kernels (forward and backward rings).
@@ -416,9 +416,8 @@ def _registry() -> list[Program]:
         add(f"variant-{name}" + ("" if mesh == "explicit" else f"@{mesh}"), refusal(uv.ACCEPTED[name]), "proved",
             BOTH if wide else ZIGZAG, mesh=mesh)
     add("variant-vjp-scan-unroll2", refusal(uv.ACCEPTED["vjp-scan-unroll2"]), "proved", BOTH, grad=True)
-    # a loop of one trip whose residual slots only the backward reads: the forward proved, the backward refused
-    # for what it is
-    add("grad-variant-scan-unroll3-reset", refusal(uv.ACCEPTED["scan-unroll3-reset"]), "autodiff", grad=True)
+    # a loop of one trip whose residual slots only the backward reads: forward and backward rewritten
+    add("grad-variant-scan-unroll3-reset", refusal(uv.ACCEPTED["scan-unroll3-reset"]), "proved", BOTH, grad=True)
     for make in uv.REFUSALS:
         add(f"refuse-{make.__name__.replace('_', '-')}", refusal(make), "refused", source=make)
     # k, v sent both ways around the ring (two blocks a step, the opposite one after the loop)

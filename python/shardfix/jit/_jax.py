@@ -631,3 +631,295 @@ def _boundary_sites(signature: inspect.Signature, what: str, args: tuple, kwargs
         return [what] * count
     paths = jax.tree_util.tree_flatten_with_path(jax.tree.unflatten(tree, [0] * count))[0]
     return [what + jax.tree_util.keystr(path) for path, _ in paths]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Autodiff ties (ring/ties.py): while a repair session traces, each shard_map JAX linearizes (jax.grad, jax.vjp)
+# gets its forward and tangent regions staged under scopes of their own, and the transpose of the tangent region
+# under one more, each scope naming what its region's results (forward, tangent) or operands (backward) are in
+# terms of the original shard_map's results. JAX's dead-code elimination of such a region renames its scope to one
+# naming what it kept. Wrapped: LinearizeTrace.process_shard_map, DynamicJaxprTrace.process_shard_map (staging),
+# the shard_map transpose rule (ad.fancy_transposes on JAX 0.12, ad.primitive_transposes on 0.10) and its DCE rule
+# (which takes live_ins before the eqn on 0.12). What is not found as expected is left untied (callers refuse).
+# While a tied shard_map's body is linearized, LinearizeTrace.process_primitive and its custom_jvp / custom_vjp
+# calls are wrapped too: each derivative rule the module won't show (any primitive outside _STANDARD), met there or
+# in a jaxpr bound there, is recorded in the ring's ties (Tie.rules).
+
+import contextvars as _contextvars
+
+_ties_installed = False
+_linearizing: _contextvars.ContextVar = _contextvars.ContextVar("shardfix_linearizing", default=None)
+_transposing: _contextvars.ContextVar = _contextvars.ContextVar("shardfix_transposing", default=None)
+# the shard_maps whose bodies JAX is linearizing now, innermost last (a rule met in a nested one is the outer's too)
+_deriving: _contextvars.ContextVar = _contextvars.ContextVar("shardfix_deriving", default=())
+# The primitives whose derivative JAX computes as the derivative of what they lower to (an allow-list): element-wise
+# arithmetic, comparisons and converts, reductions, data movement, calls, loops and branches (their bodies are walked
+# and bound one by one), collectives and layout assertions. Any other primitive a tied ring's body differentiates is
+# a derivative rule the module does not show (stop_gradient lowers to nothing, a custom rule's call, a linear solve
+# or a hijax primitive to its primal), so the stabiliser check fails naming it: a primitive JAX adds later is refused
+# until it is listed here.
+_STANDARD = frozenset("""
+    abs acos acosh add add_any and asin asinh atan atan2 atanh cbrt ceil clamp clz complex conj convert_element_type
+    bitcast_convert_type copy copy_p cos cosh div eq ne lt le gt ge erf erf_inv erfc exp exp2 expm1 floor imag
+    integer_pow is_finite log log1p logistic max min mul neg nextafter not or population_count pow real rem round
+    rsqrt select_n shift_left shift_right_arithmetic shift_right_logical sign sin sinh sqrt square sub tan tanh xor
+    broadcast_in_dim concatenate dynamic_slice dynamic_update_slice gather iota pad reshape rev slice squeeze
+    transpose split scatter-add argmax argmin cumsum reduce_sum reduce_max reduce_min reduce_prod reduce_and
+    reduce_or reduce_xor reduce_precision dot_general zeros_like empty empty2
+    jit pjit closed_call core_call call remat2 checkpoint scan while cond shard_map
+    ppermute psum pmax pmin all_gather all_gather_invariant all_to_all reduce_scatter axis_index psum_invariant
+    pbroadcast pvary pcast sharding_constraint reshard mesh_cast optimization_barrier
+""".split())
+# how the tie's reason names the rules people meet most
+_RULES = {"stop_gradient": "stop_gradient", "custom_jvp_call": "custom_jvp", "custom_vjp_call": "custom_vjp",
+          "custom_vjp_call_jaxpr": "custom_vjp", "custom_lin": "custom_vjp"}
+
+
+def _rule(primitive: Any, params: dict) -> str | None:
+    """How a tie names the derivative rule `primitive` is (None: a standard one, in _STANDARD)."""
+    name = primitive.name
+    if name in _STANDARD:
+        return None
+    hijax = params.get("_prim")  # a hijax primitive (custom_root, custom_vjp under jax_custom_vjp3) names its kind
+    return _RULES.get(name) or (type(hijax).__name__ if hijax is not None else name)
+
+
+class _Staged:
+    """What one staging call under a tie scope made: the scope, the eqn's operands and results, the call's args."""
+
+    def __init__(self, scope: str, eqn: Any, args: list, outs: list):
+        self.scope, self.eqn, self.args, self.outs = scope, eqn, args, outs
+
+
+class _Linearizing:
+    def __init__(self, trace: Any):
+        self.trace = trace
+        self.forward: _Staged | None = None
+        self.tangent: _Staged | None = None
+        self.rules: list[str] = []  # derivative rules met in the body the module won't show ("stop_gradient at ...")
+
+
+class _Transposing:
+    def __init__(self):
+        self.staged: _Staged | None = None
+
+
+def _scopes(name_stack) -> list[str]:
+    return [s.name for s in name_stack.stack if isinstance(s, source_info_util.Scope)]
+
+
+def _renamed(name_stack, old: str, new: str):
+    stack = tuple(source_info_util.Scope(new) if isinstance(s, source_info_util.Scope) and s.name == old else s
+                  for s in name_stack.stack)
+    return source_info_util.NameStack(stack)
+
+
+def install_autodiff_ties(active) -> None:
+    """Wrap JAX's shard_map autodiff rules to record ties (once per process), while `active()` is not None."""
+    global _ties_installed
+    with _spec_hooks_lock:
+        if _ties_installed:
+            return
+        from jax._src import shard_map as sm
+        from jax._src.interpreters import ad, partial_eval as pe
+        prim = sm.shard_map_p
+        table = getattr(ad, "fancy_transposes", {})
+        table = table if prim in table else ad.primitive_transposes
+        ad.LinearizeTrace.process_shard_map = _tie_linearize(ad.LinearizeTrace.process_shard_map, active, ad)
+        ad.LinearizeTrace.process_primitive = _rules_primitive(ad.LinearizeTrace.process_primitive)
+        for method, kind in (("process_custom_jvp_call", "custom_jvp"), ("process_custom_vjp_call", "custom_vjp")):
+            setattr(ad.LinearizeTrace, method, _rules_custom(getattr(ad.LinearizeTrace, method), kind))
+        pe.DynamicJaxprTrace.process_shard_map = _tie_staging(pe.DynamicJaxprTrace.process_shard_map, prim)
+        table[prim] = _tie_transpose(table[prim], active, ad)
+        pe.dce_rules[prim] = _tie_dce(pe.dce_rules[prim])
+        _ties_installed = True
+
+
+def _tie_linearize(original, active, ad):
+    from ..ring import ties
+
+    @functools.wraps(original)
+    def linearize(trace, shard_map_p, f, tracers, **params):
+        if active() is None:
+            return original(trace, shard_map_p, f, tracers, **params)
+        record = _Linearizing(trace)
+        token, deriving = _linearizing.set(record), _deriving.set(_deriving.get() + (record,))
+        try:
+            outs = original(trace, shard_map_p, f, tracers, **params)
+        finally:
+            _deriving.reset(deriving)
+            _linearizing.reset(token)
+        if record.forward is not None:  # what the body's linearization itself staged (a stop_gradient's primal)
+            _note_jaxprs(record.forward.eqn.params.values(), (record,), set())
+        rules = tuple(dict.fromkeys(record.rules))
+        results = list(outs)
+        primals = {id(o.primal if isinstance(o, ad.LinearizeTracer) else o): j for j, o in enumerate(results)}
+        tangents = {id(o.tangent): j for j, o in enumerate(results) if isinstance(o, ad.LinearizeTracer)}
+        ring = ties.new_ring()
+        if record.forward is not None:
+            slots = tuple(primals.get(id(x)) for x in record.forward.outs)
+            ok = sorted(j for j in slots if j is not None) == list(range(len(results)))
+            ties.bind(record.forward.scope, ties.Tie(ring, ties.Role.FORWARD, len(results), slots, rules=rules)
+                      if ok else None)
+        if record.tangent is not None:
+            slots = tuple(tangents.get(id(x)) for x in record.tangent.outs)
+            ok = None not in slots and len(set(slots)) == len(slots)
+            ties.bind(record.tangent.scope, ties.Tie(ring, ties.Role.TANGENT, len(results), slots, rules=rules)
+                      if ok else None)
+        return outs
+    return linearize
+
+
+def _note(records: tuple, kind: str, source_info: Any) -> None:
+    where = source_info_util.summarize(source_info) if source_info is not None else "unknown"
+    for record in records:
+        record.rules.append(f"{kind} at {where}")
+
+
+def _note_jaxprs(values, records: tuple, seen: set) -> None:
+    """Note every eqn of the jaxprs among `values` (params: a jaxpr, closed or not, or a tuple of them), nested ones
+    included (loop and branch bodies, jit/closed_call/remat callees, custom rules' primals), whose primitive is not
+    in _STANDARD: a jaxpr the body binds was traced before its linearization (and JAX caches the derivative of a
+    jaxpr it has met, so its eqns' rules may never run again)."""
+    for value in values:
+        for item in value if isinstance(value, (tuple, list)) else (value,):
+            jaxpr = getattr(item, "jaxpr", item)  # a ClosedJaxpr's open jaxpr
+            if not isinstance(jaxpr, _core.Jaxpr) or id(jaxpr) in seen:
+                continue
+            seen.add(id(jaxpr))
+            for eqn in jaxpr.eqns:
+                kind = _rule(eqn.primitive, eqn.params)
+                if kind is not None:
+                    _note(records, kind, eqn.source_info)
+                _note_jaxprs(eqn.params.values(), records, seen)
+
+
+def _rules_primitive(original):
+    @functools.wraps(original)
+    def process_primitive(trace, primitive, tracers, params, /):
+        records = _deriving.get()
+        if records:
+            kind = _rule(primitive, params)
+            if kind is not None:
+                _note(records, kind, source_info_util.current())
+            _note_jaxprs(params.values(), records, set())
+        return original(trace, primitive, tracers, params)
+    return process_primitive
+
+
+def _rules_custom(original, kind: str):
+    @functools.wraps(original)
+    def process_custom(trace, *args, **kwargs):
+        records = _deriving.get()
+        if records:
+            _note(records, kind, source_info_util.current())
+        return original(trace, *args, **kwargs)
+    return process_custom
+
+
+def _tie_staging(original, prim):
+    from ..ring import ties
+
+    @functools.wraps(original)
+    def staging(trace, shard_map_p, f, args, **params):
+        linearizing, transposing = _linearizing.get(), _transposing.get()
+        role = None
+        if linearizing is not None and trace is linearizing.trace.parent_trace and linearizing.forward is None:
+            role = "forward"
+        elif linearizing is not None and trace is getattr(linearizing.trace, "tangent_trace", None) \
+                and linearizing.tangent is None:
+            role = "tangent"
+        elif transposing is not None and transposing.staged is None:
+            role = "backward"
+        if role is None:
+            return original(trace, shard_map_p, f, args, **params)
+        scope = ties.reserve()
+        # shard_maps staged in this one's body are no part of its tie
+        tokens = _linearizing.set(None), _transposing.set(None)
+        try:
+            with source_info_util.extend_name_stack(scope):
+                out = original(trace, shard_map_p, f, args, **params)
+        finally:
+            _transposing.reset(tokens[1])
+            _linearizing.reset(tokens[0])
+        eqn = trace.frame.tracing_eqns[-1] if trace.frame.tracing_eqns else None
+        eqn = eqn() if callable(eqn) and not hasattr(eqn, "primitive") else eqn
+        # JAX 0.12 stages a vjp's tangent region as a VJPNode wrapping shard_map_p
+        if eqn is None or getattr(eqn.primitive, "prim", eqn.primitive) is not prim \
+                or scope not in _scopes(eqn.source_info.name_stack):
+            return out  # not the eqn expected: the scope names no tie
+        staged = _Staged(scope, eqn, list(args), list(out))
+        if role == "forward":
+            linearizing.forward = staged
+        elif role == "tangent":
+            linearizing.tangent = staged
+        else:
+            transposing.staged = staged
+        return out
+    return staging
+
+
+def _tie_transpose(original, active, ad):
+    from ..ring import ties
+
+    @functools.wraps(original)
+    def transpose(out_cts, *args, **params):
+        scopes = _scopes(source_info_util.current().name_stack) if active() is not None else []
+        found = ties.innermost(scopes)
+        # the eqn transposed is the tangent region itself only where the tie's scope is its last
+        if found is None or found[0] != scopes[-1] or found[1].role is not ties.Role.TANGENT \
+                or len(found[1].slots) != len(out_cts):
+            return original(out_cts, *args, **params)
+        tangent = found[1]
+        nonzero = [(j, ct) for j, ct in zip(tangent.slots, out_cts) if type(ct) is not ad.Zero]
+        record = _Transposing()
+        token = _transposing.set(record)
+        try:
+            result = original(out_cts, *args, **params)
+        finally:
+            _transposing.reset(token)
+        staged = record.staged
+        if staged is not None:
+            # JAX binds the transpose on the nonzero cotangents, in order, then the rest; the staged eqn holds the
+            # body's hoisted constants first
+            consts = len(staged.eqn.in_tracers) - len(staged.args)
+            lead = staged.args[:len(nonzero)]
+            ok = consts >= 0 and len(lead) == len(nonzero) and all(
+                _aval_key(a) == _aval_key(ct) for a, (_, ct) in zip(lead, nonzero))
+            slots = (None,) * consts + tuple(j for j, _ in nonzero) + (None,) * (len(staged.args) - len(nonzero))
+            zero = frozenset(range(tangent.results)) - {j for j, _ in nonzero}
+            ties.bind(staged.scope, ties.Tie(tangent.ring, ties.Role.BACKWARD, tangent.results, slots, zero,
+                                             tangent.rules) if ok else None)
+        return result
+    return transpose
+
+
+def _aval_key(x: Any) -> tuple:
+    """Shape and dtype of a traced value (what a cotangent and the operand bound for it share)."""
+    aval = _core.typeof(x)
+    return tuple(getattr(aval, "shape", ())), str(getattr(aval, "dtype", ""))
+
+
+def _tie_dce(original):
+    from ..ring import ties
+
+    @functools.wraps(original)
+    def dce(used_outputs, *rest):
+        used_inputs, new_eqn = original(used_outputs, *rest)
+        eqn = rest[-1]
+        scopes = _scopes(eqn.source_info.name_stack)
+        found = ties.innermost(scopes)
+        # only the eqn staged right under its scope is tied (an eqn in its body may see the scope too)
+        if new_eqn is None or found is None or scopes[-1] != found[0]:
+            return used_inputs, new_eqn
+        scope, tie = found
+        used = used_inputs if tie.role is ties.Role.BACKWARD else used_outputs
+        kept = tie.kept(list(used)) if len(used) == len(tie.slots) else None
+        if kept == tie:
+            return used_inputs, new_eqn
+        renamed = ties.reserve()
+        ties.bind(renamed, kept)
+        source_info = new_eqn.source_info.replace(name_stack=_renamed(new_eqn.source_info.name_stack, scope,
+                                                                      renamed))
+        return used_inputs, new_eqn.replace(source_info=source_info)
+    return dce

@@ -20,6 +20,7 @@ from jaxlib.mlir import ir
 from ..ir import make_context, module_meshes, parse_module, sharding_from_attr
 from ..pipeline import PassContext, parse_pipeline, run_pipeline
 from ..report import Report
+from ..ring import ties
 from . import _jax
 from .results import repair_returned_constraints
 from .specs import to_named_sharding
@@ -123,11 +124,15 @@ def _run(original: ir.Module, pipeline: str, ring_passes: str, target_mesh) -> _
     if policy is not None and main is not None:  # the results JAX reads back: see results.py
         with ctx:
             report.fixes.extend(repair_returned_constraints(main, module, policy))
-    if not report.fixes and not any(r.applied for r in report.rings):
+    # the scopes that tie autodiff's regions to their ring (ring/ties.py) are read now: the module compiled, and
+    # shown, carries the names JAX would have given
+    tied = ties.PREFIX.encode() in data
+    if not report.fixes and not any(r.applied for r in report.rings) and not tied:
         return _Outcome(None, {}, report)
-    if patched is None:
+    if patched is None or tied:
+        text = module.get_asm(enable_debug_info=True, assume_verified=True)
         with ctx:
-            patched = ir.Module.parse(module.get_asm(enable_debug_info=True, assume_verified=True))
+            patched = ir.Module.parse(ties.strip(text) if tied else text)
     after = _entry_sharding_attrs(_main_function(patched.operation))
     changes = {place: sharding_from_attr(attr) for place, attr in after.items() if place not in before or before[place] != attr}
     return _Outcome(patched, changes, report, module_meshes(module))

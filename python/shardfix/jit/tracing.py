@@ -229,6 +229,7 @@ def install() -> None:
     """Install the hooks around JAX's trace-time spec checks (once per process; thread-safe). `repairing` calls it;
     call it early to have the hooks in place before other threads trace."""
     _jax.install_spec_hooks(_current)
+    _jax.install_autodiff_ties(_current)
 
 
 # The repairs of the checks JAX makes outside any trace (device_put, make_array_from_callback, an eager reshard or

@@ -15,6 +15,7 @@ from .finite import float_max, float_to_float, may_be_infinite, narrowing
 from .analysis import Engine
 from .dims import is_integer, shape
 from .optable import Algebra, info
+from . import stabiliser
 from .symbolic import Aff, Var, congruent
 from .values import (CONST, EMPTY, FREE, Agg, AggOp, Axis, Coverage, CoverageVar, Data, ObligationKind, Stack, Tok,
                      canonical)
@@ -170,6 +171,8 @@ def try_complete(engine: Engine, value: Data) -> Data:
         return value
     fn = engine.fns.intern(("complete", agg.op, agg.term, agg.score),
                            engine.fns.depends(agg.term) | engine.fns.depends(agg.score))
+    if agg.op in (AggOp.MAX, AggOp.MIN, AggOp.SSUM, AggOp.SHIFT):
+        stabiliser.note_complete(engine.fns, fn, agg.ident)
     axes = value.axes
     if agg.home is None:
         axes = ()
@@ -332,11 +335,12 @@ def _aggregate_rule(engine: Engine, op, values: list[Data], out) -> Data:
         a = aggs[0].agg
         nan = not a.finite and may_be_infinite(engine, a.score)
         new = Agg(AggOp.EXP if a.op == AggOp.DIFF else AggOp.SHIFT, a.home, a.term, a.cov, a.score, a.shift_cov,
-                  nan=nan)
+                  nan=nan, ident=a.ident)
         return with_agg(engine, aggs[0], new)
     if kind is Algebra.IS_FINITE:
         a = aggs[0].agg
-        return with_agg(engine, aggs[0], Agg(AggOp.FINITE, a.home, aggs[0].fn, a.cov, a.score, a.shift_cov))
+        return with_agg(engine, aggs[0], Agg(AggOp.FINITE, a.home, aggs[0].fn, a.cov, a.score, a.shift_cov,
+                                             ident=a.ident))
     if kind is Algebra.SELECT:
         return _select(engine, op, values)
     if kind is Algebra.SCALE:
@@ -356,7 +360,8 @@ def relabel(engine: Engine, op, value: Data, others: list[Data]) -> Data:
     """A linear op on a sum: the same sum of a transformed term."""
     term = engine.fns.intern(("ew", op.name, _attrs(op), (value.agg.term,) + tuple(v.fn for v in others)),
                              depends(engine, [value] + others))
-    agg = Agg(value.agg.op, value.agg.home, term, value.agg.cov, value.agg.score, value.agg.shift_cov)
+    agg = Agg(value.agg.op, value.agg.home, term, value.agg.cov, value.agg.score, value.agg.shift_cov,
+              ident=value.agg.ident)
     return with_agg(engine, value, agg)
 
 
@@ -445,7 +450,8 @@ def _add(engine: Engine, op, values: list[Data]) -> Data:
             # a sum that starts from a start value: the sum, the start folded in once whatever the order
             _aligned(engine, op, p, q)
             _same_cov(engine, op, p.agg.shift_cov, q.agg.shift_cov, "adds softmax sums rescaled to different maxima")
-            return q
+            return with_agg(engine, q, dataclasses.replace(q.agg, ident=stabiliser.same(engine.fns, p.agg.ident,
+                                                                                          q.agg.ident)))
     if b.agg is None and _is_const(engine, b, 0.0):
         return a
     if a.agg is None and _is_const(engine, a, 0.0):
@@ -460,7 +466,8 @@ def _add(engine: Engine, op, values: list[Data]) -> Data:
     _aligned(engine, op, a, b)
     if x.op == AggOp.SSUM:
         _same_cov(engine, op, x.shift_cov, y.shift_cov, "adds softmax sums rescaled to different maxima")
-    merged = Agg(x.op, x.home, x.term, _union(engine, op, x.cov, y.cov), x.score, x.shift_cov)
+    ident = stabiliser.same(engine.fns, x.ident, y.ident) if x.op == AggOp.SSUM else None
+    merged = Agg(x.op, x.home, x.term, _union(engine, op, x.cov, y.cov), x.score, x.shift_cov, ident=ident)
     return with_agg(engine, a, merged)
 
 
@@ -472,14 +479,20 @@ def _maximum(engine: Engine, op, values: list[Data]) -> Data:
             # keeps the max finite
             number = engine.fns.constant(q.fn)
             if p.agg.finite or number is None or not math.isfinite(number):
-                return p  # a start of input data (a sink logit) may be -inf itself
-            return with_agg(engine, p, dataclasses.replace(p.agg, finite=True))
+                # a start of input data (a sink logit) may be -inf itself
+                return p.with_(agg=dataclasses.replace(p.agg, ident=stabiliser.max_ident(op, p.fn)))
+            return _new_max(engine, op, p, dataclasses.replace(p.agg, finite=True))
     if a.agg is None or b.agg is None or a.agg.op != AggOp.MAX or b.agg.op != AggOp.MAX or a.agg.score != b.agg.score:
         engine.refuse("takes the maximum of different aggregates", op)
     _aligned(engine, op, a, b)
     merged = Agg(AggOp.MAX, a.agg.home, a.agg.term, _union(engine, op, a.agg.cov, b.agg.cov), a.agg.score,
                  finite=a.agg.finite or b.agg.finite)
-    return with_agg(engine, a, merged)
+    return _new_max(engine, op, a, merged)
+
+
+def _new_max(engine: Engine, op, value: Data, agg: Agg) -> Data:
+    """`value` with aggregate `agg`, a maximum `op` computes: another maximum than its operands (stabiliser.py)."""
+    return with_agg(engine, value, dataclasses.replace(agg, ident=stabiliser.max_ident(op, agg_fn(engine, agg))))
 
 
 def _subtract(engine: Engine, op, values: list[Data]) -> Data:
@@ -487,15 +500,16 @@ def _subtract(engine: Engine, op, values: list[Data]) -> Data:
     if x.agg is None and m.agg is not None and m.agg.op == AggOp.MAX and start_value(engine, x, m):
         # the running max before anything was folded in, minus the new one: a rescaling from nothing
         return with_agg(engine, m, Agg(AggOp.MDIFF, m.agg.home, 0, EMPTY, m.agg.score, m.agg.cov,
-                                       finite=m.agg.finite))
+                                       finite=m.agg.finite, ident=(None, m.agg.ident)))
     if x.agg is None and m.agg is not None and m.agg.op == AggOp.MAX and m.agg.score == x.fn:
         # scores minus their running max: exp of it weights a softmax sum
         home = _match_home(engine, op, x, m)
-        return with_agg(engine, x, Agg(AggOp.DIFF, home, 0, m.agg.cov, x.fn, finite=m.agg.finite))
+        return with_agg(engine, x, Agg(AggOp.DIFF, home, 0, m.agg.cov, x.fn, finite=m.agg.finite,
+                                       ident=m.agg.ident))
     if x.agg is not None and m.agg is not None and x.agg.op == m.agg.op == AggOp.MAX and x.agg.score == m.agg.score:
         _aligned(engine, op, x, m)
         return with_agg(engine, x, Agg(AggOp.MDIFF, x.agg.home, 0, x.agg.cov, x.agg.score, m.agg.cov,
-                                       finite=m.agg.finite))
+                                       finite=m.agg.finite, ident=(x.agg.ident, m.agg.ident)))
     engine.refuse("subtracts a partial aggregate in a way that is not a softmax rescaling", op)
 
 
@@ -528,6 +542,9 @@ def _select(engine: Engine, op, values: list[Data]) -> Data:
     # sum in every order, and a complete max is the same in every order anyway. A function of the merge state.
     if a.agg is not None and a.agg.op in (AggOp.MAX, AggOp.MIN) and guard == a.fn and b.agg is None \
             and engine.fns.constant(b.fn) is not None:
+        # named as m (stabiliser.py): where m is finite it is m, derivative included (select passes the cotangent
+        # through); where m is -inf every sum shifted by either is empty and stays so, and the select sends m no
+        # cotangent, so what reaches m through m_safe is what would reach m used in its place
         return with_agg(engine, a, dataclasses.replace(a.agg, finite=math.isfinite(engine.fns.constant(b.fn))))
     # select(is_finite(x), exp(x - max), 0) is exp(x - max): masked scores contribute nothing either way
     if a.agg is not None and a.agg.op == AggOp.EXP and b.agg is None and _is_const(engine, b, 0.0):
@@ -571,6 +588,9 @@ def reset_select(engine: Engine, loop: int, first: Data, later: Data) -> Data | 
         return None
     if own(x.cov) != engine.canonical_cov(y.cov) or own(x.shift_cov) != own(y.shift_cov):
         return None
+    if stabiliser.resolve(engine.fns, x.ident) != stabiliser.resolve(engine.fns, y.ident):
+        # at the first step the value is `first`: of another maximum, it is no longer known which
+        return later.with_(agg=dataclasses.replace(x, ident=None))
     return later
 
 
@@ -592,11 +612,15 @@ def _scale(engine: Engine, op, values: list[Data]) -> Data:
                 if s.agg.op == AggOp.SSUM and t.agg.op == AggOp.SHIFT and s.agg.score == t.agg.score:
                     _same_cov(engine, op, s.agg.shift_cov, t.agg.cov, "rescales a softmax sum from another maximum")
                     _aligned_broadcast(engine, op, s, t)
+                    ident = stabiliser.pair(t.agg.ident, 1) \
+                        if stabiliser.same(engine.fns, s.agg.ident, stabiliser.pair(t.agg.ident, 0)) else None
                     return with_agg(engine, s, Agg(AggOp.SSUM, s.agg.home, s.agg.term, s.agg.cov, s.agg.score,
-                                                   t.agg.shift_cov))
+                                                   t.agg.shift_cov, ident=ident))
             if x.op == y.op == AggOp.SHIFT and x.score == y.score:
                 _same_cov(engine, op, x.shift_cov, y.cov, "chains rescalings of different maxima")
-                return with_agg(engine, a, Agg(AggOp.SHIFT, x.home, 0, x.cov, x.score, y.shift_cov))
+                ident = (stabiliser.pair(x.ident, 0), stabiliser.pair(y.ident, 1)) \
+                    if stabiliser.same(engine.fns, stabiliser.pair(x.ident, 1), stabiliser.pair(y.ident, 0)) else None
+                return with_agg(engine, a, Agg(AggOp.SHIFT, x.home, 0, x.cov, x.score, y.shift_cov, ident=ident))
         if op.name == "stablehlo.divide":
             engine.refuse("divides two partial aggregates: a running sum is read before every block is merged into "
                           f"it (inside the ring loop, or after a ring that runs fewer than its {engine.ring.cp} "
@@ -610,7 +634,8 @@ def _scale(engine: Engine, op, values: list[Data]) -> Data:
             and start_value(engine, t, s):
         # a softmax sum's start value (1 for an attention sink's logit folded into the initial state) rescaled
         # from the start maximum: a pseudo-token's term, the same in every layout, rescaled as the sum will be
-        return with_agg(engine, s, Agg(AggOp.SSTART, s.agg.home, 0, EMPTY, s.agg.score, s.agg.shift_cov))
+        return with_agg(engine, s, Agg(AggOp.SSTART, s.agg.home, 0, EMPTY, s.agg.score, s.agg.shift_cov,
+                                       ident=stabiliser.pair(s.agg.ident, 1)))
     if s.agg.op not in SUM_LIKE and s.agg.op != AggOp.EXP:
         engine.refuse("scales a running maximum", op)
     home = home_axis(s)

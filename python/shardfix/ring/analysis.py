@@ -18,7 +18,7 @@ from ..ir import op_loc
 from ..ir.locations import innermost_loc, this_programs
 from ..locations import SourceLoc, is_library_file
 from . import coverage as cov_ops
-from . import reasons
+from . import reasons, stabiliser
 from .dims import element_type, holds
 from .symbolic import Aff, Coord, Node, Other, Pid, PidDiv, Scope, Var, bounds, gpos, map_sources, sourced_nodes
 from .symbolic import Dim as SymDim
@@ -115,6 +115,12 @@ class FnTable:
         self.infinite: dict[int, bool] = {}  # algebra.may_be_infinite's answers
         self.read_at: dict[int, tuple] = {}  # fn -> (op, calls) where a loop variable it depends on became data
         self.wrapped: dict[int, object] = {}  # fn -> reasons.Wrap: an integer op read as data, its type too narrow
+        # stabiliser.py: complete aggregate fn -> the identities of the maxima it was made from, and what each
+        # unknown shift of a loop-carried sum was bound to (None: lost)
+        self.idents: dict[int, set] = {}  # fn -> {(identity, the ring region whose proof noted it)}
+        self.bound: dict = {}
+        self.owner = None  # the ring region being proved
+        self.notes: list = []  # every (fn, identity) noted, in order (what a call's analysis noted, for its memo)
 
     def intern(self, key, depends: frozenset = frozenset(), read_at: tuple | None = None) -> int:
         """The function `key` describes; `read_at`: where it reads a loop variable as data, if it does (else the
@@ -196,6 +202,9 @@ class State:
     cov_alias: dict = field(default_factory=dict)  # coverage unknowns assumed equal (checked when solved)
     loop_vars: dict = field(default_factory=dict)  # a loop's iteration variable -> id of the loop op
     loop_memo: dict = field(default_factory=dict)  # the loops analysed, by their inputs (loopmemo.py)
+    # the region's backward is to be rewritten with it (prove._accept_autodiff): an op only residuals depend on may
+    # not compute positions of its own (nor call a function that does), which the rewrite would not see
+    strict_residuals: bool = False
 
     @property
     def fns(self) -> FnTable:
@@ -285,7 +294,13 @@ class Engine:
         """An op only residuals depend on: not interpreted. Where it reads positions computed from the device
         index, they are rewritten as any read of them is (the backward then sees the new layout's positions, as
         the forward's results do)."""
-        from .autodiff import OPAQUE
+        from .autodiff import OPAQUE, position_source
+        if self.state.strict_residuals:
+            source = position_source(op, self.state.funcs)
+            if source is not None:
+                self.refuse("computes positions (or a device index) that only the backward reads, which the proof "
+                            "of its results does not follow, so the rewrite would leave them in the old layout",
+                            source)
         nested = [op]
         while nested:
             current = nested.pop()
@@ -325,10 +340,12 @@ class Engine:
         # calls are analysed afresh each time.
         key = None if _sourced(args) else \
             (callee_name, tuple((a, state.carried.get(id(a))) for a in args), _scope_key(self.scope), state.ring,
-             wanted)
+             wanted, stabiliser.memo_key(args), state.strict_residuals)
         memo = None if key is None else state.shared.call_memo.get(key)
         if memo is not None:  # the same call analysed before: its results, and what it recorded, again
-            results, rewrites, units, obligations, directions = memo
+            results, rewrites, units, obligations, directions, notes = memo
+            for fn, ident in notes:  # the maxima its complete aggregates were made from, for this region
+                stabiliser.note_complete(self.fns, fn, ident)
             results = [_with_sources(v, lambda src: src[:2] + (here + src[2],)) for v in results]
             for rewrite in rewrites:
                 rewrite = rewrite.under(here)
@@ -340,7 +357,7 @@ class Engine:
             return results
         before_rewrites, before_units, before_obligations = dict(state.rewrites), dict(state.units), \
             len(state.obligations)
-        before_directions = set(state.directions)
+        before_directions, before_notes = set(state.directions), len(self.fns.notes)
         state.calling.append(callee_name)
         state.call_ops.append(op)
         try:
@@ -355,7 +372,8 @@ class Engine:
         recorded = [v.relative_to(depth) for k, v in state.rewrites.items() if k not in before_rewrites]
         state.shared.call_memo[key] = ([_with_sources(v, lambda src: src[:2] + (src[2][depth:],)) for v in results],
                                        recorded, {k: v for k, v in state.units.items() if k not in before_units},
-                                       state.obligations[before_obligations:], state.directions - before_directions)
+                                       state.obligations[before_obligations:], state.directions - before_directions,
+                                       list(self.fns.notes[before_notes:]))
         return results
 
     # -- index values read as numbers ----------------------------------------------------------------------------

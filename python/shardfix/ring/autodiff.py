@@ -14,12 +14,15 @@ analysis does not prove. Nor would proving F's every result be enough: autodiff 
 by halving the cotangent, so a running maximum folded block by block splits ties by the order the blocks arrive in,
 which is what the reorder changes (tests/test_ring_autodiff_ties.py: a proved ring max, reordered by hand before
 jax.grad, keeps its forward and changes its gradient by 3.0 where keys repeat). Only where every maximum's cotangent
-provably cancels (an online softmax's output o / l is the same for any running shift) is the order immaterial, an
-algebra over the transposed ops this module does not have. So such a B is refused, saying so where the forward alone
-would be proved: a custom_vjp whose backward is a ring of its own is proved like any ring. This module recognises B
-(`is_transpose`, `made_by_autodiff`), finds a forward whose results the program dropped (`dropped_forward`), and
-gives the liveness that proves the forward alone with B's residuals set aside (`Liveness`), for the refusal's reason
-only.
+provably cancels (an online softmax's output o / l is the same for any running shift) is the order immaterial:
+`stabiliser_invariant` checks that of the forward's proof (stabiliser.py); and B may recompute positions from the
+forward's residuals (under jax.checkpoint it does), which nothing rewrites: recompute.py says which of B's ops do.
+Where JAX's record ties each cotangent of B to a proved result of its forward (ring/ties.py, `tied_pairs`), the
+stabiliser check passes, B computes no position and the forward none for B alone, prove._accept_autodiff rewrites
+B with its forward; otherwise such a B is refused, saying which of these fails: a custom_vjp whose backward is a
+ring of its own is proved like any ring. This module recognises B (`is_transpose`, `made_by_autodiff`), finds a
+forward whose results the program dropped (`dropped_forward`), and gives the liveness that proves the forward
+alone with B's residuals set aside (`Liveness`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from jaxlib.mlir import ir
 
 from .detect import RingRegion
 from .dims import readers_across
+from .stabiliser import invariant
+from .ties import Role, Tie, of_location
 
 _NAME = re.compile(r'loc\("([^"]*)"')
 
@@ -96,6 +101,145 @@ def _tracebacks(op: ir.Operation) -> list[str]:
                 out.append(text[found.start():].rstrip(")") if found else "")
                 out += _tracebacks(inner)
     return out
+
+
+def tie(r: RingRegion) -> Tie | None:
+    """What JAX recorded, while it differentiated the program, about the region (ring/ties.py): None where it
+    recorded nothing, or something the region does not match (as many slots as the region has operands, for a
+    backward region, or results, for a forward one)."""
+    found = of_location(_name(r.region))
+    if found is None or found.role is Role.TANGENT:
+        return None
+    count = len(r.region.operands) if found.role is Role.BACKWARD else len(r.region.results)
+    return found if count == len(found.slots) else None
+
+
+def unproved_cotangent(group: list[RingRegion], rings: frozenset) -> tuple[RingRegion, str] | None:
+    """A backward region of the group that differentiates a result of its ring which no forward region of the
+    group proves, with the sentence that says so: a result JAX dropped from the forward region (the program reads
+    it only through its derivative), or one the forward region hands only to backward regions (as a residual, so
+    the forward's proof leaves it out). None where every tied backward region differentiates only proved results,
+    or no region is tied (ring/ties.py)."""
+    forwards = [r for r in group if not is_transpose(r)]
+    transposes = [r for r in group if is_transpose(r)]
+    live = {r.region: results for r, results in _proved_results(forwards, transposes, rings)}
+    computed: dict[int, tuple[RingRegion, dict]] = {}  # ring -> (forward region, original result -> proved?)
+    for r in forwards:
+        t = tie(r)
+        if t is not None and t.role is Role.FORWARD:
+            proved = computed.setdefault(t.ring, (r, {}))[1]
+            for i, j in enumerate(t.slots):
+                if j is not None:
+                    proved[j] = proved.get(j, False) or i in live[r.region]
+    for r in transposes:
+        t = tie(r)
+        if t is None or t.role is not Role.BACKWARD:
+            continue
+        forward, proved = computed.get(t.ring, (None, {}))
+        for operand, j in sorted(t.cotangents().items()):
+            if proved.get(j):
+                continue
+            where = f"the ring region at {forward.loc}" if forward is not None and forward.loc else "its ring region"
+            if j in proved:
+                return r, (f"differentiates result {j} of {where} (operand {operand} is its cotangent), which the "
+                           f"forward region hands only to the backward (as a residual), so its proof leaves it out: "
+                           f"read that result in the program, or give the kernel a custom_vjp")
+            return r, (f"differentiates result {j} of {where} (operand {operand} is its cotangent), which the forward "
+                       f"region does not compute: the program reads that result only through its derivative, so "
+                       f"nothing proves it unchanged by the reorder; use that result (return it, or let the loss "
+                       f"read it), or give the kernel a custom_vjp")
+    return None
+
+
+def differentiated(group: list[RingRegion]) -> tuple[list[int], RingRegion | None] | None:
+    """The results of its ring the group's backward regions differentiate (JAX's record, ring/ties.py), and a
+    forward region of that ring; None unless every backward region of the group is tied."""
+    transposes = [r for r in group if is_transpose(r)]
+    found = [tie(r) for r in transposes]
+    if not transposes or any(t is None or t.role is not Role.BACKWARD for t in found):
+        return None
+    rings = {t.ring for t in found}
+    forward = next((r for r in group if not is_transpose(r) and (t := tie(r)) is not None and t.ring in rings), None)
+    return sorted({j for t in found for j in t.cotangents().values()}), forward
+
+
+_SOURCES = frozenset({"stablehlo.iota", "stablehlo.partition_id", "stablehlo.replica_id"})  # as recompute.SOURCES
+
+
+def position_source(op: ir.Operation, funcs: dict) -> ir.Operation | None:
+    """An op computing positions or a device index (an iota of any dim, a partition or replica id) in `op`, its
+    nested regions or the functions it calls, transitively; None if there is none."""
+    pending, seen = [op], set()
+    while pending:
+        current = pending.pop()
+        if current.name in _SOURCES:
+            return current
+        if current.name == "func.call":
+            name = ir.FlatSymbolRefAttr(current.attributes["callee"]).value
+            callee = funcs.get(name)
+            if callee is None:
+                return current  # a function the module does not define: anything
+            if name not in seen:
+                seen.add(name)
+                pending.append(callee)
+        for region in current.regions:
+            for block in region.blocks:
+                pending.extend(inner.operation for inner in block.operations)
+    return None
+
+
+def tied_pairs(forwards: list[RingRegion], transposes: list[RingRegion]) -> list | None:
+    """(forward region, its backward regions) for each ring of a group whose every region is tied (ring/ties.py):
+    each forward a FORWARD tie of a ring of its own, each transpose a BACKWARD tie of one of those rings; None
+    otherwise (and where there is no transpose)."""
+    if not transposes:
+        return None
+    by_ring: dict[int, RingRegion] = {}
+    for r in forwards:
+        t = tie(r)
+        if t is None or t.role is not Role.FORWARD or t.ring in by_ring:
+            return None
+        by_ring[t.ring] = r
+    backwards: dict[int, list] = {}
+    for r in transposes:
+        t = tie(r)
+        if t is None or t.role is not Role.BACKWARD or t.ring not in by_ring:
+            return None
+        backwards.setdefault(t.ring, []).append(r)
+    return [(by_ring[ring], found) for ring, found in backwards.items()]
+
+
+def stabiliser_invariant(verdict, backwards: list[RingRegion]) -> str | None:
+    """Obligation (c) of rewriting a plain-autodiff backward: every result of the forward region (`verdict`, its
+    proof) that a backward region of `backwards` differentiates (their ties) is the same for any value of every
+    running maximum it reads (stabiliser.py: o = acc / l, lse = m + log l, acc and l shifted by the same maximum),
+    so the cotangent reaching each maximum is zero in exact arithmetic and JAX's split of it at ties, which follows
+    the order the blocks arrive in, does not matter. It reads the forward's function, so it fails wherever JAX met a
+    derivative rule in the ring's body that the module does not show (Tie.rules: the gradient of exp(s -
+    stop_gradient(m)) follows each running maximum). None where it holds; else the sentence saying where it fails.
+    Used for reasons only, like (d) (recompute.py: the positions the backward recomputes, which are not rewritten)."""
+    forward = tie(verdict.ring) if verdict is not None else None
+    if forward is None or forward.role is not Role.FORWARD:
+        return "the forward region is not tied to the backward (JAX recorded nothing for it)"
+    found = [tie(r) for r in backwards]
+    if not found or any(t is None or t.role is not Role.BACKWARD or t.ring != forward.ring for t in found):
+        return "a backward region is not tied to this forward region"
+    rules = tuple(dict.fromkeys(forward.rules + tuple(r for t in found for r in t.rules)))
+    if rules:
+        shown = "; ".join(rules[:3]) + ("; ..." if len(rules) > 3 else "")
+        return (f"its derivative follows a rule the forward does not show ({shown}), so what jax.grad differentiates "
+                f"is not the function proved here (a stop_gradient lowers to nothing, a custom_jvp / custom_vjp to "
+                f"its primal); this is conservative for now: jax.nn.softmax, logsumexp and other functions with such "
+                f"rules in a ring fail it too")
+    for j in sorted({j for t in found for j in t.cotangents().values()}):
+        fn = next((verdict.result_fns[i] for i, slot in enumerate(forward.slots)
+                   if slot == j and i in verdict.result_fns), None)
+        if fn is None or verdict.fns is None:
+            return f"result {j} is not a function of its tokens the proof knows whole"
+        why = invariant(verdict.fns, fn, verdict.ring.region)
+        if why is not None:
+            return f"result {j} {why}"
+    return None
 
 
 def _proved_results(forwards: list, transposes: list, rings: frozenset) -> list:
@@ -206,4 +350,5 @@ def _mark_while(op: ir.Operation, live_values: set, live: set, dead_slots: dict)
         dead_slots[op] = dead
 
 
-__all__ = ["OPAQUE", "Liveness", "dropped_forward", "is_transpose", "made_by_autodiff"]
+__all__ = ["OPAQUE", "Liveness", "dropped_forward", "is_transpose", "differentiated", "made_by_autodiff",
+           "position_source", "stabiliser_invariant", "tie", "tied_pairs", "unproved_cotangent"]

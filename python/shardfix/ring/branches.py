@@ -8,6 +8,7 @@ orders skip the same pairs of units).
 
 from __future__ import annotations
 
+from . import stabiliser
 from .algebra import cov_prefix, covs_equal, start_value
 from .analysis import Engine
 from .symbolic import Aff, Node, Var, bounds
@@ -30,10 +31,10 @@ def branches(engine: Engine, op):
         from .autodiff import OPAQUE
         per_branch = [[OPAQUE if j in dead else v for j, v in enumerate(b)] for b in per_branch]
     if all(b == per_branch[0] for b in per_branch[1:]):
-        return per_branch[0]
+        return stabiliser.join(engine.fns, op, per_branch, per_branch[0])
     if len(regions) != 2:
         engine.refuse("branches several ways to different values", op)
-    return _skip_join(engine, op, selector, per_branch)
+    return stabiliser.join(engine.fns, op, per_branch, _skip_join(engine, op, selector, per_branch))
 
 
 def _skip_join(engine: Engine, op, selector, per_branch) -> list:

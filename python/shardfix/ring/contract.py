@@ -9,8 +9,9 @@ import numpy as np
 from jaxlib.mlir import ir
 
 from . import coverage as cov_ops
-from .algebra import (SUM_LIKE, combine, depends, ew_fn, extent, home_axis, relabel, same_axis, try_complete, unify,
-                      with_agg)
+from . import stabiliser
+from .algebra import (SUM_LIKE, agg_fn, combine, depends, ew_fn, extent, home_axis, relabel, same_axis, try_complete,
+                      unify, with_agg)
 from .analysis import Engine
 from .dims import shape
 from .symbolic import Aff, Var
@@ -130,7 +131,7 @@ def reduce(engine: Engine, op, value: Data, init: Data, combiner: str, dims: lis
     if value.agg is not None:
         if value.agg.op == AggOp.EXP and combiner == "stablehlo.add":
             one = engine.fns.intern(("const", repr(1.0)))
-            agg = Agg(AggOp.SSUM, value.agg.home, one, cell, value.agg.score, value.agg.cov)
+            agg = Agg(AggOp.SSUM, value.agg.home, one, cell, value.agg.score, value.agg.cov, ident=value.agg.ident)
             return with_agg(engine, base, agg)
         engine.refuse("reduces a partial aggregate over tokens again", op)
     op_name = {"stablehlo.add": AggOp.SUM, "stablehlo.maximum": AggOp.MAX, "stablehlo.minimum": AggOp.MIN,
@@ -138,6 +139,8 @@ def reduce(engine: Engine, op, value: Data, init: Data, combiner: str, dims: lis
     term = value.fn
     agg = Agg(op_name, home_key, term if op_name not in (AggOp.MAX, AggOp.MIN) else 0, cell,
               term if op_name in (AggOp.MAX, AggOp.MIN) else 0)
+    if op_name in (AggOp.MAX, AggOp.MIN):  # a block's maximum, the op's own (stabiliser.py)
+        agg = replace(agg, ident=stabiliser.max_ident(op, agg_fn(engine, agg)))
     return with_agg(engine, base, agg)
 
 
@@ -185,7 +188,8 @@ def dot(engine: Engine, op, lhs: Data, rhs: Data, dims: dict, out) -> Data:
             engine.refuse("contracts a running maximum", op)
         home = _find_axis(base, home_axis(s))
         term = engine.fns.intern(("dotterm", fn, s.agg.term), depends(engine, [lhs, rhs]))
-        return with_agg(engine, base, Agg(s.agg.op, home, term, s.agg.cov, s.agg.score, s.agg.shift_cov))
+        return with_agg(engine, base, Agg(s.agg.op, home, term, s.agg.cov, s.agg.score, s.agg.shift_cov,
+                                          ident=s.agg.ident))
     if len({k for k, _ in contracted}) > 1:
         engine.refuse("contracts over two token axes at once", op)
     key, source = contracted[0]
@@ -201,7 +205,8 @@ def dot(engine: Engine, op, lhs: Data, rhs: Data, dims: dict, out) -> Data:
             engine.refuse("contracts a partial aggregate over tokens again", op)
         weight = rhs if e is lhs else lhs
         term = engine.fns.intern(("weight", weight.fn, str(dims)), engine.fns.depends(weight.fn))
-        return with_agg(engine, base, Agg(AggOp.SSUM, home_key, term, cell, e.agg.score, e.agg.cov))
+        return with_agg(engine, base, Agg(AggOp.SSUM, home_key, term, cell, e.agg.score, e.agg.cov,
+                                          ident=e.agg.ident))
     return with_agg(engine, base, Agg(AggOp.SUM, home_key, fn, cell))
 
 
@@ -313,6 +318,8 @@ def all_reduce(engine: Engine, op):
         if len(everyone.parts) != len(agg.cov.parts):
             engine.refuse("all-reduces an aggregate whose extent is still unknown", op)
         merged = Agg(agg.op, None, agg.term, everyone, agg.score)
+        if agg.op in (AggOp.MAX, AggOp.MIN):  # the devices' maximum, another than each one's
+            merged = replace(merged, ident=stabiliser.max_ident(op, agg_fn(engine, merged)))
         done = try_complete(engine, with_agg(engine, value, merged))
         if done.agg is not None:
             engine.refuse("all-reduces an aggregate that does not cover every token of its own block", op)

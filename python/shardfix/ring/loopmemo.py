@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 from jaxlib.mlir import ir
 
+from . import stabiliser
 from .analysis import Engine, Refusal, _scope_key
 from .symbolic import Node
 
@@ -83,7 +84,7 @@ def _key(engine: Engine, op: ir.Operation, inits: list) -> tuple | None:
     key = (op, engine.liveness, tuple((v, state.carried.get(id(v))) for v in inputs), _scope_key(scope),
            scope.dim_sizes, scope.cp, scope.mesh_axes, state.ring, tuple(state.call_ops),
            frozenset(state.rewrites.items()), tuple(state.units.items()), frozenset(state.directions),
-           tuple(state.cov_alias.items()))
+           tuple(state.cov_alias.items()), stabiliser.memo_key(inputs))
     try:
         hash(key)
     except TypeError:  # a value the domain doesn't make hashable: analysed afresh

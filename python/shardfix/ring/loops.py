@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from jaxlib.mlir import ir
 
 from . import coverage as cov_ops
+from . import stabiliser
 from .algebra import agg_fn, cov_prefix, start_value, try_complete
 from .analysis import Engine, Refusal
 from .dims import element_type, holds, shape
@@ -224,6 +225,11 @@ def _while_loop(engine: Engine, op, inits: list):
     dead = engine.dead_slots.get(op, ())
     if dead:  # slots only residuals read: carried uninterpreted, like values the loop passes through
         from .autodiff import OPAQUE
+        if engine.state.strict_residuals and any(isinstance(inits[i], Index) and not inits[i].expr.is_const
+                                                 for i in dead):
+            # a position carried for the backward alone would reach it unread, so not rewritten
+            engine.refuse("carries positions (or a device index) that only the backward reads, which the proof of "
+                          "its results does not follow, so the rewrite would leave them in the old layout", op)
         inits = [OPAQUE if i in dead else v for i, v in enumerate(inits)]
         passthrough = [p or i in dead for i, p in enumerate(passthrough)]
     counter = _counter(engine, op, inits, passthrough)
@@ -423,9 +429,20 @@ def _carried(engine: Engine, op, i: int, value: Data, coverage) -> Data:
         cv, sv = coverage
         agg = replace(agg, cov=agg.cov.union(Coverage((cv,))),
                       shift_cov=agg.shift_cov.union(Coverage((sv,)))
-                      if agg.op in (AggOp.SSUM, AggOp.SHIFT, AggOp.MDIFF) else agg.shift_cov)
+                      if agg.op in (AggOp.SSUM, AggOp.SHIFT, AggOp.MDIFF) else agg.shift_cov,
+                      ident=_slot_ident(op, i, agg))
         value = value.with_(agg=agg, fn=agg_fn(engine, agg))
     return _register(engine, op, i, value)
+
+
+def _slot_ident(op, i: int, agg):
+    """The maximum a carried aggregate is (a running max: the slot's) or is shifted by (a sum: unknown until the
+    body rescales it, checked by _solve), stabiliser.py."""
+    if agg.op in (AggOp.MAX, AggOp.MIN):
+        return stabiliser.slot_ident(op, i, agg.score)
+    if agg.op == AggOp.SSUM:
+        return stabiliser.shift_var(op, i, agg.score)
+    return None
 
 
 class _iterating:
@@ -494,6 +511,7 @@ def _analyse(engine: Engine, op, inits, passthrough, counter, plan: _Plan):
         if more:
             raise _MoreFree(more)
         solution = _solve(engine, op, placeholders, returned, [i for i in changing if i not in plan.free], k)
+        stabiliser.check_loop(engine.fns, op, inits, placeholders, returned)
         _discharge(engine, solution, first_obligation)
     exits = []
     final = {k: Aff.of(trips)} if trips is not None else {}

@@ -5,8 +5,10 @@ same places.
 
 The key of a group (linear in its size): each region's structural key (structural.StructuralKeys: the program up to
 the names of the functions it calls), which region of the group produces each operand and which of its results (for
-an operand from outside the group, whether it is a finite constant: the proof reads that), and whether each result
-is read only by the group's regions (what prove.py's verdict depends on besides the regions' own programs). A verdict is
+an operand from outside the group, whether it is a finite constant: the proof reads that), whether each result
+is read only by the group's regions, and what JAX recorded while differentiating each region (its tie and the
+derivative rules met in its ring's body: a plain-autodiff backward is rewritten on them) — what prove.py's verdict
+depends on besides the regions' own programs. A verdict is
 carried over by position: every op a rewrite or a unit names is found at the same place (region, block and op
 indices from the holder down) of the region's body, or of the function the same call reaches. Nothing here reads
 the analysis: only the verdicts' fields.
@@ -19,6 +21,7 @@ import dataclasses
 from jaxlib.mlir import ir
 
 from .analysis import Rewrite
+from .autodiff import tie
 from .detect import RingRegion
 from .structural import StructuralKeys
 from .dims import origin, readers
@@ -39,6 +42,7 @@ class GroupMemo:
 
     def key(self, group: list[RingRegion]) -> tuple:
         members = {r.region: i for i, r in enumerate(group)}
+        rings: dict[int, int] = {}  # a tie's ring number -> its number in this group (first seen first)
         parts = []
         for r in group:
             producers = []
@@ -51,7 +55,7 @@ class GroupMemo:
                 else:  # which region of the group, and which of its results
                     producers.append((members[owner], ir.OpResult(source).result_number))
             inside = tuple(all(reader in members for reader in readers(result)) for result in r.region.results)
-            parts.append((self.keys.of_ring(r), tuple(producers), inside))
+            parts.append((self.keys.of_ring(r), tuple(producers), inside, _tie_key(r, rings)))
         return tuple(parts)
 
     def put(self, key: tuple, group: list[RingRegion], verdicts: list) -> None:
@@ -146,6 +150,17 @@ class GroupMemo:
         if places is None:
             places = self._places[block] = {o.operation: i for i, o in enumerate(block.operations)}
         return places[op]
+
+
+def _tie_key(r: RingRegion, rings: dict[int, int]) -> tuple | None:
+    """What JAX recorded while differentiating the region (ring/ties.py), which a plain-autodiff backward's verdict
+    rests on: its role, which result each slot is, the zero cotangents, the derivative rules met in the ring's body,
+    and which ring of the group it belongs to. None: nothing recorded."""
+    found = tie(r)
+    if found is None:
+        return None
+    return (found.role.value, rings.setdefault(found.ring, len(rings)), found.results, found.slots,
+            tuple(sorted(found.zero)), found.rules)
 
 
 def _index(items, item) -> int:

@@ -19,19 +19,38 @@ from jaxlib.mlir import ir
 
 from ..locations import SourceLoc
 from .analysis import Engine, Refusal, RingInfo, Shared, State
-from .autodiff import Liveness, dropped_forward, is_transpose, made_by_autodiff
+from .autodiff import (Liveness, differentiated, dropped_forward, is_transpose, made_by_autodiff, stabiliser_invariant,
+                       tie, tied_pairs, unproved_cotangent)
 
 AUTODIFF = ("is the backward that jax.grad made of a ring region without a custom_vjp: its forward is proved, but this "
             "backward is not: its own ops are no order-free merge (an online softmax's backward recomputes and "
             "compares the running maximum), and nothing in the program ties each cotangent to the result it "
             "differentiates, so it can't be proved from its forward either: give the kernel a custom_vjp whose "
             "backward is a ring of its own (as ejkernel's and Liu et al.'s kernels do), which is proved like any ring")
+# the same, where JAX's record of the differentiation (ring/ties.py) names the results the cotangents differentiate
+TIED = ("is the backward that jax.grad made of a ring region without a custom_vjp: its forward is proved, and so are "
+        "the results its cotangents differentiate ({results} of {where}, as JAX recorded while differentiating), "
+        "but not what rewriting this backward needs besides: that its gradient is the same whichever order the "
+        "blocks arrive in (JAX splits a maximum's cotangent between tied operands by their order, so each running "
+        "maximum must receive a cotangent that is zero, which fails here: {stabiliser}) and that the positions it "
+        "recomputes are rewritten (obligation (d): {positions}): give the kernel a custom_vjp whose backward is a "
+        "ring of its own (as ejkernel's and Liu et al.'s kernels do), which is proved like any ring")
+# the same, where every differentiated result is the same for any value of the running maxima it is stabilised by
+TIED_INVARIANT = (
+    "is the backward that jax.grad made of a ring region without a custom_vjp: its forward is proved, and so are the "
+    "results its cotangents differentiate ({results} of {where}, as JAX recorded while differentiating), and each "
+    "is the same for any value of the running maxima its sums are shifted by (the cotangent reaching every running "
+    "maximum is zero in exact arithmetic, so how JAX splits it at ties does not matter); of the positions it may "
+    "recompute (obligation (d)): {positions}; it is not rewritten with its forward ({lacks}): give the kernel a "
+    "custom_vjp whose backward is a ring of its own (as ejkernel's and Liu et al.'s kernels do), which is proved like "
+    "any ring")
 DROPPED = ("differentiates a ring region whose result the program dropped, so there is no forward to prove it from: "
            "use the forward's result (return it, or let the loss read it), or give the kernel a custom_vjp")
 from .detect import RingRegion, axis_strides, find_ring_regions, module_funcs, module_meshes
 from .dims import origin_across, readers_across, shape
 from .finite import finite_constant
 from .memo import GroupMemo
+from .recompute import classify
 from .rules import apply_rule
 from .symbolic import Aff, Scope
 from .values import CONST, FREE, Axis, Data, Index, Stack, Tok, canonical
@@ -50,6 +69,10 @@ class Verdict:
     rewrites: list = field(default_factory=list)
     units: dict = field(default_factory=dict)  # (tokens, alignment) -> (op, calls) that relies on it
     group: int = 0
+    # each result the proof covers, as a complete function of its tokens (fn ids of `fns`, the analysis's table):
+    # what stabiliser.invariant reads
+    result_fns: dict[int, int] = field(default_factory=dict)
+    fns: object = None
 
 
 class _GroupRefusal(Exception):
@@ -125,9 +148,16 @@ def _prove_group(group: list[RingRegion], funcs, verdicts: dict, shared: Shared,
     try:
         _prove_members(group, funcs, verdicts, members, shared, frozenset())
     except _GroupRefusal as first:
+        lacks = _accept_autodiff(group, funcs, verdicts, members, shared)
+        if lacks is None:
+            return
         dropped = dropped_forward(group, shared.rings)
-        e = _GroupRefusal(Refusal(DROPPED, dropped.region), dropped) if dropped is not None else \
-            _autodiff_reason(group, funcs, verdicts, members, shared, first)
+        unproved = unproved_cotangent(group, shared.rings) if dropped is not None else None
+        if unproved is not None:  # JAX's record names the result
+            dropped = unproved[0]
+        e = _GroupRefusal(Refusal(unproved[1] if unproved else DROPPED, dropped.region), dropped) \
+            if dropped is not None else \
+            _autodiff_reason(group, funcs, verdicts, members, shared, first, lacks)
         _refuse_group(group, verdicts, e)
         _prove_apart(group, e.region, funcs, verdicts, shared, numbers)
         return
@@ -160,7 +190,7 @@ def _prove_apart(group: list[RingRegion], refused: RingRegion, funcs, verdicts: 
 
 
 def _autodiff_reason(group: list[RingRegion], funcs, verdicts: dict, members: set, shared: Shared,
-                     first: "_GroupRefusal") -> "_GroupRefusal":
+                     first: "_GroupRefusal", lacks: str = "") -> "_GroupRefusal":
     """Why to refuse a group holding backward regions that JAX's autodiff made (autodiff.py): the forward's own
     reason where the forward is refused (what the user must change first), else, where the forward alone would be
     proved, that such a backward is not (the transpose of an online-softmax loop recomputes and compares the
@@ -183,27 +213,136 @@ def _autodiff_reason(group: list[RingRegion], funcs, verdicts: dict, members: se
         _prove_members(group, funcs, verdicts, members, shared, transposes)
     except _GroupRefusal as forward:
         return forward
+    # where JAX's record of the differentiation says which results a backward differentiates: one of them not
+    # proved is the exact reason
+    unproved = unproved_cotangent(group, shared.rings)
+    if unproved is not None:
+        return _GroupRefusal(Refusal(unproved[1], unproved[0].region), unproved[0])
     region = next(r for r in group if r.region in transposes)
+    tied = differentiated(group)
+    if tied is not None:
+        results, forward = tied
+        where = f"the ring region at {forward.loc}" if forward is not None and forward.loc else "its ring region"
+        named = ("result " if len(results) == 1 else "results ") + ", ".join(map(str, results))
+        verdict = verdicts.get(id(forward.region)) if forward is not None else None
+        backwards = [r for r in group if r.region in transposes]
+        why = stabiliser_invariant(verdict, backwards)
+        # (d), for the reason only: what each backward's integer ops depend on (recompute.py)
+        positions = "; ".join(_recomputed(r, forwards, funcs, shared.rings) for r in backwards)
+        text = TIED.format(results=named, where=where, stabiliser=why, positions=positions) if why else \
+            TIED_INVARIANT.format(results=named, where=where, positions=positions, lacks=lacks)
+        return _GroupRefusal(Refusal(text, region.region), region)
     return _GroupRefusal(Refusal(AUTODIFF, region.region), region)
 
 
+def _accept_autodiff(group: list[RingRegion], funcs, verdicts: dict, members: set, shared: Shared) -> str | None:
+    """Prove a group of forward regions and the backward regions JAX's autodiff made of them (no custom_vjp), and
+    mark it proved, where: every backward is tied to a forward of the group (ring/ties.py) and reads, besides the
+    cotangents of that forward's proved results (laid out as those results), only the forward's residuals and
+    operands (`_tied_operands`); the forwards are proved with every op interpreted, residuals included, so that the
+    rewrite reads every position the forward reads alike (its residuals are those of the rewritten forward); every
+    differentiated result is free of the running maxima that stabilise it, and no derivative rule the module does
+    not show is in the rings' bodies (autodiff.stabiliser_invariant); and no backward computes a position or
+    anything the walk of its integer ops can't tell (recompute.py; under jax.checkpoint it recomputes them).
+
+    Why that is sound: the rewritten forward F' satisfies F'(P x) = P F(x) for any tokens, so its derivative is the
+    P-conjugate of F's; the backward's code is the transpose of F's linearisation, which reads the primal only
+    through the residuals (it computes no position of its own), so fed F''s residuals it is the transpose of F''s
+    linearisation; permuting its cotangents and restoring its results then gives F's gradient. The stabiliser check
+    covers the points where autodiff's derivative is not the function's (ties in a running maximum). None where
+    the group is accepted; else what fails first (the group is then refused for the reason _autodiff_reason finds,
+    which tells it)."""
+    transposes = [r for r in group if is_transpose(r)]
+    forwards = [r for r in group if not is_transpose(r)]
+    pairs = tied_pairs(forwards, transposes)
+    if pairs is None:
+        return "not every region of its group is tied to a ring JAX differentiated"
+    try:
+        _prove_members(group, funcs, verdicts, members, shared, frozenset(r.region for r in transposes), whole=True)
+    except _GroupRefusal as e:
+        return e.refusal.describe(e.region.loc)
+    for forward, backwards in pairs:
+        why = stabiliser_invariant(verdicts[id(forward.region)], backwards)
+        if why is not None:
+            return f"the stabiliser check fails: {why}"
+    for r in transposes:
+        try:
+            found = classify(r, forwards, funcs, shared.rings)
+        except (ValueError, KeyError, IndexError, TypeError) as e:
+            return f"the walk of its integer ops can't tell whether it computes positions ({e})"
+        if found.positions or found.unknown:
+            return "it computes positions of its own, or something the walk of its integer ops can't tell"
+    for r in group:
+        verdicts[id(r.region)].proved = True
+    return None
+
+
+def _recomputed(backward: RingRegion, forwards: list[RingRegion], funcs, rings: frozenset) -> str:
+    """Obligation (d)'s sentence for one backward region (recompute.py); the walk meeting IR it does not expect
+    (a call naming no function, an operand of no known kind) says so rather than fail the pass over a reason."""
+    try:
+        return classify(backward, forwards, funcs, rings).reason()
+    except (ValueError, KeyError, IndexError, TypeError) as e:
+        return f"whether it computes positions, which the walk of its integer ops can't tell ({e})"
+
+
 def _prove_members(group: list[RingRegion], funcs, verdicts: dict, members: set, shared: Shared,
-                   backwards: frozenset) -> None:
+                   backwards: frozenset, whole: bool = False) -> None:
+    """Prove the group's regions in order; those in `backwards` are transposes of its forwards (_transposed_region).
+    `whole`: the forwards are interpreted whole, residuals included, and each backward's operands are checked
+    against its tie (_tied_operands), as _accept_autodiff needs; else only what the forwards' proved results need
+    is interpreted and the cotangents are matched by type (for a refusal's reason)."""
     produced: dict = {}  # region result value -> abstract value (per-device values for the group's consumers)
     block = None
     primal: list = []  # the proved results of forward regions whose transposes are in the group
     forwarded: set = set()  # the operands of those forward regions (JAX hands some to the transposes as well)
+    residual_sets: dict = {}  # forward region -> the results of it only the transposes read
     for place, r in enumerate(group):
         verdict = verdicts[id(r.region)] = Verdict(r, group=verdicts[id(r.region)].group)
         if r.region in backwards:
             _transposed_region(r, verdict, produced, members, block, shared.rings)
-            _match_cotangents(r, primal, forwarded, produced, shared.rings)
+            if whole:
+                _tied_operands(r, group, verdicts, residual_sets, forwarded, produced, shared.rings)
+            else:
+                _match_cotangents(r, primal, forwarded, produced, shared.rings)
         else:
-            residuals = _prove_region(r, place, funcs, verdict, produced, members, shared, backwards)
+            residuals = _prove_region(r, place, funcs, verdict, produced, members, shared, backwards, whole)
+            residual_sets[r.region] = residuals
             block = verdict.block
             if backwards:
                 primal += [(r, j) for j in range(len(r.region.results)) if j not in residuals]
                 forwarded |= {origin_across(v, shared.rings) for v in r.region.operands}
+
+
+def _tied_operands(r: RingRegion, group: list[RingRegion], verdicts: dict, residual_sets: dict, forwarded: set,
+                   produced: dict, rings: frozenset) -> None:
+    """Each operand of the backward `r` that JAX recorded as the cotangent of result j of its ring is laid out as
+    the forward region's result that is j (same type and sharding, permuted alike), which the forward's proof
+    covers (not a residual); every other per-device operand is a result of that forward region (a residual) or an
+    operand of a forward region of the group."""
+    tied = tie(r)
+    forward = next(f for f in group if not is_transpose(f) and (t := tie(f)) is not None and t.ring == tied.ring)
+    slots, fv, bv = tie(forward).slots, verdicts[id(forward.region)], verdicts[id(r.region)]
+    ins, outs = r.in_shardings(), forward.out_shardings()
+    local_shapes = [shape(a) for a in r.region.regions[0].blocks[0].arguments]
+    for i, operand in enumerate(r.region.operands):
+        source = origin_across(operand, rings)
+        j = tied.slots[i]
+        if j is not None:
+            k = next((k for k, s in enumerate(slots) if s == j), None)
+            if k is None or k in residual_sets[forward.region] or source in produced \
+                    or str(forward.region.results[k].type) != str(operand.type) or str(outs[k]) != str(ins[i]) \
+                    or fv.sequence_results.get(k) != bv.sequence_operands.get(i):
+                raise _GroupRefusal(Refusal(f"operand {i} is the cotangent of result {j} of its ring, which the "
+                                            "forward region does not hand on as a proved result laid out alike",
+                                            r.region), r)
+            continue
+        owner = source.owner if isinstance(source, ir.OpResult) else None
+        if source in forwarded or (owner is not None and owner == forward.region) \
+                or _classify(ins[i], r.axis, local_shapes[i]) is None:
+            continue
+        raise _GroupRefusal(Refusal(f"operand {i} is a per-device value that is neither a residual of its forward "
+                                    "region nor one of the forward's operands", r.region), r)
 
 
 def _match_cotangents(r: RingRegion, primal: list, forwarded: set, produced: dict, rings: frozenset) -> None:
@@ -299,13 +438,16 @@ def _ring_info(r: RingRegion, block: int) -> RingInfo:
 
 
 def _prove_region(r: RingRegion, place: int, funcs, verdict: Verdict, produced: dict, members: set,
-                  shared: Shared, backwards: frozenset = frozenset()) -> set:
+                  shared: Shared, backwards: frozenset = frozenset(), whole: bool = False) -> set:
     body = r.region.regions[0].blocks[0]
     local_shapes = [shape(a) for a in body.arguments]
     ins, outs = r.in_shardings(), r.out_shardings()
     seq_in, block, length = _sequence_operands(r, produced, shared.rings)
     verdict.block, verdict.length, verdict.sequence_operands = block, length, seq_in
-    state = State(_ring_info(r, block), funcs, shared)
+    # `whole`: residuals are interpreted only where they read positions the results' proof computes (rewritten
+    # there, as any read of them); one that computes positions of its own refuses
+    state = State(_ring_info(r, block), funcs, shared, strict_residuals=whole)
+    state.fns.owner = r.region  # the maxima its aggregates are made from are noted for it (stabiliser.py)
     # results only JAX's transposes read (residuals) need no proof: interpret what the others depend on
     residuals = {j for j, result in enumerate(r.region.results)
                  if all(reader in backwards for reader in readers_across(result, shared.rings))} if backwards else set()
@@ -365,10 +507,17 @@ def _check_results(r: RingRegion, engine: Engine, results: list, outs, verdict: 
     for j, (value, sharding) in enumerate(zip(results, outs)):
         result = r.region.results[j]
         if j in residuals:  # read by transposed regions only, in the layout this region makes them
+            if engine.state.strict_residuals and isinstance(value, Index) and not value.expr.is_const:
+                # positions handed on unread: the rewrite changes their reads, not them
+                _refuse_result(r, j, f"result {j} hands the backward positions (or a device index) it has not read, "
+                               "which the rewrite would leave in the old layout")
             produced[result] = value
             continue
         if isinstance(value, Data):
             value = try_complete(engine, value)
+            if value.agg is None:
+                verdict.result_fns[j] = value.fn
+                verdict.fns = engine.fns
         kind = _classify(sharding, r.axis, _local_shape(r, j))
         where = f"result {j}"
         if kind is None:

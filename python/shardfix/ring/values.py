@@ -154,6 +154,11 @@ class Agg:
     shift_cov: Coverage = EMPTY  # ssum: the shift's coverage; shift: the target coverage
     finite: bool = False
     nan: bool = False
+    # Which running maximum this is, or is shifted by (stabiliser.py): MAX/MIN its own identity; DIFF/EXP/SSUM the
+    # maximum subtracted; MDIFF/SHIFT the pair (from, to). None: not known. The fields above say *what* value a max
+    # holds (the max of a score over a coverage), which two maxima folded differently share; this one says which
+    # op or loop slot computed it. Left out of equality, hashing and every fn key, so no decision depends on it.
+    ident: object = field(default=None, compare=False)
 
     def __str__(self) -> str:
         extra = f", score {self.score}, shift {self.shift_cov}" if self.op in (AggOp.SSUM, AggOp.SHIFT) else ""

@@ -1,0 +1,279 @@
+"""Which running maximum a softmax sum is shifted by, and whether a result is the same for every value of it.
+
+An online softmax keeps acc_i = sum_{<=i} exp(s - m_i) w and l_i likewise, rescaling both by exp(m_{i-1} - m_i)
+when the running maximum m grows. That identity holds for ANY values of m_1..m_K (exp(m_{i-1} - m_i) exp(s - m_{i-1})
+= exp(s - m_i)), so o = acc_K / l_K and lse = m_K + log(l_K) are constant in every m_i: in exact arithmetic the
+cotangent autodiff sends into each running maximum is zero, and how `max` splits it between tied operands (by the
+order the blocks arrive in, which the reorder changes) does not matter. It holds only where acc and l are shifted by
+THE SAME maximum, at every step: two maxima of the same scores folded differently are the same value (the algebra,
+value-semantic, can't tell them apart) but not the same function of the blocks' order at ties, and o = exp(m2 - m1)·F
+sends them opposite, nonzero cotangents.
+
+So each aggregate carries the identity of its maximum (values.Agg.ident): a maximum is named by the op that merged
+it (with its value, so one op of a function called on other data is another maximum) or by the loop slot carrying
+it; a sum carried by a loop is shifted by an unknown maximum (a variable, `shift_var`) that the first rescaling
+binds and the loop's recurrence checks (`check_slot`: the slot it is bound to is the one whose next value the
+returned sum is shifted by). Anything else loses the identity (None), which fails the check: nothing here refuses
+or changes a decision. `invariant` then reads a result's function (the fn keys) as exp(c·M)·F or c·M + F in one
+maximum M and says whether c is 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .values import AggOp, Data
+
+_LEAVES = frozenset({"operand", "const", "iota", "index", "positional"})
+_SHIFTED = frozenset({AggOp.MAX, AggOp.MIN, AggOp.SSUM, AggOp.SHIFT, AggOp.DIFF, AggOp.MDIFF, AggOp.EXP})
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Identities.
+
+
+def max_ident(op, agg_fn: int) -> tuple:
+    """A maximum merged (or reduced, or floored) by `op`, holding the value `agg_fn` (the op object keeps the
+    identity from naming another op once this one is gone)."""
+    return ("max", op, agg_fn)
+
+
+def slot_ident(op, i: int, score: int) -> tuple:
+    """The maximum loop `op` carries in slot i (at any one iteration, and at the exit)."""
+    return ("slot", op, i, score)
+
+
+def shift_var(op, i: int, score: int) -> tuple:
+    """The maximum the sum loop `op` carries in slot i is shifted by: unknown until the body rescales it."""
+    return ("shift-of", op, i, score)
+
+
+def _is_var(ident) -> bool:
+    return isinstance(ident, tuple) and bool(ident) and ident[0] == "shift-of"
+
+
+def resolve(fns, ident):
+    seen = 0
+    while _is_var(ident) and ident in fns.bound and seen < 64:
+        ident, seen = fns.bound[ident], seen + 1
+    return ident
+
+
+def same(fns, a, b):
+    """The maximum both identities name (binding an unknown shift to the other), or None."""
+    a, b = resolve(fns, a), resolve(fns, b)
+    if a is None or b is None:
+        return None
+    if a == b:
+        return a
+    for var, other in ((a, b), (b, a)):
+        if _is_var(var):
+            fns.bound[var] = other
+            return other
+    return None
+
+
+def pair(ident, at: int):
+    """One end (0: from, 1: to) of a rescaling's identity."""
+    return ident[at] if isinstance(ident, tuple) and len(ident) == 2 and ident[0] not in ("max", "slot") else None
+
+
+def check_loop(fns, op, inits: list, placeholders: list, returned: list) -> None:
+    """Each sum loop `op` carries must be shifted by the maximum of one slot j at every iteration: at the first (its
+    start is an empty sum, or shifted by slot j's start) and from one to the next (the shift the body's rescaling
+    bound it to is slot j's, and the returned sum is shifted by what slot j returns). Where not, its shift is lost."""
+    for i, ph in enumerate(placeholders):
+        if isinstance(ph, Data) and ph.agg is not None and _is_var(ph.agg.ident) and isinstance(returned[i], Data) \
+                and returned[i].agg is not None and not _holds(fns, ph.agg.ident, i, inits, placeholders, returned):
+            fns.bound[ph.agg.ident] = None
+
+
+def _holds(fns, var, i: int, inits: list, placeholders: list, returned: list) -> bool:
+    target, got = resolve(fns, var), resolve(fns, returned[i].agg.ident)
+    if target == var and got == var:
+        return True  # neither rescaled nor merged with another sum: shifted by whatever it started with
+    if target is None or got is None:
+        return False
+    for j, (p, r) in enumerate(zip(placeholders, returned)):
+        if isinstance(p, Data) and isinstance(r, Data) and p.agg is not None and r.agg is not None \
+                and p.agg.op in (AggOp.MAX, AggOp.MIN) and p.agg.ident == target \
+                and resolve(fns, r.agg.ident) == got:
+            return _empty(fns, inits[i]) or (
+                isinstance(inits[i], Data) and inits[i].agg is not None and isinstance(inits[j], Data)
+                and inits[j].agg is not None and same(fns, inits[i].agg.ident, inits[j].agg.ident) is not None)
+    return False
+
+
+def _empty(fns, value) -> bool:
+    """A sum's start of 0: the empty sum, the same whatever it is shifted by."""
+    return isinstance(value, Data) and value.agg is None and fns.constant(value.fn) == 0.0
+
+
+def note_complete(fns, fn: int, ident) -> None:
+    """The identity of a complete aggregate `fn` names (complete fns are interned by value, so one fn may be made
+    from several maxima: then it names none), noted for the ring region being proved (`fns.owner`: the table is the
+    module's, and the fns of two rings fed alike intern alike, though made by other maxima), and logged for the call
+    memo to note again where it reuses a call's analysis (analysis.Engine.call)."""
+    fns.idents.setdefault(fn, set()).add((ident, fns.owner))
+    fns.notes.append((fn, ident))
+
+
+def complete_ident(fns, fn: int, owner=None):
+    """The one maximum the complete aggregate `fn` was made from in the proof of ring region `owner` (None: in any
+    region's), None if several (or lost)."""
+    found = {resolve(fns, ident) for ident, by in fns.idents.get(fn, ()) if owner is None or by == owner}
+    return found.pop() if len(found) == 1 else None
+
+
+def join(fns, op, per_branch: list[list], out: list) -> list:
+    """The results of a branch op: each aggregate's maximum is the one every branch names if they agree, else the
+    maximum the op picks from that tuple of branch maxima (the same tuple, the same maximum): the identities of the
+    branch taken at run time, renamed alike."""
+    joined = []
+    for k, value in enumerate(out):
+        if not isinstance(value, Data) or value.agg is None:
+            joined.append(value)
+            continue
+        names = tuple(resolve(fns, b[k].agg.ident) if isinstance(b[k], Data) and b[k].agg is not None else None
+                      for b in per_branch)
+        if None in names or any(isinstance(n, tuple) and len(n) == 2 for n in names):
+            ident = None  # lost, or a rescaling's pair: not followed through branches
+        elif len(set(names)) == 1:
+            ident = names[0]
+        else:
+            ident = ("max", op, names)
+        joined.append(value if ident == value.agg.ident and ident is not None else
+                      value.with_(agg=replace(value.agg, ident=ident)))
+    return joined
+
+
+def memo_key(values) -> tuple:
+    """The identities abstract values carry, for memo keys (values equal but for them are other maxima)."""
+    return tuple(v.agg.ident if isinstance(v, Data) and v.agg is not None else None for v in values)
+
+
+def describe(ident) -> str:
+    if isinstance(ident, tuple) and ident and ident[0] == "slot":
+        return f"the running maximum carried in slot {ident[2]} of the loop at {_where(ident[1])}"
+    if isinstance(ident, tuple) and ident and ident[0] == "max":
+        return f"the maximum '{getattr(ident[1], 'name', ident[1])}' at {_where(ident[1])} computes"
+    return "a running maximum"
+
+
+def _where(op) -> str:
+    from ..ir import op_loc
+    return str(op_loc(op)) if hasattr(op, "location") else str(op)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The check: a result as exp(c·M)·F ("mul") or c·M + F ("add") in one maximum M, F free of every maximum.
+
+_INV = ("inv",)
+
+
+def invariant(fns, fn: int, owner=None) -> str | None:
+    """None where the function `fn` is the same for every value of every running maximum it reads; else why not.
+    `owner`: the ring region whose proof made `fn` (see complete_ident)."""
+    found = _form(fns, fn, {}, owner)
+    if isinstance(found, str):
+        return found
+    if found == _INV:
+        return None
+    kind, ident, c = found
+    what = "varies with" if kind == "add" else "is scaled by exp of"
+    return f"{what} {describe(ident)} ({c:g} times it): the cotangent reaching that maximum is not zero"
+
+
+def _norm(kind: str, ident, c: float):
+    return _INV if c == 0 else (kind, ident, c)
+
+
+def _form(fns, fn: int, memo: dict, owner=None):
+    found = memo.get(fn)
+    if found is None:
+        found = memo[fn] = _compute(fns, fn, memo, owner)
+    return found
+
+
+def _compute(fns, fn: int, memo: dict, owner):
+    key = fns.keys[fn]
+    head = key[0] if isinstance(key, tuple) and key else None
+    if head in _LEAVES:
+        return _INV
+    if head in ("complete", "agg") and key[1] in _SHIFTED:
+        # the weights summed and the scores maxed must be free of every maximum (MAX and the rescalings have no term)
+        for x in key[2:4] if key[1] in (AggOp.SSUM, AggOp.EXP) else key[3:4]:
+            if _form(fns, x, memo, owner) != _INV:
+                return "folds a running maximum into another running sum or maximum, which this check does not follow"
+        if head == "agg":
+            return "reads a running sum or maximum before every block is merged into it"
+        ident = complete_ident(fns, fn, owner)
+        if ident is None or pair(ident, 0) is not None:
+            return "depends on a running maximum the analysis can't name (a sum not shifted by one maximum at every " \
+                   "step, or two maxima of the same scores that one function holds)"
+        if key[1] in (AggOp.MAX, AggOp.MIN):
+            return ("add", ident, 1.0)
+        if key[1] == AggOp.SSUM:
+            return ("mul", ident, -1.0)
+        return "reads a rescaling of one running maximum to another"
+    if head == "ew":
+        return _ew(fns, key[1].removeprefix("stablehlo."), key[2], [_form(fns, x, memo, owner) for x in key[3]])
+    for x in _ints(key):  # any other function: free of maxima, or not analysed
+        if 0 <= x < fn and _form(fns, x, memo, owner) != _INV:
+            return f"reads a running maximum through '{head}', which this check does not follow"
+    return _INV
+
+
+def _ints(key):
+    for part in key if isinstance(key, tuple) else ():
+        if type(part) is int:
+            yield part
+        elif isinstance(part, tuple):
+            yield from _ints(part)
+
+
+def _ew(fns, name: str, attrs: str, forms: list):
+    for f in forms:
+        if isinstance(f, str):
+            return f
+    if all(f == _INV for f in forms):
+        return _INV
+    if name == "convert" and not attrs.startswith(("i", "ui")):
+        return forms[0]  # float <-> float: the same value
+    if name == "negate":
+        kind, ident, c = forms[0]
+        return _norm(kind, ident, -c) if kind == "add" else forms[0]
+    if name in ("log", "exponential") and len(forms) == 1:  # the StableHLO names (stablehlo.exponential)
+        kind, ident, c = forms[0]
+        if (name, kind) == ("log", "mul"):
+            return _norm("add", ident, c)
+        if (name, kind) == ("exponential", "add"):
+            return _norm("mul", ident, c)
+        return f"takes the {name} of a value that depends on {describe(ident)} in a way that is not a shift"
+    if len(forms) != 2 or name not in ("add", "subtract", "multiply", "divide"):
+        ident = next(f[1] for f in forms if f != _INV)
+        return f"applies '{name}' to a value that depends on {describe(ident)}"
+    a, b = forms
+    idents = list(dict.fromkeys(f[1] for f in forms if f != _INV))  # in operand order
+    if len(idents) > 1:
+        x, y = (describe(i) for i in idents)
+        return f"combines values shifted by two different running maxima ({x}; {y}): the cotangents reaching them " \
+               "do not cancel"
+    (ident,) = idents
+    if name in ("add", "subtract"):
+        sign = 1.0 if name == "add" else -1.0
+        if a[0] == "add" or b[0] == "add":
+            if _INV in forms or a[0] == b[0]:
+                return _norm("add", ident, (a[2] if a != _INV else 0.0) + sign * (b[2] if b != _INV else 0.0))
+        elif a != _INV and b != _INV and a[2] == b[2]:
+            return a  # exp(cM)·F ± exp(cM)·G
+        return f"{'adds' if sign > 0 else 'subtracts'} values that depend on {describe(ident)} differently"
+    if a[0] == "add" or b[0] == "add":
+        return f"{'multiplies' if name == 'multiply' else 'divides'} by a value that varies with {describe(ident)}"
+    ca = a[2] if a != _INV else 0.0
+    cb = b[2] if b != _INV else 0.0
+    return _norm("mul", ident, ca + cb if name == "multiply" else ca - cb)
+
+
+__all__ = ["check_loop", "complete_ident", "describe", "invariant", "join", "max_ident", "memo_key", "note_complete", "pair",
+           "resolve", "same", "shift_var", "slot_ident"]
