@@ -196,6 +196,8 @@ class State:
     cov_alias: dict = field(default_factory=dict)  # coverage unknowns assumed equal (checked when solved)
     loop_vars: dict = field(default_factory=dict)  # a loop's iteration variable -> id of the loop op
     loop_memo: dict = field(default_factory=dict)  # the loops analysed, by their inputs (loopmemo.py)
+    # branches of conditionals being analysed within the innermost loop body: ops there may not run at every step
+    skippable: int = 0
 
     @property
     def fns(self) -> FnTable:
@@ -325,7 +327,7 @@ class Engine:
         # calls are analysed afresh each time.
         key = None if _sourced(args) else \
             (callee_name, tuple((a, state.carried.get(id(a))) for a in args), _scope_key(self.scope), state.ring,
-             wanted)
+             wanted, state.skippable)
         memo = None if key is None else state.shared.call_memo.get(key)
         if memo is not None:  # the same call analysed before: its results, and what it recorded, again
             results, rewrites, units, obligations, directions = memo
