@@ -316,15 +316,25 @@ def test_refused_look_alike_would_compute_something_else_if_reordered(name):
     assert accepted <= 1e-5 and refused > 1e-2, differences
 
 
-# Each order-free (out, lse) merge beside its refused look-alike: (accepted merge, options), (refused, options).
+def _lse(merge: str, **options):
+    from support import ring_user_lse as ul
+    return lambda cp, positions: ul.lse_ring(cp, merge, positions=positions, **options)
+
+
+def _hard_max(cp, positions):
+    from support import ring_user_lse as ul
+    return ul.hard_max_ring(cp, positions)
+
+
+# Each order-free (out, lse) merge beside its refused look-alike: make(cp, positions) -> per-device body.
 LSE_TWINS = {
-    "decayed-output": (("logaddexp", {}), ("decayed", {})),
-    "output-weighted-by-step": (("logaddexp", {}), ("hop-weighted", {})),
-    "output-of-largest-lse": (("logaddexp", {}), ("argmax", {})),
-    "latest-block-kept": (("logaddexp", {}), ("latest", {})),
-    "hard-max-of-lses": (("logaddexp", {}), ("hard-max", {})),
-    "sigmoid-from-a-sentinel-start": (("sigmoid", {"first": "peeled"}), ("sigmoid", {})),
-    "guard-on-a-sentinel-start": (("guarded-sigmoid", {"init": "inf"}), ("guarded-sigmoid", {})),
+    "decayed-output": (_lse("logaddexp"), _lse("decayed")),
+    "output-weighted-by-step": (_lse("logaddexp"), _lse("hop-weighted")),
+    "output-of-largest-lse": (_lse("logaddexp"), _lse("argmax")),
+    "latest-block-kept": (_lse("logaddexp"), _lse("latest")),
+    "hard-max-of-lses": (_lse("max"), _hard_max),
+    "sigmoid-from-a-sentinel-start": (_lse("sigmoid", first="peeled"), _lse("sigmoid")),
+    "guard-on-a-sentinel-start": (_lse("guarded-sigmoid", init="inf"), _lse("guarded-sigmoid")),
 }
 
 
@@ -334,7 +344,7 @@ def test_refused_lse_merge_would_compute_something_else_if_reordered(name):
     by hand to the zigzag layout, computes what jax.jit computes; its refused look-alike does not (the sigmoid form
     from a start of -1e30 too: its first merge cancels the start to an lse of 0, and which block that lse is
     wrongly given is the layout's)."""
-    from support import ring_user_lse as ul
+    from support.ring_user_lse import contiguous
     from support.ring_user_programs import qkv, sharded
 
     mesh = _meshes()["explicit"]
@@ -343,10 +353,10 @@ def test_refused_lse_merge_would_compute_something_else_if_reordered(name):
     order, zigzag = _zigzag(cp, args[0].shape[1])
     permuted = [jax.device_put(np.asarray(x)[:, order], x.sharding) for x in args]
     differences = []
-    for merge, options in LSE_TWINS[name]:
-        want = np.asarray(jax.jit(sharded(mesh, ul.lse_ring(cp, merge, **options), 3))(*args))
-        got = np.asarray(jax.jit(sharded(mesh, ul.lse_ring(cp, merge, positions=zigzag, **options), 3))(*permuted))
-        assert np.isfinite(want).all(), (merge, options)  # a difference, not two nans, tells the programs apart
+    for make in LSE_TWINS[name]:
+        want = np.asarray(jax.jit(sharded(mesh, make(cp, contiguous), 3))(*args))
+        got = np.asarray(jax.jit(sharded(mesh, make(cp, zigzag), 3))(*permuted))
+        assert np.isfinite(want).all(), name  # a difference, not two nans, tells the programs apart
         gap = np.abs(got[:, np.argsort(order)] - want)
         differences.append(np.inf if np.isnan(gap).any() else float(gap.max()))
     accepted, refused = differences

@@ -99,30 +99,23 @@ def merge_argmax(out, lse, out_b, lse_b, i):
     return jnp.where(better[..., None], out_b, out), jnp.maximum(lse, lse_b)  # refused here
 
 
-def merge_hard_max(out, lse, out_b, lse_b, i):
-    """The larger lse kept (a hard max for logaddexp), the outputs rescaled to it: each block's output weighs by its
-    own lse against the largest, so the result depends on how the keys are cut into blocks."""
-    lse_new = jnp.maximum(lse, lse_b)
-    return out * jnp.exp(lse - lse_new)[..., None] + out_b * jnp.exp(lse_b - lse_new)[..., None], lse_new
-
-
 MERGES = {"logaddexp": merge_logaddexp, "sigmoid": merge_sigmoid, "max": merge_max, "softplus": merge_softplus,
           "guarded-logaddexp": guarded(merge_logaddexp), "guarded-sigmoid": guarded(merge_softplus),
           "reset-logaddexp": reset(merge_logaddexp), "reset-sigmoid": reset(merge_sigmoid),
           "decayed": merge_decayed, "hop-weighted": merge_hop_weighted, "latest": merge_latest,
-          "argmax": merge_argmax, "hard-max": merge_hard_max}
+          "argmax": merge_argmax}
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # The ring.
 
 
-def _contiguous(c, n):
+def contiguous(c, n):
     return c * n + jnp.arange(n)
 
 
 def lse_ring(cp: int, merge: str, *, skip: bool = False, init: str = "neg", loop: str = "fori", first: str = "loop",
-             positions=_contiguous):
+             positions=contiguous):
     """Causal ring attention that merges per-block (out, lse). `skip`: a block wholly in the future skipped with
     lax.cond on the blocks' first and last positions (else masked, every block computed); `init`: the state's lse
     from -inf ("inf") or a finite very negative number ("neg"); `first`: "loop" (every block merged in the loop)
@@ -215,3 +208,26 @@ def lse_ring_vjp(cp: int, merge: str):
 
     attention.defvjp(forward, backward)
     return attention
+
+
+def hard_max_ring(cp: int, positions=contiguous):
+    """A ring that keeps the larger lse (a hard max for logaddexp) and rescales the outputs to it: each block's
+    output weighs by its own lse against the largest, so the result depends on how the keys are cut into blocks."""
+    def body(q, k, v):
+        b, n, _ = q.shape
+        me = lax.axis_index("cp")
+        q_pos = positions(me, n)
+
+        def step(i, carry):
+            (out, lse), k, v = carry
+            k_pos = positions((me - i) % cp, n)
+            out_b, lse_b = block(q, k, v, q_pos[:, None] >= k_pos[None, :])
+            lse_new = jnp.maximum(lse, lse_b)
+            out = out * jnp.exp(lse - lse_new)[..., None] + out_b * jnp.exp(lse_b - lse_new)[..., None]  # refused here
+            return (out, lse_new), lax.ppermute(k, "cp", ring(cp)), lax.ppermute(v, "cp", ring(cp))
+
+        state = (jnp.zeros_like(q), jnp.full((b, n), NEG, q.dtype))
+        (out, _), _, _ = lax.fori_loop(0, cp, step, (state, k, v))  # refused here
+        return out
+
+    return body

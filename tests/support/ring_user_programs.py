@@ -461,13 +461,13 @@ def _registry() -> list[Program]:
     for name, merge, options, source in (
             ("decayed", "decayed", {}, ul.merge_decayed), ("hop-weighted", "hop-weighted", {}, ul.merge_hop_weighted),
             ("argmax", "argmax", {}, ul.merge_argmax), ("latest", "latest", {}, ul.lse_ring),
-            ("hard-max-of-lses", "hard-max", {}, ul.lse_ring),
             # a start of -1e30 cancelled to 0 (or -inf - -inf): the first block's lse lost, in every layout at
             # another block
             ("sigmoid-sentinel-start", "sigmoid", {}, ul.lse_ring),
             ("sigmoid-unguarded-inf", "sigmoid", {"init": "inf"}, ul.lse_ring),
             ("guard-on-sentinel-start", "guarded-sigmoid", {}, ul.guarded)):
         add(f"refuse-lse-{name}", lse(merge, **options), "refused", source=source)
+    add("refuse-lse-hard-max-of-lses", refusal(ul.hard_max_ring), "refused", source=ul.hard_max_ring)
     add("grad-refuse-attention-then-cumsum", refusal(ur.attention_then_cumsum), "refused", grad=True,
         source=ur.attention_then_cumsum)
     add("grad-refuse-coordinate-skip", refusal(ur.coordinate_skip), "refused", grad=True,

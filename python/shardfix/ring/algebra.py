@@ -562,7 +562,7 @@ def reset_select(engine: Engine, loop: int, first: Data, later: Data) -> Data | 
     if later.agg is None:
         return None
     if loop < 0:  # a discovery pass (loops.UNDECIDED): the pass with the loop's counter known decides
-        return later
+        return _reset_start(engine, later)
 
     def own(cov: Coverage) -> Coverage:
         return Coverage(tuple(p for p in engine.canonical_cov(cov).parts
@@ -578,9 +578,15 @@ def reset_select(engine: Engine, loop: int, first: Data, later: Data) -> Data | 
         return None
     if own(x.cov) != engine.canonical_cov(y.cov) or own(x.shift_cov) != own(y.shift_cov):
         return None
+    return _reset_start(engine, later)
+
+
+def _reset_start(engine: Engine, later: Data) -> Data:
+    """A log-sum-exp merge whose floats are off where the state is still at its start (logsum.py), reset at the
+    loop's first step: where the select runs at every step (not in a skip's branch), the merge meets the start at
+    the first step only, which the reset replaces."""
+    x = later.agg
     if x.nan and x.op in (AggOp.LSE, AggOp.NSUM) and engine.state.skippable == 0:
-        # a log-sum-exp merge whose floats are off where the state is still at its start (logsum.py): run at every
-        # step of the loop, the merge meets the start at the first step only, which the reset replaces
         return with_agg(engine, later, dataclasses.replace(x, nan=False))
     return later
 

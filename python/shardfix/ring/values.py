@@ -92,6 +92,10 @@ class CoverageVar:
 
     name: str
 
+    def family(self) -> str:
+        """The loop and role it stands for (loops.py names them cv<loop>_<slot>, sv<loop>_<slot>)."""
+        return self.name.rsplit("_", 1)[0]
+
     def __str__(self) -> str:
         return self.name
 
