@@ -14,6 +14,12 @@ The algebra is exact; two float effects it lets through change what a reordered 
   |exact|)), and the first merge happens on other keys in each layout. Under the default ring_reorder ("auto"),
   in a blockwise kernel with chunk skips.
 
+- A state whose first merged block is all masked: a step-0 reset or an isneginf guard takes (out_b, lse_b = -1e30)
+  as the state, and the next merge in the sigmoid form cancels, lse - log_sigmoid(lse - lse_b) = -1e30 + 1e30 = 0
+  instead of lse_b (the start check covers only the state's start, not a state of masked keys alone). A ring whose
+  k, v are sent ahead before the loop (each device starts one or two blocks back) meets an all-masked block first on
+  other rows in each layout: the lse changes (and the output, where two live blocks follow).
+
 A refusal of a hard max for the lse points at the (correct) output merge and calls it a constant weighting.
 Guards: stable spellings of the same merges stay accepted and equal to jax.jit on large scores; the standard
 custom_vjp kernel's gradients stay equal on random data; a narrower lse stays refused.
@@ -125,6 +131,35 @@ def test_sigmoid_merge_from_a_1e4_sentinel_keeps_jit_results_by_default(monkeypa
     _sound(f, "auto", _args())
 
 
+def _ring_sent_ahead(merge: str, hops: int, init: float, lse_out: bool):
+    """ul.lse_ring's fori ring (every block masked, none skipped) with k, v sent `hops` steps before the loop: step
+    i holds block me - hops - i. Returns the output, or the lse broadcast over the output's last dim."""
+    def body(q, k, v):
+        b, n, _ = q.shape
+        me = jax.lax.axis_index("cp")
+        q_pos = me * n + jnp.arange(n)
+        for _ in range(hops):
+            k, v = (jax.lax.ppermute(t, "cp", ruk.ring(CP)) for t in (k, v))
+
+        def step(i, carry):
+            state, k, v = carry
+            k_pos = ((me - hops - i) % CP) * n + jnp.arange(n)
+            state = ul.MERGES[merge](*state, *ul.block(q, k, v, q_pos[:, None] >= k_pos[None, :]), i)
+            return state, jax.lax.ppermute(k, "cp", ruk.ring(CP)), jax.lax.ppermute(v, "cp", ruk.ring(CP))
+
+        state = (jnp.zeros_like(q), jnp.full((b, n), init, q.dtype))
+        out, lse = jax.lax.fori_loop(0, CP, step, (state, k, v))[0]
+        return jnp.broadcast_to(lse[..., None], out.shape) if lse_out else out
+
+    return _ring(body)
+
+
+@pytest.mark.parametrize("merge, hops, lse_out", [("guarded-sigmoid", 2, False), ("reset-sigmoid", 1, True)])
+def test_sigmoid_merge_after_an_all_masked_first_block_keeps_jit_results(merge, hops, lse_out):
+    init = -jnp.inf if merge.startswith("guarded") else ruk.NEG
+    _sound(_ring_sent_ahead(merge, hops, init, lse_out), "zigzag", _args())
+
+
 def test_refusal_of_a_hard_max_lse_names_the_lse_update(monkeypatch):
     monkeypatch.setitem(ul.MERGES, "hard-max-sigmoid", merge_hard_max)
     decisions = _sound(_ring(ul.lse_ring(CP, "hard-max-sigmoid")), "zigzag", _args())
@@ -150,6 +185,11 @@ def test_logaddexp_merge_from_a_1e4_sentinel_stays_accepted_by_default(monkeypat
     """The blockwise kernel with the logaddexp update from -1e4: exact in floats at the first merge."""
     f = _blockwise_sentinel(monkeypatch, jnp.logaddexp)
     decisions = _sound(f, "auto", _args())
+    assert decisions and all(applied for applied, _ in decisions), decisions
+
+
+def test_logaddexp_after_an_all_masked_first_block_stays_accepted_and_equal():
+    decisions = _sound(_ring_sent_ahead("reset-logaddexp", 1, ruk.NEG, True), "zigzag", _args())
     assert decisions and all(applied for applied, _ in decisions), decisions
 
 
