@@ -132,7 +132,8 @@ def _folded(engine: Engine, skip, compute) -> Coverage | None:
             return c.cov
         return None
     s = skip.agg
-    if (s.op, s.term, s.score, s.home) != (c.op, c.term, c.score, c.home) or skip.dims != compute.dims:
+    if (s.op, s.term, s.score, s.home, s.start) != (c.op, c.term, c.score, c.home, c.start) or \
+            skip.dims != compute.dims:
         return None
     s = Agg(s.op, s.home, s.term, engine.canonical_cov(s.cov), s.score, engine.canonical_cov(s.shift_cov))
     c = Agg(c.op, c.home, c.term, engine.canonical_cov(c.cov), c.score, engine.canonical_cov(c.shift_cov))

@@ -141,7 +141,8 @@ def _scores_less_lse(engine: Engine, op, values: list[Data]) -> Data | None:
     """score(t, s) - lse(C)(t), per pair (`exp(s - lse)`, a block's softmax weights from its log-sum-exp): the
     difference a softmax sum normalised to lse(C) is made of (contract.py sums its exp into an SSUM by_lse)."""
     x, m = values
-    if x.agg is not None or m.agg is None or m.agg.op != AggOp.LSE or m.agg.score != x.fn:
+    if x.agg is not None or m.agg is None or m.agg.op != AggOp.LSE or m.agg.score != x.fn or \
+            (not m.agg.cov.parts and m.agg.start is None):  # the lse of no keys, -inf: no weights
         return None
     home = match_home(engine, op, x, m)
     agg = Agg(AggOp.DIFF, home, 0, engine.canonical_cov(m.agg.cov), x.fn, finite=True, start=m.agg.start,

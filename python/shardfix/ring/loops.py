@@ -576,7 +576,8 @@ def _solve(engine: Engine, op, placeholders, returned, changing, k: Var) -> dict
         why = carried_start_refusal(y) if y is not None else None
         if why is not None:
             engine.refuse(why, op)
-        if y is None or (x.op, x.term, x.score, x.home) != (y.op, y.term, y.score, y.home):
+        # (a log-sum-exp's start pseudo-token too: one folded in at every step is as many as the steps that ran)
+        if y is None or (x.op, x.term, x.score, x.home, x.start) != (y.op, y.term, y.score, y.home, y.start):
             engine.refuse("changes a loop-carried aggregate other than by merging a block into it", op)
         cv, sv = _unknown_coverage(op, i, ph)
         solution[cv] = _added(engine, op, x.cov, y.cov, k, i, x.op in (AggOp.LSE, AggOp.NSUM))
