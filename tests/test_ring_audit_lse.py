@@ -18,7 +18,8 @@ The algebra is exact; two float effects it lets through change what a reordered 
   as the state, and the next merge in the sigmoid form cancels, lse - log_sigmoid(lse - lse_b) = -1e30 + 1e30 = 0
   instead of lse_b (the start check covers only the state's start, not a state of masked keys alone). A ring whose
   k, v are sent ahead before the loop (each device starts one or two blocks back) meets an all-masked block first on
-  other rows in each layout: the lse changes (and the output, where two live blocks follow).
+  other rows in each layout: the lse changes (and the output, where two live blocks follow). So does a fold of the
+  stacked blocks after the loop that starts from the last step's block (all masked for most rows).
 
 A refusal of a hard max for the lse points at the (correct) output merge and calls it a constant weighting.
 Guards: stable spellings of the same merges stay accepted and equal to jax.jit on large scores; the standard
@@ -158,6 +159,29 @@ def _ring_sent_ahead(merge: str, hops: int, init: float, lse_out: bool):
 def test_sigmoid_merge_after_an_all_masked_first_block_keeps_jit_results(merge, hops, lse_out):
     init = -jnp.inf if merge.startswith("guarded") else ruk.NEG
     _sound(_ring_sent_ahead(merge, hops, init, lse_out), "zigzag", _args())
+
+
+def test_sigmoid_fold_after_the_loop_from_the_last_block_keeps_jit_results():
+    """The blocks stacked by the ring's scan and merged after it, last step first: the last step's block is all
+    masked for most rows, so the fold's state starts as lse = -1e30 on rows that change with the layout."""
+    def body(q, k, v):
+        n = q.shape[1]
+        me = jax.lax.axis_index("cp")
+        q_pos = me * n + jnp.arange(n)
+
+        def step(carry, i):
+            k, v = carry
+            k_pos = ((me - i) % CP) * n + jnp.arange(n)
+            block = ul.block(q, k, v, q_pos[:, None] >= k_pos[None, :])
+            return tuple(jax.lax.ppermute(t, "cp", ruk.ring(CP)) for t in (k, v)), block
+
+        _, (outs, lses) = jax.lax.scan(step, (k, v), jnp.arange(CP))
+        out, lse = outs[CP - 1], lses[CP - 1]
+        for j in range(CP - 2, -1, -1):
+            out, lse = ul.merge_sigmoid(out, lse, outs[j], lses[j], j)
+        return out
+
+    _sound(_ring(body), "zigzag", _args())
 
 
 def test_refusal_of_a_hard_max_lse_names_the_lse_update(monkeypatch):
