@@ -1,7 +1,7 @@
 """Audit of the flash-attention style (out, lse) merges ring-reorder accepts by their algebra (ring/logsum.py),
 against jax.jit (8 CPU devices, dp=2 x cp=4).
 
-The algebra is exact; two float effects it lets through change what a reordered ring computes:
+The algebra is exact; three float effects it lets through change what a reordered ring computes:
 
 - An lse update that is the log-sum-exp in exact arithmetic but overflows in floats where the two lses are far
   apart: `lse_b + log1p(exp(lse - lse_b))`, `lse_b - log(sigmoid(lse_b - lse))`. A block whose rows are all
@@ -13,7 +13,6 @@ The algebra is exact; two float effects it lets through change what a reordered 
   lse_b)` rounds at the first merge (ulp(1e4) ~ 1e-3), which the start check tolerates (it allows 1e-3 * (1 +
   |exact|)), and the first merge happens on other keys in each layout. Under the default ring_reorder ("auto"),
   in a blockwise kernel with chunk skips.
-
 - A state whose first merged block is all masked: a step-0 reset or an isneginf guard takes (out_b, lse_b = -1e30)
   as the state, and the next merge in the sigmoid form cancels, lse - log_sigmoid(lse - lse_b) = -1e30 + 1e30 = 0
   instead of lse_b (the start check covers only the state's start, not a state of masked keys alone). A ring whose
@@ -22,8 +21,8 @@ The algebra is exact; two float effects it lets through change what a reordered 
   stacked blocks after the loop that starts from the last step's block (all masked for most rows).
 
 A refusal of a hard max for the lse points at the (correct) output merge and calls it a constant weighting.
-Guards: stable spellings of the same merges stay accepted and equal to jax.jit on large scores; the standard
-custom_vjp kernel's gradients stay equal on random data; a narrower lse stays refused.
+Guards (accepted and equal to jax.jit): stable spellings of the same merges on large scores, the logaddexp form
+from a -1e4 sentinel under "auto" and after an all-masked first block, the custom_vjp logaddexp kernel's gradients.
 """
 
 import inspect
