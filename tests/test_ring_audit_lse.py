@@ -21,7 +21,8 @@ The algebra is exact; three float effects it lets through change what a reordere
   stacked blocks after the loop that starts from the last step's block (all masked for most rows).
 
 A refusal of a hard max for the lse points at the (correct) output merge and calls it a constant weighting.
-Guards (accepted and equal to jax.jit): stable spellings of the same merges on large scores, the logaddexp form
+Guards (accepted and equal to jax.jit): stable spellings of the same merges on large scores (the sigmoid form from
+the own block before the loop, not under a guard: see the third case), the logaddexp form
 from a -1e4 sentinel under "auto" and after an all-masked first block, the custom_vjp logaddexp kernel's gradients.
 """
 
@@ -198,8 +199,13 @@ def test_refusal_of_a_hard_max_lse_names_the_lse_update(monkeypatch):
 
 
 def test_stable_spellings_stay_accepted_and_equal_on_large_scores(monkeypatch):
+    """The max-shifted log1p, the guarded logaddexp, and the sigmoid form from the own block before the loop (as
+    ring-flash-attention does). The sigmoid form under a guard is refused: the block the guard takes may have rows
+    of masked keys alone, which the next sigmoid merge cancels to 0 (here the own block, never all masked, which
+    the proof does not know)."""
     monkeypatch.setitem(ul.MERGES, "stable", merge_stable)
-    for f in (_ring(ul.lse_ring(CP, "stable")), _ring(ul.lse_ring(CP, "guarded-sigmoid", init="inf"))):
+    for f in (_ring(ul.lse_ring(CP, "stable")), _ring(ul.lse_ring(CP, "guarded-logaddexp", init="inf")),
+              _ring(ul.lse_ring(CP, "sigmoid", first="peeled"))):
         decisions = _sound(f, "zigzag", _args(60.0))
         assert decisions and all(applied for applied, _ in decisions), decisions
 

@@ -334,7 +334,7 @@ LSE_TWINS = {
     "latest-block-kept": (_lse("logaddexp"), _lse("latest")),
     "hard-max-of-lses": (_lse("max"), _hard_max),
     "sigmoid-from-a-sentinel-start": (_lse("sigmoid", first="peeled"), _lse("sigmoid")),
-    "guard-on-a-sentinel-start": (_lse("guarded-sigmoid", init="inf"), _lse("guarded-sigmoid")),
+    "guard-on-a-sentinel-start": (_lse("guarded-logaddexp", init="inf"), _lse("guarded-sigmoid")),
 }
 
 

@@ -10,7 +10,8 @@ Merge spellings that are order-free (the fold over blocks is a log-sum-exp, howe
   max         m = max(lse, lse_b); lse' = m + log(e^(lse - m) + e^(lse_b - m)), out rescaled as for logaddexp
   softplus    lse' = lse + softplus(lse_b - lse), out as for sigmoid
 and the state started at -inf with a guard (`where(isneginf(lse), block, merged)`, ejkernel) or from the first block
-(a step-0 reset). Look-alikes that are not order-free (the line marked `# refused here` is the one refused)."""
+(a step-0 reset): with the logaddexp form; the sigmoid and softplus forms under a guard or reset are refused, since
+the block they take may have rows of masked keys alone (lse -1e30), which the next such merge cancels to 0. Look-alikes that are not order-free (the line marked `# refused here` is the one refused)."""
 
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ def reset(merge):
     """The state taken from the first block (step 0), merged after."""
     def merged(out, lse, out_b, lse_b, i):
         new_out, new_lse = merge(out, lse, out_b, lse_b, i)
-        return jnp.where(i == 0, out_b, new_out), jnp.where(i == 0, lse_b, new_lse)
+        return jnp.where(i == 0, out_b, new_out), jnp.where(i == 0, lse_b, new_lse)  # refused here
     return merged
 
 
@@ -222,7 +223,7 @@ def hard_max_ring(cp: int, positions=contiguous):
             (out, lse), k, v = carry
             k_pos = positions((me - i) % cp, n)
             out_b, lse_b = block(q, k, v, q_pos[:, None] >= k_pos[None, :])
-            lse_new = jnp.maximum(lse, lse_b)
+            lse_new = jnp.maximum(lse, lse_b)  # refused here
             out = out * jnp.exp(lse - lse_new)[..., None] + out_b * jnp.exp(lse_b - lse_new)[..., None]  # refused here
             return (out, lse_new), lax.ppermute(k, "cp", ring(cp)), lax.ppermute(v, "cp", ring(cp))
 

@@ -163,7 +163,7 @@ def with_agg(engine: Engine, value: Data, agg: Agg) -> Data:
 
 def try_complete(engine: Engine, value: Data) -> Data:
     agg = value.agg
-    if agg is None or agg.op not in _COMPLETES or (agg.nan and agg.op in (AggOp.LSE, AggOp.NSUM)):
+    if agg is None or agg.op not in _COMPLETES or ((agg.nan or agg.masked) and agg.op in (AggOp.LSE, AggOp.NSUM)):
         return value
     scope, block = engine.scope, engine.ring.block
     if not cov_ops.is_complete(agg.cov, scope, block):

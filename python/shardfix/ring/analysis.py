@@ -113,6 +113,7 @@ class FnTable:
         self.vars: list[frozenset] = []
         self.keys: list = []
         self.infinite: dict[int, bool] = {}  # algebra.may_be_infinite's answers
+        self.masking: dict[int, bool] = {}  # logsum.may_mask's answers
         self.read_at: dict[int, tuple] = {}  # fn -> (op, calls) where a loop variable it depends on became data
         self.wrapped: dict[int, object] = {}  # fn -> reasons.Wrap: an integer op read as data, its type too narrow
 

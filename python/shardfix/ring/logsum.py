@@ -30,10 +30,11 @@ import numpy as np
 from .algebra import aligned, match_home, same_cov, unify, with_agg
 from .analysis import Engine
 from .dims import shape
-from .finite import may_be_infinite
-from .lseforms import (ADVICE, ZERO, Atom, Domain, Form, Kind, Mono, Value, add_lin, apply_cases, const_value,
-                       evaluate, exact_sample, extreme, f32, log_of, negated, positive, reciprocal, same_keys,
-                       same_number, times)
+from .finite import made_of, may_be_infinite
+from . import lsefloats as fl
+from .lseforms import (ADVICE, ZERO, Atom, Domain, Form, Kind, Mono, Value, add_lin, apply_cases, at_least_one,
+                       at_most_zero, cells, const_value, exact_samples, extreme, log_of, negated, nonnegative,
+                       positive, reciprocal, same_keys, times)
 from .optable import Algebra, info
 from .values import CONST, EMPTY, Agg, AggOp, Coverage, CoverageVar, Data
 
@@ -101,8 +102,30 @@ def _lift(engine: Engine, op, value: Data, domain: Domain | None) -> Value:
         result = const_value(Domain.LIN, (Mono(1.0, f),), 0.0)
     else:
         engine.refuse(f"combines a log-sum-exp with a partial result of another kind ({agg.op}): " + ADVICE, op)
-    sample = evaluate(result, result.cases[0][1])
-    return dataclasses.replace(result, at_start=math.nan if agg.nan else sample)
+    keys = fl.PLAIN
+    if may_mask(engine, agg.score):
+        keys += fl.STATE_KEYS + tuple(k for p in cells(result) for k in fl.cell_keys(p))
+    # a merge whose float result is off in a scenario (its flag) is NaN there: a guard must not pick it
+    samples = tuple((k, math.nan if (agg.nan if k in fl.START_KEYS else agg.masked and k != fl.NORMAL) else x)
+                    for k, x in exact_samples(result, keys))
+    return dataclasses.replace(result, samples=samples)
+
+
+def may_mask(engine: Engine, fn: int) -> bool:
+    """Whether scores `fn` may hold a mask value, so that a block's row may be all masked (lse -1e30 + log n): a
+    constant of magnitude >= lsefloats.MASK_LIKE, an input (a bias passed in), a table or loop data, anywhere in
+    what it is made of; a contraction of the data (q . k) and integer arithmetic are taken in range (finite.py)."""
+    memo, keys = engine.fns.masking, engine.fns.keys
+    if fn not in memo:
+        key = keys[fn]
+        if key[0] == "const":
+            memo[fn] = key[1] not in ("True", "False") and abs(float(key[1])) >= fl.MASK_LIKE
+        elif key[0] in ("dot", "dotterm", "index"):
+            memo[fn] = False
+        else:
+            parts = made_of(key)
+            memo[fn] = not parts or any(may_mask(engine, f) for f in parts)
+    return memo[fn]
 
 
 def _mono(engine: Engine, coef: float, exp: Form, term: int, cov: Coverage) -> Mono:
@@ -167,45 +190,101 @@ def _rule(engine: Engine, op, kind: Algebra, values: list[Data]) -> Value:
         engine.refuse("adds or compares a log-sum-exp with a normalised output or a softmax sum: " + ADVICE, op)
     (domain,) = domains
     xs = [_lift(engine, op, v, domain) for v in values]
+    overflow = _overflow_kept(engine, op, kind, xs)
+    result = _arith(engine, op, kind, domain, values, xs)
+    return result if overflow is None else dataclasses.replace(result, overflow=overflow)
+
+
+def _overflow_kept(engine: Engine, op, kind: Algebra, xs: list[Value]):
+    """The exp op whose possible inf an operand holds, where this op keeps it (a sum of positive weights) or
+    None where it ends it (the denominator of a divide, >= 1: 1 / (1 + inf) = 0, sigmoid's limit); any other use
+    of an inf is refused at the exp."""
+    held = [x.overflow for x in xs if x.overflow is not None]
+    if not held:
+        return None
+    lin = all(x.domain is Domain.LIN for x in xs)
+    if lin and kind is Algebra.ADD and all(nonnegative(m) for x in xs for _, m in x.cases):
+        return held[0]
+    if lin and op.name == "stablehlo.divide" and xs[0].overflow is None and \
+            all(at_least_one(m, a) for a, m in xs[1].cases):
+        return None
+    _refuse_overflow(engine, held[0])
+
+
+def _arith(engine: Engine, op, kind: Algebra, domain: Domain, values: list[Data], xs: list[Value]) -> Value:
     log, lin = domain is Domain.LOG, domain is Domain.LIN
     name = op.name
     if kind is Algebra.ADD or kind is Algebra.SUBTRACT:
         sign = 1 if kind is Algebra.ADD else -1
         f = (lambda a, b: a.plus(b, sign)) if log else (lambda a, b: add_lin(engine, op, a, negated(b, sign)))
-        return apply_cases(engine, op, domain, f, xs, f32(np.add if sign > 0 else np.subtract, xs[0].at_start,
-                                                      xs[1].at_start))
+        return apply_cases(engine, op, domain, f, xs, fl.f32_all(np.add if sign > 0 else np.subtract,
+                                                                 xs[0].samples, xs[1].samples))
     if kind is Algebra.NEGATE:
         f = (lambda a: a.scaled(-1)) if log else (lambda a: negated(a, -1))
-        return apply_cases(engine, op, domain, f, xs, -xs[0].at_start)
+        return apply_cases(engine, op, domain, f, xs, fl.f32_all(np.negative, xs[0].samples))
     if log and kind in (Algebra.MAXIMUM, Algebra.MINIMUM):
         return extreme(engine, op, xs, kind is Algebra.MAXIMUM)
     if log and kind is Algebra.ABS:
         return extreme(engine, op, [xs[0], apply_cases(engine, op, domain, lambda a: a.scaled(-1), xs[:1],
-                                                   -xs[0].at_start)], True, f32(np.abs, xs[0].at_start))
+                                                   fl.f32_all(np.negative, xs[0].samples))], True,
+                       fl.f32_all(np.abs, xs[0].samples))
     if log and kind is Algebra.EXP:
-        return apply_cases(engine, op, Domain.LIN, lambda a: (Mono(1.0, a),), xs, f32(np.exp, xs[0].at_start))
+        result = apply_cases(engine, op, Domain.LIN, lambda a: (Mono(1.0, a),), xs, fl.f32_all(np.exp, xs[0].samples))
+        bounded = all(at_most_zero(f, a, bounded=True) for a, f in xs[0].cases)
+        return result if bounded else dataclasses.replace(result, overflow=op)
     if log and kind is Algebra.LOGISTIC:  # sigmoid(x) = 1 / (1 + exp(-x))
         f = lambda a: reciprocal(engine, op, add_lin(engine, op, (Mono(1.0, ZERO),), (Mono(1.0, a.scaled(-1)),)))
-        return apply_cases(engine, op, Domain.LIN, f, xs, f32(lambda t: 1 / (1 + np.exp(-t)), xs[0].at_start))
+        return apply_cases(engine, op, Domain.LIN, f, xs, fl.f32_all(lambda t: 1 / (1 + np.exp(-t)), xs[0].samples))
     if log and kind is Algebra.SCALE and name == "stablehlo.multiply":
         return _scale_log(engine, op, values, xs)
     if log and kind in (Algebra.COMPARE, Algebra.IS_FINITE):
         return _predicate(engine, op, values, xs)
     if lin and kind is Algebra.LOG:
-        return apply_cases(engine, op, Domain.LOG, lambda a: log_of(engine, op, a), xs, f32(np.log, xs[0].at_start))
+        _log_floor(engine, op, xs[0], at_least_one, "log")
+        return apply_cases(engine, op, Domain.LOG, lambda a: log_of(engine, op, a), xs,
+                           fl.f32_all(np.log, xs[0].samples))
     if lin and kind is Algebra.LOG1P:
         f = lambda a: log_of(engine, op, add_lin(engine, op, (Mono(1.0, ZERO),), a))
-        return apply_cases(engine, op, Domain.LOG, f, xs, f32(np.log1p, xs[0].at_start))
+        _log_floor(engine, op, xs[0], lambda monos, _: nonnegative(monos), "log1p")
+        return apply_cases(engine, op, Domain.LOG, f, xs, fl.f32_all(np.log1p, xs[0].samples))
     if lin and kind is Algebra.ABS:  # of a sum of exponentials: itself
-        return apply_cases(engine, op, Domain.LIN, lambda a: positive(engine, op, a), xs, f32(np.abs, xs[0].at_start))
+        return apply_cases(engine, op, Domain.LIN, lambda a: positive(engine, op, a), xs,
+                           fl.f32_all(np.abs, xs[0].samples))
     if lin and kind is Algebra.SCALE:
         divide = name == "stablehlo.divide"
         f = (lambda a, b: times(engine, op, a, reciprocal(engine, op, b))) if divide else \
             (lambda a, b: times(engine, op, a, b))
-        return apply_cases(engine, op, Domain.LIN, f, xs, f32(np.divide if divide else np.multiply, xs[0].at_start,
-                                                          xs[1].at_start))
+        return apply_cases(engine, op, Domain.LIN, f, xs, fl.f32_all(np.divide if divide else np.multiply,
+                                                                     xs[0].samples, xs[1].samples))
     engine.refuse(f"applies '{name}' to a log-sum-exp or a normalised output, which is not part of an order-free "
                   "merge: " + ADVICE, op)
+
+
+def _pred(truth: bool, samples: tuple) -> Value:
+    return Value(Domain.PRED, ((frozenset(), truth),), samples)
+
+
+def _refuse_overflow(engine: Engine, op) -> None:
+    """exp of a log-domain form is used only where the exponent is <= 0 in every case, as every max-shifted
+    spelling has it (exp(lse - lse'), exp(b - max(a, b)), exp(-|d|)), or inside sigmoid; exp(lse - lse_blk)
+    overflows to inf where the two are more than ~88 apart (an all-masked block's lse is -1e30), the state turns
+    inf and later blocks are lost, at rows and steps the layout picks."""
+    engine.refuse("takes exp of a difference of log-sum-exps that can be positive (lse - lse_blk, "
+                  "say): where the two are more than ~88 apart (a block whose row is all masked has lse -1e30) it "
+                  "overflows to inf, the running lse becomes inf and later blocks are lost, at rows that change "
+                  "with the layout; shift by the max, so that every exponent is <= 0: "
+                  "jnp.logaddexp(lse, lse_blk), or max(lse, lse_blk) + log1p(exp(-abs(lse - lse_blk)))", op)
+
+
+def _log_floor(engine: Engine, op, x: Value, floor, name: str) -> None:
+    """log of a sum of weights only where it is >= a positive constant (log1p: >= 0) in every case: log of
+    sigmoid(x) for an unbounded x underflows to log 0 = -inf, at rows the layout picks."""
+    if not all(floor(m, a) for a, m in x.cases):
+        engine.refuse(f"takes the {name} of a value that can underflow to 0 (log(sigmoid(x)) for x = "
+                      "lse_blk - lse, a sum of exponentials none of which is exp(0) = 1): where the lses are far "
+                      "apart (a block whose row is all masked has lse -1e30) it is -inf, at rows that change with "
+                      "the layout; shift by the max: jnp.logaddexp(lse, lse_blk), jax.nn.log_sigmoid, or "
+                      "m + log(exp(lse - m) + exp(lse_blk - m)) with m = max(lse, lse_blk)", op)
 
 
 def _scale_log(engine: Engine, op, values: list[Data], xs: list[Value]) -> Value:
@@ -215,21 +294,22 @@ def _scale_log(engine: Engine, op, values: list[Data], xs: list[Value]) -> Value
     if k is None or k != int(k):
         engine.refuse("multiplies log-sum-exps: " + ADVICE, op)
     x = xs[1] if numbers[0] is not None else xs[0]
-    return apply_cases(engine, op, Domain.LOG, lambda a: a.scaled(int(k)), [x], f32(np.multiply, x.at_start, k))
+    return apply_cases(engine, op, Domain.LOG, lambda a: a.scaled(int(k)), [x],
+                       fl.f32_all(lambda t: t * np.float32(k), x.samples))
 
 
 def _predicate(engine: Engine, op, values: list[Data], xs: list[Value]) -> Value:
     """isnan(d) (`d != d`) and isneginf(lse) (`lse == -inf`), isfinite(lse): where the state holds a block every
     form is finite, so these are false (isfinite: true); where it is at its start, what the floats say."""
     if op.name == "stablehlo.is_finite":
-        return const_value(Domain.PRED, True, float(np.isfinite(np.float32(xs[0].at_start))))
+        return _pred(True, fl.f32_all(np.isfinite, xs[0].samples))
     from jaxlib.mlir.dialects import stablehlo
     direction = stablehlo.ComparisonDirectionAttr(op.attributes["comparison_direction"]).value
     a, b = xs
     if direction == "NE" and a == b:
-        return const_value(Domain.PRED, False, float(math.isnan(a.at_start)))
+        return _pred(False, fl.f32_all(np.isnan, a.samples))
     if direction == "EQ" and values[1].agg is None and engine.fns.constant(values[1].fn) == -math.inf:
-        return const_value(Domain.PRED, False, float(a.at_start == -math.inf))
+        return _pred(False, fl.f32_all(np.isneginf, a.samples))
     engine.refuse("compares log-sum-exps (a block's with the running one, say): which side wins, and so what is "
                   "kept, changes with the order blocks come in; " + ADVICE, op)
 
@@ -248,9 +328,12 @@ def _select(engine: Engine, op, values: list[Data]) -> Value:
     pred = cond.agg.form
     domain = _domain_of(a) or _domain_of(b)
     x, y = _lift(engine, op, a, domain), _lift(engine, op, b, domain)
+    for held in (pred.overflow, x.overflow, y.overflow):
+        if held is not None:
+            _refuse_overflow(engine, held)
     chosen = x if pred.single() else y  # where the state holds a block
-    at_start = x.at_start if pred.at_start else y.at_start
-    return dataclasses.replace(chosen, at_start=at_start)
+    samples = fl.f32_all(lambda p, u, w: u if p else w, pred.samples, x.samples, y.samples)
+    return dataclasses.replace(chosen, samples=samples)
 
 
 def _constant_truth(engine: Engine, cond: Data) -> bool | None:
@@ -292,9 +375,13 @@ def _canonical(engine: Engine, op, value: Value, home, score: int) -> Agg:
             if atom.kind is Kind.LSE and same_keys(atom.cov, m.cov):
                 agg = Agg(AggOp.NSUM, home, m.term, atom.cov, score, start=atom.start)
     if agg is None:
-        return Agg(AggOp.LOGSUM, home, 0, EMPTY, score, form=value)
-    exact = exact_sample(value)
-    return dataclasses.replace(agg, nan=not same_number(value.at_start, exact))
+        made = value if value.made_at is not None else dataclasses.replace(value, made_at=op)
+        return Agg(AggOp.LOGSUM, home, 0, EMPTY, score, form=made)
+    if value.overflow is not None:
+        _refuse_overflow(engine, value.overflow)
+    keys = [k for k, _ in value.samples if k != fl.NORMAL]
+    bad = {k for k, x in exact_samples(value, keys) if not fl.same_number(fl.at(value.samples, k), x)}
+    return dataclasses.replace(agg, nan=bool(bad & set(fl.START_KEYS)), masked=bool(bad - set(fl.START_KEYS)))
 
 
 def _canonical_covs(engine: Engine, value: Value) -> Value:
@@ -348,6 +435,16 @@ def _alias_states(engine: Engine, op, bases: list[Data]) -> None:
                      "merges a running output and a running log-sum-exp of different blocks")
 
 
+def refuse_carried_hard_max(engine: Engine, agg: Agg) -> None:
+    """A loop that carries the max of the running lse and a block's as its lse, refused at that max (the output
+    merge that reads it next is not what is wrong)."""
+    if agg.op == AggOp.LOGSUM and agg.form.hard_max() and agg.form.made_at is not None:
+        engine.refuse("keeps the larger of two log-sum-exps as the running lse (a hard max): the lse of the blocks "
+                      "merged is log(exp(lse) + exp(lse_blk)), which the max undercounts by up to log 2 per merge, "
+                      "and by how much depends on the order the blocks come in, which changes with the layout; "
+                      "use lse' = jnp.logaddexp(lse, lse_blk)", agg.form.made_at)
+
+
 def carried_start_refusal(agg: Agg) -> str | None:
     """Why a loop may not carry this merge state, or None."""
     if agg.op in (AggOp.LSE, AggOp.NSUM) and agg.nan:
@@ -358,6 +455,13 @@ def carried_start_refusal(agg: Agg) -> str | None:
                 "skipped, and the start's error stays in the result; take the state from the first block "
                 "(where(i == 0, block, merged), or the first block before the loop), or start lse at -inf and guard "
                 "the merge, where(isneginf(lse), block, merged)")
+    if agg.op in (AggOp.LSE, AggOp.NSUM) and agg.masked:
+        return ("merges blocks in a way whose floating-point result is not the log-sum-exp where a row's keys are all "
+                "masked (lse -1e30 + log n): lse - log_sigmoid(lse - lse_blk) is -1e30 + 1e30 = 0 where the state "
+                "holds only such keys (a block taken as the state by where(i == 0, block, merged) or "
+                "where(isneginf(lse), block, merged), or a fold that starts from a block), and which rows meet an "
+                "all-masked block first changes with the layout; merge with lse' = jnp.logaddexp(lse, lse_blk) and "
+                "out' = out * exp(lse - lse') + out_blk * exp(lse_blk - lse'), exact wherever either side is masked")
     if agg.op == AggOp.LOGSUM:
         return ("carries a merge state that is not the log-sum-exp and the normalised output of the blocks merged so "
                 "far (a decayed or averaged output, lses added, the latest block kept): it depends on the order the "

@@ -16,7 +16,7 @@ from jaxlib.mlir import ir
 
 from . import coverage as cov_ops
 from .algebra import agg_fn, cov_prefix, cov_rest, start_value, try_complete
-from .logsum import carried_start_refusal
+from .logsum import carried_start_refusal, refuse_carried_hard_max
 from .analysis import Engine, Refusal
 from .dims import element_type, holds, shape
 from .loopmemo import memoized
@@ -393,6 +393,7 @@ def _template(engine: Engine, op, ret: Data, steps: dict, k: Var, mine: set):
     """An accumulator that starts as a constant, in the form the body gives it, and where its tokens are at
     iteration k (where the previous iteration left them)."""
     agg = ret.agg
+    refuse_carried_hard_max(engine, agg)
     axes = []
     for key, axis in ret.axes:
         hop = axis.hop.substitute(steps)
@@ -402,7 +403,8 @@ def _template(engine: Engine, op, ret: Data, steps: dict, k: Var, mine: set):
     # a merge state's start is the init itself: whether the body's float result at the start is exact is checked on
     # what the body returns (_solve)
     template = ret.with_(axes=(), agg=replace(agg, cov=EMPTY, shift_cov=EMPTY,
-                                              nan=agg.nan and agg.op not in (AggOp.LSE, AggOp.NSUM)))
+                                              nan=agg.nan and agg.op not in (AggOp.LSE, AggOp.NSUM),
+                                              masked=agg.masked and agg.op not in (AggOp.LSE, AggOp.NSUM)))
     return template, tuple(axes)
 
 
@@ -573,6 +575,8 @@ def _solve(engine: Engine, op, placeholders, returned, changing, k: Var) -> dict
                 engine.refuse(_MIXED, op)
             continue
         x, y = ph.agg, ret.agg
+        if y is not None:
+            refuse_carried_hard_max(engine, y)
         why = carried_start_refusal(y) if y is not None else None
         if why is not None:
             engine.refuse(why, op)

@@ -10,8 +10,9 @@ For a set C of keys (blocks), lse(C) = log sum_{s in C} exp(score(t, s)). Values
 Sums of monomials are simplified by two identities of sums over disjoint sets, exp(lse(A)) + exp(lse(B)) =
 exp(lse(A u B)) and exp(lse(A u B)) - exp(lse(B)) = exp(lse(A)) (a constant c on either side being the lse of a
 pseudo-token of score c); max, min and abs are kept by case (max(x, y) is x where x - y >= 0, y elsewhere), one
-result per case, collapsed as soon as every case gives the same. `Value.at_start` carries what the float
-computation gives where the state is still at its start, checked against the exact value there (`exact_sample`).
+result per case, collapsed as soon as every case gives the same. `Value.samples` carries what the float
+computation gives in lsefloats.py's scenarios (the state at its start, a row of masked keys alone), checked
+against the exact value there (`exact_sample`); `at_most_zero` proves an exponent cannot overflow.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-import zlib
 from dataclasses import dataclass
 
 import numpy as np
 
+from . import lsefloats as fl
 from .algebra import union_cov
 from .analysis import Engine
 from .values import EMPTY, Coverage, CoverageVar
@@ -109,94 +110,111 @@ class Domain(enum.Enum):
 @dataclass(frozen=True)
 class Value:
     """A LOGSUM aggregate's value: one result per case (an assignment of signs to differences of forms), each a
-    Form (LOG), a tuple of Monos (LIN) or a truth value where the state holds a block (PRED); `at_start`: what its
-    float computation gives where the state is at its start (NaN: not a number there)."""
+    Form (LOG), a tuple of Monos (LIN) or a truth value where the state holds a block (PRED); `samples`: what its
+    float computation gives in each of lsefloats.py's scenarios (NaN: not a number there)."""
 
     domain: Domain
     cases: tuple[tuple[frozenset, object], ...]
-    at_start: float
+    samples: tuple
+    # an exp (its op) whose exponent can be positive, so the value can be inf: fine only where it ends as the
+    # denominator of 1 / (1 + exp(-x)), the way sigmoid lowers
+    overflow: object = dataclasses.field(default=None, compare=False, repr=False)
+    made_at: object = dataclasses.field(default=None, compare=False, repr=False)  # the op that made it (LOGSUM)
+
+    def hard_max(self) -> bool:
+        """Whether it is the max (or min) of log-sum-exps (or of one and a constant start): in each case one of
+        them, whole."""
+        return self.domain is Domain.LOG and len(self.cases) > 1 and all(
+            not x.terms or x.const == 0 and len(x.terms) == 1 and x.terms[0][1] == 1 and
+            x.terms[0][0].kind is Kind.LSE for _, x in self.cases) and any(x.terms for _, x in self.cases)
 
     def single(self):
         return self.cases[0][1] if len(self.cases) == 1 else None
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Sample numbers: the float computation where the state is at its start.
+# Sample numbers (lsefloats.py has the scenarios): the exact value at them.
 
 
-def const_value(domain: Domain, x, at_start: float) -> Value:
-    return Value(domain, ((frozenset(), x),), at_start)
+def const_value(domain: Domain, x, number: float) -> Value:
+    return Value(domain, ((frozenset(), x),), fl.constant(number))
 
 
-def _sample(*key) -> float:
-    return (zlib.crc32(repr(key).encode()) % 1000) / 500.0 - 1.0
-
-
-def _atom_sample(atom: Atom) -> float:
-    """The atom where the state is at its start: its blocks only (an unknown coverage, the state's, holds none
-    yet), and the start pseudo-token."""
-    parts = [p for p in atom.cov.parts if not isinstance(p, CoverageVar)]
+def _atom_sample(atom: Atom, key: str) -> float:
+    """The atom in scenario `key`: its blocks' numbers and its start pseudo-token (an unknown coverage, the
+    state's, holds none at its start)."""
+    kind = "max" if atom.kind is Kind.MAX else "lse"
+    xs = [x for x in (fl.part_sample(kind, p, key) for p in atom.cov.parts) if x is not None]
     if atom.kind is Kind.MAX:
-        return max((_sample("max", str(p)) for p in parts), default=-math.inf)
-    xs = [_sample("lse", str(p)) for p in parts] + ([atom.start] if atom.start is not None else [])
+        return max(xs, default=-math.inf)
+    xs += [atom.start] if atom.start is not None else []
     return float(np.logaddexp.reduce(np.array(xs, np.float64))) if xs else -math.inf
 
 
-def _form_sample(f: Form) -> float:
+def _form_sample(f: Form, key: str) -> float:
     with np.errstate(all="ignore"):
-        return float(sum((c * _atom_sample(a) for a, c in f.terms), np.float64(f.const)))
+        return float(sum((c * _atom_sample(a, key) for a, c in f.terms), np.float64(f.const)))
 
 
-def _mono_sample(m: Mono) -> float:
+def _mono_sample(m: Mono, key: str) -> float:
     with np.errstate(all="ignore"):
-        scale = m.coef * np.exp(np.float64(_form_sample(m.exp)))
+        exponent = np.float64(_form_sample(m.exp, key))
         if m.term is None:
-            return float(scale)
-        parts = [p for p in m.cov.parts if not isinstance(p, CoverageVar)]
-        total = sum((np.exp(_sample("lse", str(p))) * _sample("term", m.term, str(p)) for p in parts),
-                    np.float64(0.0))
-        return float(scale * total) if parts else 0.0
+            return float(m.coef * np.exp(exponent))
+        # exp(F + lse_p) per block p, not exp(F) * exp(lse_p): a row of masked keys alone is exp(1e30 - 1e30)
+        total = np.float64(0.0)
+        for p in m.cov.parts:
+            x = fl.part_sample("lse", p, key)
+            if x is not None:
+                total += np.exp(exponent + np.float64(x)) * fl.term_sample(key, p)
+        return float(m.coef * total)
 
 
-def evaluate(value: Value, x) -> float:
+def evaluate(value: Value, x, key: str) -> float:
     if value.domain is Domain.LOG:
-        return _form_sample(x)
+        return _form_sample(x, key)
     if value.domain is Domain.LIN:
-        return float(sum((_mono_sample(m) for m in x), 0.0))
+        return float(sum((_mono_sample(m, key) for m in x), 0.0))
     return float(x)
 
 
-def exact_sample(value: Value) -> float:
-    """The exact value at the samples: the case the samples fall in."""
+def exact_sample(value: Value, key: str) -> float:
+    """The exact value in scenario `key`: the case its numbers fall in."""
     for assignment, x in value.cases:
-        if all((_form_sample(d) >= 0) == sign for d, sign in assignment):
-            return evaluate(value, x)
-    return evaluate(value, value.cases[0][1])
+        if all((_form_sample(d, key) >= 0) == sign for d, sign in assignment):
+            return evaluate(value, x, key)
+    return evaluate(value, value.cases[0][1], key)
 
 
-def same_number(a: float, b: float) -> bool:
-    if math.isnan(a) or math.isnan(b):
-        return False
-    if math.isinf(a) or math.isinf(b):
-        return a == b
-    return abs(a - b) <= 1e-3 * (1.0 + abs(b))
+def exact_samples(value: Value, keys) -> fl.Samples:
+    return tuple((k, exact_sample(value, k)) for k in keys)
 
 
-def f32(fn, *xs) -> float:
-    with np.errstate(all="ignore"):
-        return float(fn(*(np.float32(x) for x in xs)))
+def cells(value: Value) -> list:
+    """The blocks (not the state) a value's atoms hold."""
+    out: dict = {}
+    for a, x in value.cases:
+        forms = [d for d, _ in a] + ([x] if value.domain is Domain.LOG else
+                                     [m.exp for m in x] if value.domain is Domain.LIN else [])
+        for f in forms:
+            for atom, _ in f.terms:
+                out.update((str(p), p) for p in atom.cov.parts if not isinstance(p, CoverageVar))
+        if value.domain is Domain.LIN:
+            out.update((str(p), p) for m in x if m.cov is not None for p in m.cov.parts
+                       if not isinstance(p, CoverageVar))
+    return list(out.values())
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # The arithmetic, case by case.
 
 
-def apply_cases(engine: Engine, op, domain: Domain, f, xs: list[Value], at_start: float) -> Value:
+def apply_cases(engine: Engine, op, domain: Domain, f, xs: list[Value], samples: tuple) -> Value:
     """f on each consistent combination of the operands' cases."""
     combos = [(frozenset(), [])]
     for x in xs:
         combos = [(a | b, args + [y]) for a, args in combos for b, y in x.cases if _consistent(a | b)]
-    return _collapse(Value(domain, tuple((a, f(*args)) for a, args in combos), at_start))
+    return _collapse(Value(domain, tuple((a, f(*args)) for a, args in combos), samples))
 
 
 def _consistent(assignment: frozenset) -> bool:
@@ -210,10 +228,10 @@ def _collapse(value: Value) -> Value:
     return value
 
 
-def extreme(engine: Engine, op, xs: list[Value], largest: bool, at_start: float | None = None) -> Value:
+def extreme(engine: Engine, op, xs: list[Value], largest: bool, samples: tuple | None = None) -> Value:
     """max or min of two forms: x where x - y >= 0 (for max), y elsewhere, both cases kept."""
-    if at_start is None:
-        at_start = f32(np.maximum if largest else np.minimum, xs[0].at_start, xs[1].at_start)
+    if samples is None:
+        samples = fl.f32_all(np.maximum if largest else np.minimum, xs[0].samples, xs[1].samples)
     cases = []
     for a, x in xs[0].cases:
         for b, y in xs[1].cases:
@@ -227,7 +245,7 @@ def extreme(engine: Engine, op, xs: list[Value], largest: bool, at_start: float 
                 assignment = a | b | {(d, sign)}
                 if _consistent(assignment):
                     cases.append((assignment, x if (sign != flipped) == largest else y))
-    return _collapse(Value(Domain.LOG, tuple(cases), at_start))
+    return _collapse(Value(Domain.LOG, tuple(cases), samples))
 
 
 def _key(d: Form) -> tuple[Form, bool]:
@@ -377,3 +395,50 @@ def positive(engine: Engine, op, a: tuple) -> tuple:
     if all(m.term is None and m.coef > 0 for m in a):
         return a
     engine.refuse("takes the absolute value of a softmax-weighted sum", op)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Signs: what the floats can overflow or underflow on.
+
+
+def at_most_zero(f: Form, assignment: frozenset, bounded: bool = False) -> bool:
+    """Whether f <= 0 wherever the case `assignment` holds, whatever the blocks' scores: a constant, the negated
+    side of the case's own comparison (b - max(a, b), -|d|), or lse(A) - lse(B) and max(A) - lse(B) with A within
+    B. `bounded`: lse(A) - max(A) too, which is at most log |A|."""
+    if not f.terms:
+        return f.const <= 0
+    for d, sign in assignment:
+        for s in (1, -1):  # f = s * k * d + c, k > 0
+            k = f.terms[0][1] / (s * dict((a.key(), c) for a, c in d.terms).get(f.terms[0][0].key(), math.nan))
+            if not k > 0:
+                continue
+            rest = f.plus(d, -int(s * k)) if k == int(k) else None
+            if rest is not None and not rest.terms and rest.const <= 0 and sign == (s < 0):
+                return True
+    if f.const > 0 or len(f.terms) > 2:
+        return False
+    pos = [a for a, c in f.terms if c == 1]
+    neg = [a for a, c in f.terms if c == -1]
+    if len(pos) + len(neg) != len(f.terms) or len(neg) != 1 or len(pos) > 1:
+        return False
+    (n,) = neg
+    if not pos:  # c - lse(B), B holding a pseudo-token of score >= c
+        return n.kind is Kind.LSE and n.start is not None and f.const <= n.start
+    (p,) = pos
+    within = _parts(p.cov) <= _parts(n.cov) and (p.kind is Kind.MAX or p.start is None or p.start == n.start)
+    if p.kind is Kind.LSE and not p.cov.parts and p.start is None:
+        return True  # the lse of no keys: -inf
+    if n.kind is Kind.LSE:
+        return within
+    return within and (p.kind is Kind.MAX or (bounded and same_keys(p.cov, n.cov) and p.start is None))
+
+
+def at_least_one(monos: tuple, assignment: frozenset) -> bool:
+    """Whether a sum of weights is >= a positive constant in the case: every weight positive, one of them
+    c * exp(F) with F >= 0 (a term exp(0) = 1 of a max-shifted sum, 1 + x, exp(lse(A u B) - lse(A)))."""
+    return all(m.term is None and m.coef > 0 for m in monos) and \
+        any(at_most_zero(m.exp.scaled(-1), assignment) for m in monos)
+
+
+def nonnegative(monos: tuple) -> bool:
+    return all(m.term is None and m.coef > 0 for m in monos)

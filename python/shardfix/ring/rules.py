@@ -87,8 +87,9 @@ def apply_rule(engine: Engine, op: ir.Operation) -> list:
                           op)
     if any(_may_be_nan(engine.get(v)) for v in op.operands) and not info(op.name).carries_nan and \
             (op.name != "stablehlo.select" or any(_may_be_nan(r) for r in results)):
-        for v in op.operands:
-            why = logsum.carried_start_refusal(engine.get(v).agg) if _may_be_nan(engine.get(v)) else None
+        # a guard's result first: what it lets through is the reason (its merged operand is off at the start too)
+        for value in [r for r in results if _may_be_nan(r)] + [engine.get(v) for v in op.operands]:
+            why = logsum.carried_start_refusal(value.agg) if _may_be_nan(value) else None
             if why is not None:
                 engine.refuse(why, op)
         engine.refuse("rescales by exp(x - m) where the running max m may still be -inf (scores masked with -inf "
@@ -99,7 +100,7 @@ def apply_rule(engine: Engine, op: ir.Operation) -> list:
 
 
 def _may_be_nan(value) -> bool:
-    return isinstance(value, Data) and value.agg is not None and value.agg.nan
+    return isinstance(value, Data) and value.agg is not None and (value.agg.nan or value.agg.masked)
 
 
 class Blocked(Exception):

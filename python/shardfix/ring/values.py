@@ -165,6 +165,7 @@ class Agg:
     shift_cov: Coverage = EMPTY  # ssum: the shift's coverage; shift: the target coverage
     finite: bool = False
     nan: bool = False
+    masked: bool = False  # LSE/NSUM: the merge's float result is not the lse where a row's keys are all masked
     form: object = None  # LOGSUM: the value in logsum.py's terms (a `logsum.Value`)
     start: float | None = None  # LSE, NSUM, and a by_lse shift: the start pseudo-token's score
     by_lse: bool = False  # DIFF, EXP, SSUM: the shift is the lse of `score` over its coverage, not the running max
