@@ -40,7 +40,7 @@ USER = ("blockwise-causal", "blockwise-causal-segments", "blockwise-window40", "
         "variant-carried-source", "variant-ppermuted-source@auto", "refuse-all-gather-into-buffer",
         "refuse-device-keyed-dropout", "refuse-sorted-keys", "refuse-positions-left-behind",
         "refuse-int-truncated-sum", "refuse-carried-source-wrong-modulus", "lse-logaddexp", "lse-sigmoid-peeled",
-        "lse-guarded-sigmoid-inf", "blockwise-causal-lse", "vjp-lse-logaddexp", "refuse-lse-decayed",
+        "refuse-lse-guarded-sigmoid-inf", "blockwise-causal-lse", "vjp-lse-logaddexp", "refuse-lse-decayed",
         "refuse-lse-sigmoid-sentinel-start")
 
 
