@@ -419,7 +419,7 @@ def _k_sent_twice(q, k, v):
 
 
 REFUSED = {"reset-by-inner-counter": (_reset_by_inner_counter, "replaces a running sum or max the loop carries"),
-           "reset-at-second-step": (_reset_at_second_step, "divides two partial aggregates"),
+           "reset-at-second-step": (_reset_at_second_step, "has not folded in every block"),
            "k-sent-twice": (_k_sent_twice, "combines data of different tokens")}
 
 

@@ -78,7 +78,7 @@ def assert_refused_at_marked_line(p: Program, low, strategy: str = "auto"):
             continue  # no stripe fits the units the program reads: refused before any proof
         assert r.why.startswith("not provably safe"), r.why
         assert OP.search(r.why), r.why
-        cited = {int(n) for n in re.findall(r"ring_user_(?:refusals|kernels|programs|variants)\.py:(\d+)", r.why)}
+        cited = {int(n) for n in re.findall(r"ring_user_(?:refusals|kernels|programs|variants|lse)\.py:(\d+)", r.why)}
         if p.grad and not cited & set(lines):
             # a backward is paired with its forward only where every op of it carries the traceback of a proved
             # forward op; in a process that traced jnp's jitted helpers for another program first, their ops carry
@@ -302,6 +302,53 @@ def test_refused_look_alike_would_compute_something_else_if_reordered(name):
     assert accepted <= 1e-5 and refused > 1e-2, differences
 
 
+def _lse(merge: str, **options):
+    from support import ring_user_lse as ul
+    return lambda cp, positions: ul.lse_ring(cp, merge, positions=positions, **options)
+
+
+def _hard_max(cp, positions):
+    from support import ring_user_lse as ul
+    return ul.hard_max_ring(cp, positions)
+
+
+# Each order-free (out, lse) merge beside its refused look-alike: make(cp, positions) -> per-device body.
+LSE_TWINS = {
+    "decayed-output": (_lse("logaddexp"), _lse("decayed")),
+    "output-weighted-by-step": (_lse("logaddexp"), _lse("hop-weighted")),
+    "output-of-largest-lse": (_lse("logaddexp"), _lse("argmax")),
+    "latest-block-kept": (_lse("logaddexp"), _lse("latest")),
+    "hard-max-of-lses": (_lse("max"), _hard_max),
+    "sigmoid-from-a-sentinel-start": (_lse("sigmoid", first="peeled"), _lse("sigmoid")),
+    "guard-on-a-sentinel-start": (_lse("guarded-logaddexp", init="inf"), _lse("guarded-sigmoid")),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LSE_TWINS))
+def test_refused_lse_merge_would_compute_something_else_if_reordered(name):
+    """As above, for the flash-attention style merges of each block's (out, lse): the accepted spelling, reordered
+    by hand to the zigzag layout, computes what jax.jit computes; its refused look-alike does not (the sigmoid form
+    from a start of -1e30 too: its first merge cancels the start to an lse of 0, and which block that lse is
+    wrongly given is the layout's)."""
+    from support.ring_user_lse import contiguous
+    from support.ring_user_programs import qkv, sharded
+
+    mesh = _meshes()["explicit"]
+    cp = mesh.shape["cp"]
+    args = qkv(mesh)
+    order, zigzag = _zigzag(cp, args[0].shape[1])
+    permuted = [jax.device_put(np.asarray(x)[:, order], x.sharding) for x in args]
+    differences = []
+    for make in LSE_TWINS[name]:
+        want = np.asarray(jax.jit(sharded(mesh, make(cp, contiguous), 3))(*args))
+        got = np.asarray(jax.jit(sharded(mesh, make(cp, zigzag), 3))(*permuted))
+        assert np.isfinite(want).all(), name  # a difference, not two nans, tells the programs apart
+        gap = np.abs(got[:, np.argsort(order)] - want)
+        differences.append(np.inf if np.isnan(gap).any() else float(gap.max()))
+    accepted, refused = differences
+    assert accepted <= 1e-5 and refused > 1e-2, differences
+
+
 @pytest.mark.parametrize("axes", [("dp", "cp"), ("cp",)], ids=["one-ring-of-both-axes", "ring-along-cp"])
 def test_sequence_split_on_two_mesh_axes_is_left_as_written(axes):
     """The sequence split on ("dp", "cp"), the ring over both axes or along "cp" within each "dp" group: the pass
@@ -327,7 +374,8 @@ def test_registry_covers_every_kind():
     assert len(PROGRAMS) == len(BY_NAME) >= 80
     kinds = {"fori-", "scan-", "unrolled-", "blockwise-", "grad-", "vjp-", "nested-", "partial-", "refuse-", "@auto",
              "@cp8", "window8", "window40", "alibi", "prefix20", "chunked", "segments", "sinks", "rope-table",
-             "prefill-offset", "guarded", "step0-reset", "bidirectional"}
+             "prefill-offset", "guarded", "step0-reset", "bidirectional", "lse-", "blockwise-causal-lse",
+             "refuse-lse-"}
     for kind in kinds:
         assert any(kind in name for name in BY_NAME), kind
 

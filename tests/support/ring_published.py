@@ -7,7 +7,8 @@ Every program runs on a (dp=2, cp=4) mesh, its ring on "cp", at tiny sizes: atte
 sharded P("dp", "cp", None) (16 tokens a device); matmuls on [64 x 64] @ [64 x 8] (every operand sharded on "cp"
 has 16 rows a device there, so the analysis looks into the region rather than stopping at unequal lengths).
 Programs named "...-lse-by-hand" are the same kernels with the block's log-sum-exp written out as flash kernels
-compute it (row max + log row sum) instead of jax.nn.logsumexp, whose internals the analysis stops at.
+compute it (row max + log row sum) instead of jax.nn.logsumexp; both are proved by the algebra of their (out, lse)
+merges (logsum.py).
 
 Expectations (`Published.expect`) under `@autofix_shardings`' defaults:
   "balanced"  proved, left alone because it gains nothing (no skipped work: non-causal, or a mask with no skip);
@@ -177,8 +178,7 @@ PROGRAMS = [
               attention(ring_flash_attn, causal=True), ring_flash_attn, "refused", grad=True,
               at='s = jnp.where(mask, s, NEG)', why='varies with local position'),
     Published("ring-flash-attn-full", "zhuzilin/ring-flash-attention ring_flash_attn_forward (causal=False)",
-              attention(ring_flash_attn, causal=False), ring_flash_attn, "refused",
-              at='lse = jax.nn.logsumexp(s, axis=-1)', why='an lse merge is not supported'),
+              attention(ring_flash_attn, causal=False), ring_flash_attn, "balanced", forced=True),
     Published("ring-flash-attn-zigzag", "zhuzilin/ring-flash-attention zigzag_ring_flash_attn_forward",
               attention(zigzag_ring_flash_attn), zigzag_ring_flash_attn, "refused",
               at='s = jnp.where(mask, s, NEG)', why='varies with local position'),
@@ -186,9 +186,8 @@ PROGRAMS = [
               attention(flash_attn_jax_ring, causal=True), flash_attn_jax_ring, "refused", grad=True,
               at='s = jnp.where(mask, s, NEG)', why='varies with local position'),
     Published("flash-attn-jax-ring-full", "nshepperd/flash_attn_jax ring_attention.ring_fwd (non-causal)",
-              attention(flash_attn_jax_ring, causal=False), flash_attn_jax_ring, "refused",
-              grad=True,
-              at='lse = jax.nn.logsumexp(s, axis=-1)', why='an lse merge is not supported'),
+              attention(flash_attn_jax_ring, causal=False), flash_attn_jax_ring, "balanced", forced=True,
+              grad=True),
     Published("ejkernel-pallas-ring-causal", "ejkernel kernels/_pallas/tpu/ring_attention (causal)",
               attention(ejkernel_pallas_ring), ejkernel_pallas_ring, "refused", grad=True,
               at='s = jnp.where(mask, s, NEG)', why='varies with local position'),
@@ -206,9 +205,7 @@ PROGRAMS = [
               layout_ring(zigzag_positions, zigzag_order), (online_softmax_ring, zigzag_positions), "refused",
               at='s = jnp.where(q_pos[:, None] >= k_pos[None, :], s, NEG)', why='is not the place of a token'),
     Published("ring-flash-attn-full-lse-by-hand", "ring-flash-attn-full, block lse written out",
-              attention(ring_flash_attn, causal=False, by_hand=True), ring_flash_attn, "refused",
-             
-              at='lse = m + jnp.log(', why='an lse merge is not supported'),
+              attention(ring_flash_attn, causal=False, by_hand=True), ring_flash_attn, "balanced", forced=True),
     Published("ring-flash-attn-causal-lse-by-hand", "ring-flash-attn-causal, block lse written out",
               attention(ring_flash_attn, causal=True, by_hand=True), ring_flash_attn, "refused",
               at='s = jnp.where(mask, s, NEG)', why='varies with local position'),
@@ -220,8 +217,8 @@ PROGRAMS = [
              
               at='s = jnp.where(mask, s, NEG)', why='varies with local position'),
     Published("flash-attn-jax-ring-full-lse-by-hand", "flash-attn-jax-ring-full, block lse written out",
-              attention(flash_attn_jax_ring, causal=False, by_hand=True), flash_attn_jax_ring, "refused",
-              at='lse = m + jnp.log(', why='an lse merge is not supported'),
+              attention(flash_attn_jax_ring, causal=False, by_hand=True), flash_attn_jax_ring, "balanced",
+              forced=True),
     Published("ejkernel-pallas-ring-causal-lse-by-hand", "ejkernel-pallas-ring-causal, block lse written out",
               attention(ejkernel_pallas_ring, by_hand=True), ejkernel_pallas_ring, "refused",
              

@@ -181,6 +181,18 @@ def refusal(make, positions: bool = False):
     return build
 
 
+def lse(merge: str, vjp: bool = False, **options):
+    """A builder for ring_user_lse.lse_ring (flash-attention style (out, lse) merges), or its custom_vjp kernel."""
+    from support import ring_user_lse as ul
+
+    def build(mesh):
+        cp = mesh.shape["cp"]
+        body = ul.lse_ring_vjp(cp, merge) if vjp else ul.lse_ring(cp, merge, **options)
+        return sharded(mesh, body, 3), qkv(mesh)
+
+    return build
+
+
 def vjp(mask: str, direction: int = 1):
     """A builder for uk.vjp_ring (custom_vjp) with mask `mask`."""
 
@@ -424,6 +436,40 @@ def _registry() -> list[Program]:
     add("bidirectional-ring-causal@cp8", refusal(uv.bidirectional), "proved", BOTH, mesh="cp8")
     add("refuse-bidirectional-forgets-opposite", refusal(uv.bidirectional_forgets_opposite), "refused",
         source=uv.bidirectional)
+    # Flash-attention style merges of each block's (out, lse) (ring_user_lse): order-free however spelled, proved
+    # by their algebra; look-alikes that are not order-free, refused.
+    from support import ring_user_lse as ul
+    for name, merge, options, layouts in (
+            ("logaddexp", "logaddexp", {}, BOTH), ("max-log", "max", {}, ZIGZAG),
+            ("sigmoid-peeled", "sigmoid", {"first": "peeled"}, BOTH),
+            ("softplus-peeled", "softplus", {"first": "peeled"}, ZIGZAG),
+            ("logaddexp-inf", "logaddexp", {"init": "inf"}, ZIGZAG),
+            ("guarded-logaddexp-inf", "guarded-logaddexp", {"init": "inf"}, ZIGZAG),
+            ("step0-reset-logaddexp", "reset-logaddexp", {}, ZIGZAG),
+            ("scan-max-log-inf", "max", {"loop": "scan", "init": "inf"}, ZIGZAG)):
+        add(f"lse-{name}", lse(merge, **options), "proved", layouts)
+    add("lse-logaddexp@auto", lse("logaddexp"), "proved", ZIGZAG, mesh="auto")
+    add("lse-sigmoid-peeled@cp8", lse("sigmoid", first="peeled"), "proved", ZIGZAG, mesh="cp8")
+    add("blockwise-causal-lse", blockwise("causal", merge="lse"), "rewritten", BOTH)
+    add("blockwise-causal-lse@cp8", blockwise("causal", merge="lse"), "rewritten", ZIGZAG, mesh="cp8")
+    add("vjp-lse-logaddexp", lse("logaddexp", vjp=True), "proved", BOTH, grad=True)
+    add("vjp-lse-max-log", lse("max", vjp=True), "proved", ZIGZAG, grad=True)
+    add("grad-lse-logaddexp", lse("logaddexp"), "autodiff", grad=True)
+    for name, merge, options, source in (
+            ("decayed", "decayed", {}, ul.merge_decayed), ("hop-weighted", "hop-weighted", {}, ul.merge_hop_weighted),
+            ("argmax", "argmax", {}, ul.merge_argmax), ("latest", "latest", {}, ul.lse_ring),
+            # a start of -1e30 cancelled to 0 (or -inf - -inf): the first block's lse lost, in every layout at
+            # another block
+            ("sigmoid-sentinel-start", "sigmoid", {}, ul.lse_ring),
+            ("sigmoid-unguarded-inf", "sigmoid", {"init": "inf"}, ul.lse_ring),
+            ("guard-on-sentinel-start", "guarded-sigmoid", {}, ul.guarded),
+            # the block a guard or a step-0 reset takes as the state may hold masked keys alone (lse -1e30): the
+            # next sigmoid/softplus merge cancels it to 0 (here the first block is the own one, whose diagonal is
+            # never masked, which the proof does not know)
+            ("guarded-sigmoid-inf", "guarded-sigmoid", {"init": "inf"}, ul.guarded),
+            ("step0-reset-sigmoid", "reset-sigmoid", {}, ul.reset)):
+        add(f"refuse-lse-{name}", lse(merge, **options), "refused", source=source)
+    add("refuse-lse-hard-max-of-lses", refusal(ul.hard_max_ring), "refused", source=ul.hard_max_ring)
     add("grad-refuse-attention-then-cumsum", refusal(ur.attention_then_cumsum), "refused", grad=True,
         source=ur.attention_then_cumsum)
     add("grad-refuse-coordinate-skip", refusal(ur.coordinate_skip), "refused", grad=True,

@@ -22,7 +22,8 @@ from .values import (CONST, EMPTY, FREE, Agg, AggOp, Axis, Coverage, CoverageVar
 
 SUM_LIKE = (AggOp.SUM, AggOp.SSUM)
 # the aggregates that become a plain function of their home tokens once every block is folded in
-_COMPLETES = frozenset({AggOp.SUM, AggOp.MAX, AggOp.MIN, AggOp.SSUM, AggOp.MUL, AggOp.AND, AggOp.OR, AggOp.SHIFT})
+_COMPLETES = frozenset({AggOp.SUM, AggOp.MAX, AggOp.MIN, AggOp.SSUM, AggOp.MUL, AggOp.AND, AggOp.OR, AggOp.SHIFT,
+                        AggOp.LSE, AggOp.NSUM})
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -148,7 +149,8 @@ def _attrs(op) -> str:
 
 
 def agg_fn(engine: Engine, agg: Agg) -> int:
-    return engine.fns.intern(("agg", agg.op, agg.term, agg.score, str(agg.cov), str(agg.shift_cov)),
+    return engine.fns.intern(("agg", agg.op, agg.term, agg.score, str(agg.cov), str(agg.shift_cov), agg.form,
+                              agg.start, agg.by_lse),
                              engine.fns.depends(agg.term) | engine.fns.depends(agg.score))
 
 
@@ -162,14 +164,14 @@ def with_agg(engine: Engine, value: Data, agg: Agg) -> Data:
 
 def try_complete(engine: Engine, value: Data) -> Data:
     agg = value.agg
-    if agg is None or agg.op not in _COMPLETES:
+    if agg is None or agg.op not in _COMPLETES or ((agg.nan or agg.masked) and agg.op in (AggOp.LSE, AggOp.NSUM)):
         return value
     scope, block = engine.scope, engine.ring.block
     if not cov_ops.is_complete(agg.cov, scope, block):
         return value
     if agg.op in (AggOp.SSUM, AggOp.SHIFT) and not cov_ops.is_complete(agg.shift_cov, scope, block):
         return value
-    fn = engine.fns.intern(("complete", agg.op, agg.term, agg.score),
+    fn = engine.fns.intern(("complete", agg.op, agg.term, agg.score) + (() if agg.start is None else (agg.start,)),
                            engine.fns.depends(agg.term) | engine.fns.depends(agg.score))
     if agg.op in (AggOp.MAX, AggOp.MIN, AggOp.SSUM, AggOp.SHIFT):
         stabiliser.note_complete(engine.fns, fn, agg.ident)
@@ -335,7 +337,7 @@ def _aggregate_rule(engine: Engine, op, values: list[Data], out) -> Data:
         a = aggs[0].agg
         nan = not a.finite and may_be_infinite(engine, a.score)
         new = Agg(AggOp.EXP if a.op == AggOp.DIFF else AggOp.SHIFT, a.home, a.term, a.cov, a.score, a.shift_cov,
-                  nan=nan, ident=a.ident)
+                  nan=nan, ident=a.ident, start=a.start, by_lse=a.by_lse)
         return with_agg(engine, aggs[0], new)
     if kind is Algebra.IS_FINITE:
         a = aggs[0].agg
@@ -345,13 +347,6 @@ def _aggregate_rule(engine: Engine, op, values: list[Data], out) -> Data:
         return _select(engine, op, values)
     if kind is Algebra.SCALE:
         return _scale(engine, op, values)
-    if kind is Algebra.LOG and aggs[0].agg.op == AggOp.SSUM:
-        # log(sum of exp(s - max)): a block's log-sum-exp (jax.nn.logsumexp takes it of abs), the lse merge that
-        # flash-attention kernels' per-block results invite (logaddexp of lses); not an algebra proved here
-        engine.refuse("takes the log of a softmax sum, a log-sum-exp (jax.nn.logsumexp, or m + log(l)), to merge "
-                      "blocks by it: an lse merge is not supported; carry the running max, sum and accumulator "
-                      "instead (m = maximum(m, s.max(-1)); c = exp(m_old - m); l = l * c + p.sum(-1); "
-                      "acc = acc * c + p @ v) and divide by l after the ring", op)
     engine.refuse("combines a partial aggregate (a running sum or max) with other data in a way that is not an "
                   "order-free merge", op)
 
@@ -360,8 +355,7 @@ def relabel(engine: Engine, op, value: Data, others: list[Data]) -> Data:
     """A linear op on a sum: the same sum of a transformed term."""
     term = engine.fns.intern(("ew", op.name, _attrs(op), (value.agg.term,) + tuple(v.fn for v in others)),
                              depends(engine, [value] + others))
-    agg = Agg(value.agg.op, value.agg.home, term, value.agg.cov, value.agg.score, value.agg.shift_cov,
-              ident=value.agg.ident)
+    agg = dataclasses.replace(value.agg, term=term, finite=False, nan=False)
     return with_agg(engine, value, agg)
 
 
@@ -370,7 +364,7 @@ _TWICE = ("merges two partial results (running sums or maxima) that may both hol
           "each block once, the block that ring step brings")
 
 
-def _union(engine: Engine, op, a: Coverage, b: Coverage) -> Coverage:
+def union_cov(engine: Engine, op, a: Coverage, b: Coverage) -> Coverage:
     verdict = cov_ops.disjoint(a, b, engine.scope)
     if verdict is False:
         engine.refuse(_TWICE, op)
@@ -408,6 +402,18 @@ def cov_prefix(engine: Engine, op, before: Coverage, after: Coverage, message: s
     return Coverage(after.parts[len(before.parts):])
 
 
+def cov_rest(engine: Engine, before: Coverage, after: Coverage) -> Coverage | None:
+    """What `after` adds to `before` where both are sets of blocks listed in any order (the coverage of a
+    log-sum-exp merge, whose parts logsum.py keeps in an order of its own): `after` less each part of `before`,
+    or None where `after` lacks one."""
+    rest = list(engine.canonical_cov(after).parts)
+    for part in engine.canonical_cov(before).parts:
+        if part not in rest:
+            return None
+        rest.remove(part)
+    return Coverage(tuple(rest))
+
+
 def covs_equal(engine: Engine, op, a: Coverage, b: Coverage, message: str) -> bool:
     a, b = engine.canonical_cov(a), engine.canonical_cov(b)
     if cov_ops.normal(a) == cov_ops.normal(b):
@@ -416,7 +422,7 @@ def covs_equal(engine: Engine, op, a: Coverage, b: Coverage, message: str) -> bo
                                                 for x, y in zip(a.parts, b.parts))
 
 
-def _same_cov(engine: Engine, op, a: Coverage, b: Coverage, message: str) -> None:
+def same_cov(engine: Engine, op, a: Coverage, b: Coverage, message: str) -> None:
     a, b = engine.canonical_cov(a), engine.canonical_cov(b)
     if a == b or (not any(isinstance(p, CoverageVar) for p in a.parts + b.parts) and covs_equal(engine, op, a, b,
                                                                                                 message)):
@@ -434,7 +440,7 @@ def _same_cov(engine: Engine, op, a: Coverage, b: Coverage, message: str) -> Non
     engine.refuse(message, op)
 
 
-def _aligned(engine: Engine, op, a: Data, b: Data) -> None:
+def aligned(engine: Engine, op, a: Data, b: Data) -> None:
     """Two aggregates merge elementwise only over the same home tokens."""
     ha, hb = home_axis(a), home_axis(b)
     if (ha is None) != (hb is None) or (ha is not None and not same_axis(engine, ha, hb, op)):
@@ -448,8 +454,8 @@ def _add(engine: Engine, op, values: list[Data]) -> Data:
         if p.agg is not None and q.agg is not None and p.agg.op == AggOp.SSTART and q.agg.op == AggOp.SSUM and \
                 p.agg.score == q.agg.score:
             # a sum that starts from a start value: the sum, the start folded in once whatever the order
-            _aligned(engine, op, p, q)
-            _same_cov(engine, op, p.agg.shift_cov, q.agg.shift_cov, "adds softmax sums rescaled to different maxima")
+            aligned(engine, op, p, q)
+            same_cov(engine, op, p.agg.shift_cov, q.agg.shift_cov, "adds softmax sums rescaled to different maxima")
             return with_agg(engine, q, dataclasses.replace(q.agg, ident=stabiliser.same(engine.fns, p.agg.ident,
                                                                                           q.agg.ident)))
     if b.agg is None and _is_const(engine, b, 0.0):
@@ -463,11 +469,11 @@ def _add(engine: Engine, op, values: list[Data]) -> Data:
         engine.refuse("adds two partial results that are not sums of the same terms (a running sum and a rescaled, "
                       "decayed or differently masked one): such a sum depends on the order blocks arrive in; add "
                       "each block's terms into one running sum, rescaled only by the online softmax's max", op)
-    _aligned(engine, op, a, b)
+    aligned(engine, op, a, b)
     if x.op == AggOp.SSUM:
-        _same_cov(engine, op, x.shift_cov, y.shift_cov, "adds softmax sums rescaled to different maxima")
+        same_cov(engine, op, x.shift_cov, y.shift_cov, "adds softmax sums rescaled to different maxima")
     ident = stabiliser.same(engine.fns, x.ident, y.ident) if x.op == AggOp.SSUM else None
-    merged = Agg(x.op, x.home, x.term, _union(engine, op, x.cov, y.cov), x.score, x.shift_cov, ident=ident)
+    merged = Agg(x.op, x.home, x.term, union_cov(engine, op, x.cov, y.cov), x.score, x.shift_cov, ident=ident)
     return with_agg(engine, a, merged)
 
 
@@ -484,8 +490,8 @@ def _maximum(engine: Engine, op, values: list[Data]) -> Data:
             return _new_max(engine, op, p, dataclasses.replace(p.agg, finite=True))
     if a.agg is None or b.agg is None or a.agg.op != AggOp.MAX or b.agg.op != AggOp.MAX or a.agg.score != b.agg.score:
         engine.refuse("takes the maximum of different aggregates", op)
-    _aligned(engine, op, a, b)
-    merged = Agg(AggOp.MAX, a.agg.home, a.agg.term, _union(engine, op, a.agg.cov, b.agg.cov), a.agg.score,
+    aligned(engine, op, a, b)
+    merged = Agg(AggOp.MAX, a.agg.home, a.agg.term, union_cov(engine, op, a.agg.cov, b.agg.cov), a.agg.score,
                  finite=a.agg.finite or b.agg.finite)
     return _new_max(engine, op, a, merged)
 
@@ -503,17 +509,17 @@ def _subtract(engine: Engine, op, values: list[Data]) -> Data:
                                        finite=m.agg.finite, ident=(None, m.agg.ident)))
     if x.agg is None and m.agg is not None and m.agg.op == AggOp.MAX and m.agg.score == x.fn:
         # scores minus their running max: exp of it weights a softmax sum
-        home = _match_home(engine, op, x, m)
+        home = match_home(engine, op, x, m)
         return with_agg(engine, x, Agg(AggOp.DIFF, home, 0, m.agg.cov, x.fn, finite=m.agg.finite,
                                        ident=m.agg.ident))
     if x.agg is not None and m.agg is not None and x.agg.op == m.agg.op == AggOp.MAX and x.agg.score == m.agg.score:
-        _aligned(engine, op, x, m)
+        aligned(engine, op, x, m)
         return with_agg(engine, x, Agg(AggOp.MDIFF, x.agg.home, 0, x.agg.cov, x.agg.score, m.agg.cov,
                                        finite=m.agg.finite, ident=(x.agg.ident, m.agg.ident)))
     engine.refuse("subtracts a partial aggregate in a way that is not a softmax rescaling", op)
 
 
-def _match_home(engine: Engine, op, pair: Data, agg_value: Data) -> str:
+def match_home(engine: Engine, op, pair: Data, agg_value: Data) -> str:
     """The axis of `pair` that is the aggregate's home (the aggregate is constant along the others)."""
     home = home_axis(agg_value)
     if home is None:
@@ -572,7 +578,7 @@ def reset_select(engine: Engine, loop: int, first: Data, later: Data) -> Data | 
     if later.agg is None:
         return None
     if loop < 0:  # a discovery pass (loops.UNDECIDED): the pass with the loop's counter known decides
-        return later
+        return _reset_start(engine, later)
 
     def own(cov: Coverage) -> Coverage:
         return Coverage(tuple(p for p in engine.canonical_cov(cov).parts
@@ -588,9 +594,20 @@ def reset_select(engine: Engine, loop: int, first: Data, later: Data) -> Data | 
         return None
     if own(x.cov) != engine.canonical_cov(y.cov) or own(x.shift_cov) != own(y.shift_cov):
         return None
+    reset = _reset_start(engine, later)
     if stabiliser.resolve(engine.fns, x.ident) != stabiliser.resolve(engine.fns, y.ident):
         # at the first step the value is `first`: of another maximum, it is no longer known which
-        return later.with_(agg=dataclasses.replace(x, ident=None))
+        return reset.with_(agg=dataclasses.replace(reset.agg, ident=None))
+    return reset
+
+
+def _reset_start(engine: Engine, later: Data) -> Data:
+    """A log-sum-exp merge whose floats are off where the state is still at its start (logsum.py), reset at the
+    loop's first step: where the select runs at every step (not in a skip's branch), the merge meets the start at
+    the first step only, which the reset replaces."""
+    x = later.agg
+    if x.nan and x.op in (AggOp.LSE, AggOp.NSUM) and engine.state.skippable == 0:
+        return with_agg(engine, later, dataclasses.replace(x, nan=False))
     return later
 
 
@@ -610,14 +627,14 @@ def _scale(engine: Engine, op, values: list[Data]) -> Data:
         if op.name == "stablehlo.multiply":
             for s, t in ((a, b), (b, a)):
                 if s.agg.op == AggOp.SSUM and t.agg.op == AggOp.SHIFT and s.agg.score == t.agg.score:
-                    _same_cov(engine, op, s.agg.shift_cov, t.agg.cov, "rescales a softmax sum from another maximum")
+                    same_cov(engine, op, s.agg.shift_cov, t.agg.cov, "rescales a softmax sum from another maximum")
                     _aligned_broadcast(engine, op, s, t)
                     ident = stabiliser.pair(t.agg.ident, 1) \
                         if stabiliser.same(engine.fns, s.agg.ident, stabiliser.pair(t.agg.ident, 0)) else None
                     return with_agg(engine, s, Agg(AggOp.SSUM, s.agg.home, s.agg.term, s.agg.cov, s.agg.score,
                                                    t.agg.shift_cov, ident=ident))
             if x.op == y.op == AggOp.SHIFT and x.score == y.score:
-                _same_cov(engine, op, x.shift_cov, y.cov, "chains rescalings of different maxima")
+                same_cov(engine, op, x.shift_cov, y.cov, "chains rescalings of different maxima")
                 ident = (stabiliser.pair(x.ident, 0), stabiliser.pair(y.ident, 1)) \
                     if stabiliser.same(engine.fns, stabiliser.pair(x.ident, 1), stabiliser.pair(y.ident, 0)) else None
                 return with_agg(engine, a, Agg(AggOp.SHIFT, x.home, 0, x.cov, x.score, y.shift_cov, ident=ident))

@@ -113,6 +113,7 @@ class FnTable:
         self.vars: list[frozenset] = []
         self.keys: list = []
         self.infinite: dict[int, bool] = {}  # algebra.may_be_infinite's answers
+        self.masking: dict[int, bool] = {}  # logsum.may_mask's answers
         self.read_at: dict[int, tuple] = {}  # fn -> (op, calls) where a loop variable it depends on became data
         self.wrapped: dict[int, object] = {}  # fn -> reasons.Wrap: an integer op read as data, its type too narrow
         # stabiliser.py: complete aggregate fn -> the identities of the maxima it was made from, and what each
@@ -205,6 +206,8 @@ class State:
     # the region's backward is to be rewritten with it (prove._accept_autodiff): an op only residuals depend on may
     # not compute positions of its own (nor call a function that does), which the rewrite would not see
     strict_residuals: bool = False
+    # branches of conditionals being analysed within the innermost loop body: ops there may not run at every step
+    skippable: int = 0
 
     @property
     def fns(self) -> FnTable:
@@ -340,7 +343,7 @@ class Engine:
         # calls are analysed afresh each time.
         key = None if _sourced(args) else \
             (callee_name, tuple((a, state.carried.get(id(a))) for a in args), _scope_key(self.scope), state.ring,
-             wanted, stabiliser.memo_key(args), state.strict_residuals)
+             wanted, stabiliser.memo_key(args), state.strict_residuals, state.skippable)
         memo = None if key is None else state.shared.call_memo.get(key)
         if memo is not None:  # the same call analysed before: its results, and what it recorded, again
             results, rewrites, units, obligations, directions, notes = memo

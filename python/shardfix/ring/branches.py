@@ -9,7 +9,7 @@ orders skip the same pairs of units).
 from __future__ import annotations
 
 from . import stabiliser
-from .algebra import cov_prefix, covs_equal, start_value
+from .algebra import cov_prefix, cov_rest, covs_equal, start_value
 from .analysis import Engine
 from .symbolic import Aff, Node, Var, bounds
 from .values import Agg, AggOp, Cells, Coverage, CoverageVar, Data, Index, ObligationKind
@@ -25,7 +25,11 @@ def branches(engine: Engine, op):
         else:
             chosen = value if 0 <= value < len(regions) else len(regions) - 1
         return engine.run_block(regions[chosen].blocks[0], [])
-    per_branch = [engine.run_block(r.blocks[0], []) for r in regions]
+    engine.state.skippable += 1
+    try:
+        per_branch = [engine.run_block(r.blocks[0], []) for r in regions]
+    finally:
+        engine.state.skippable -= 1
     dead = engine.dead_slots.get(op, ())
     if dead:  # results only residuals read (autodiff.py): not compared
         from .autodiff import OPAQUE
@@ -123,17 +127,20 @@ def _folded(engine: Engine, skip, compute) -> Coverage | None:
     c = compute.agg
     if skip.agg is None:
         # a constant start value (the identity, or a floor like -1e30 for a max): nothing folded in yet
-        if c.op in (AggOp.SUM, AggOp.SSUM, AggOp.MAX, AggOp.MIN) and start_value(engine, skip, compute) and \
+        if c.op in (AggOp.SUM, AggOp.SSUM, AggOp.MAX, AggOp.MIN, AggOp.LSE, AggOp.NSUM) and \
+                start_value(engine, skip, compute) and \
                 not any(isinstance(p, CoverageVar) for p in c.cov.parts):
             return c.cov
         return None
     s = skip.agg
-    if (s.op, s.term, s.score, s.home) != (c.op, c.term, c.score, c.home) or skip.dims != compute.dims:
+    if (s.op, s.term, s.score, s.home, s.start) != (c.op, c.term, c.score, c.home, c.start) or \
+            skip.dims != compute.dims:
         return None
     s = Agg(s.op, s.home, s.term, engine.canonical_cov(s.cov), s.score, engine.canonical_cov(s.shift_cov))
     c = Agg(c.op, c.home, c.term, engine.canonical_cov(c.cov), c.score, engine.canonical_cov(c.shift_cov))
     message = "folds different blocks into aggregates merged in one branch"
-    added = cov_prefix(engine, None, s.cov, c.cov, message)
+    added = cov_rest(engine, s.cov, c.cov) if c.op in (AggOp.LSE, AggOp.NSUM) else \
+        cov_prefix(engine, None, s.cov, c.cov, message)
     if added is None:
         return None
     if c.op in (AggOp.SSUM, AggOp.SHIFT):

@@ -131,7 +131,8 @@ def reduce(engine: Engine, op, value: Data, init: Data, combiner: str, dims: lis
     if value.agg is not None:
         if value.agg.op == AggOp.EXP and combiner == "stablehlo.add":
             one = engine.fns.intern(("const", repr(1.0)))
-            agg = Agg(AggOp.SSUM, value.agg.home, one, cell, value.agg.score, value.agg.cov, ident=value.agg.ident)
+            agg = Agg(AggOp.SSUM, value.agg.home, one, cell, value.agg.score, value.agg.cov, ident=value.agg.ident,
+                      start=value.agg.start, by_lse=value.agg.by_lse)
             return with_agg(engine, base, agg)
         engine.refuse("reduces a partial aggregate over tokens again", op)
     op_name = {"stablehlo.add": AggOp.SUM, "stablehlo.maximum": AggOp.MAX, "stablehlo.minimum": AggOp.MIN,
@@ -188,8 +189,7 @@ def dot(engine: Engine, op, lhs: Data, rhs: Data, dims: dict, out) -> Data:
             engine.refuse("contracts a running maximum", op)
         home = _find_axis(base, home_axis(s))
         term = engine.fns.intern(("dotterm", fn, s.agg.term), depends(engine, [lhs, rhs]))
-        return with_agg(engine, base, Agg(s.agg.op, home, term, s.agg.cov, s.agg.score, s.agg.shift_cov,
-                                          ident=s.agg.ident))
+        return with_agg(engine, base, replace(s.agg, home=home, term=term, finite=False, nan=False))
     if len({k for k, _ in contracted}) > 1:
         engine.refuse("contracts over two token axes at once", op)
     key, source = contracted[0]
@@ -206,7 +206,7 @@ def dot(engine: Engine, op, lhs: Data, rhs: Data, dims: dict, out) -> Data:
         weight = rhs if e is lhs else lhs
         term = engine.fns.intern(("weight", weight.fn, str(dims)), engine.fns.depends(weight.fn))
         return with_agg(engine, base, Agg(AggOp.SSUM, home_key, term, cell, e.agg.score, e.agg.cov,
-                                          ident=e.agg.ident))
+                                          ident=e.agg.ident, start=e.agg.start, by_lse=e.agg.by_lse))
     return with_agg(engine, base, Agg(AggOp.SUM, home_key, fn, cell))
 
 

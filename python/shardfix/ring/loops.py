@@ -16,7 +16,8 @@ from jaxlib.mlir import ir
 
 from . import coverage as cov_ops
 from . import stabiliser
-from .algebra import agg_fn, cov_prefix, start_value, try_complete
+from .algebra import agg_fn, cov_prefix, cov_rest, start_value, try_complete
+from .logsum import carried_start_refusal, refuse_carried_hard_max
 from .analysis import Engine, Refusal
 from .dims import element_type, holds, shape
 from .loopmemo import memoized
@@ -398,13 +399,18 @@ def _template(engine: Engine, op, ret: Data, steps: dict, k: Var, mine: set):
     """An accumulator that starts as a constant, in the form the body gives it, and where its tokens are at
     iteration k (where the previous iteration left them)."""
     agg = ret.agg
+    refuse_carried_hard_max(engine, agg)
     axes = []
     for key, axis in ret.axes:
         hop = axis.hop.substitute(steps)
         if any(x in mine for x in hop.free_atoms() | axis.offset.free_atoms()) or k in axis.offset.free_atoms():
             engine.refuse("accumulates into tokens the analysis can't pin down from one iteration to the next", op)
         axes.append((key, Axis(hop.substitute({k: Aff.of(k) - 1}), axis.offset)))
-    template = ret.with_(axes=(), agg=replace(agg, cov=EMPTY, shift_cov=EMPTY))
+    # a merge state's start is the init itself: whether the body's float result at the start is exact is checked on
+    # what the body returns (_solve)
+    template = ret.with_(axes=(), agg=replace(agg, cov=EMPTY, shift_cov=EMPTY,
+                                              nan=agg.nan and agg.op not in (AggOp.LSE, AggOp.NSUM),
+                                              masked=agg.masked and agg.op not in (AggOp.LSE, AggOp.NSUM)))
     return template, tuple(axes)
 
 
@@ -454,6 +460,7 @@ class _iterating:
 
     def __enter__(self):
         self.saved = self.engine.scope
+        self.skippable, self.engine.state.skippable = self.engine.state.skippable, 0
         var_bounds = dict(self.saved.var_bounds)
         var_bounds[self.k] = (Aff(), Aff.of((self.trips if self.trips is not None else 1 << 30) - 1))
         self.engine.scope = self.saved.with_vars(var_bounds, ())
@@ -461,6 +468,7 @@ class _iterating:
 
     def __exit__(self, *exc):
         self.engine.scope = self.saved
+        self.engine.state.skippable = self.skippable
         return False
 
 
@@ -585,18 +593,26 @@ def _solve(engine: Engine, op, placeholders, returned, changing, k: Var) -> dict
                 engine.refuse(_MIXED, op)
             continue
         x, y = ph.agg, ret.agg
-        if y is None or (x.op, x.term, x.score, x.home) != (y.op, y.term, y.score, y.home):
+        if y is not None:
+            refuse_carried_hard_max(engine, y)
+        why = carried_start_refusal(y) if y is not None else None
+        if why is not None:
+            engine.refuse(why, op)
+        # (a log-sum-exp's start pseudo-token too: one folded in at every step is as many as the steps that ran)
+        if y is None or (x.op, x.term, x.score, x.home, x.start) != (y.op, y.term, y.score, y.home, y.start):
             engine.refuse("changes a loop-carried aggregate other than by merging a block into it", op)
         cv, sv = _unknown_coverage(op, i, ph)
-        solution[cv] = _added(engine, op, x.cov, y.cov, k, i)
+        solution[cv] = _added(engine, op, x.cov, y.cov, k, i, x.op in (AggOp.LSE, AggOp.NSUM))
         if x.op in (AggOp.SSUM, AggOp.SHIFT, AggOp.MDIFF):
             solution[sv] = _added(engine, op, x.shift_cov, y.shift_cov, k, i)
     return solution
 
 
-def _added(engine: Engine, op, before: Coverage, after: Coverage, k: Var, i: int) -> Coverage:
-    """The coverage an accumulator holds at iteration k, from what one iteration adds to it."""
-    added = cov_prefix(engine, op, before, after, "merges a block into a loop-carried aggregate")
+def _added(engine: Engine, op, before: Coverage, after: Coverage, k: Var, i: int, unordered: bool = False) -> Coverage:
+    """The coverage an accumulator holds at iteration k, from what one iteration adds to it (`unordered`: its
+    parts are a set, listed in any order)."""
+    added = cov_rest(engine, before, after) if unordered else \
+        cov_prefix(engine, op, before, after, "merges a block into a loop-carried aggregate")
     if added is None:
         engine.refuse("replaces a running sum or max the loop carries instead of merging the step's block into it "
                       "(a reset at a step other than the ring's first, or a value that keeps only the latest block)",

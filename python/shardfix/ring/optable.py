@@ -90,7 +90,12 @@ class Algebra(enum.Enum):
     IS_FINITE = enum.auto()  # the guard of a running max
     SELECT = enum.auto()  # a guarded max, weight or rescaling
     SCALE = enum.auto()  # multiply, divide: a sum rescaled, or scaled by its home tokens' data
-    LOG = enum.auto()  # a log-sum-exp: refused with its own reason
+    LOG = enum.auto()  # log of a softmax sum: a log-sum-exp (logsum.py)
+    LOG1P = enum.auto()  # log(1 + x): the softplus inside logaddexp
+    ABS = enum.auto()  # |x|: of a difference of log-sum-exps, max(x, -x)
+    LOGISTIC = enum.auto()  # sigmoid: of a difference of log-sum-exps, a merge weight
+    MINIMUM = enum.auto()  # min of two log-sum-exps
+    COMPARE = enum.auto()  # isnan / isneginf of a log-sum-exp: the guard of a merge's start
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +150,8 @@ def _entries() -> dict[str, OpInfo]:
     algebra = {"convert": Algebra.CONVERT, "negate": Algebra.NEGATE, "add": Algebra.ADD,
                "maximum": Algebra.MAXIMUM, "subtract": Algebra.SUBTRACT, "exponential": Algebra.EXP,
                "is_finite": Algebra.IS_FINITE, "select": Algebra.SELECT, "multiply": Algebra.SCALE,
-               "divide": Algebra.SCALE, "log": Algebra.LOG, "abs": Algebra.LOG, "log_plus_one": Algebra.LOG}
+               "divide": Algebra.SCALE, "log": Algebra.LOG, "abs": Algebra.ABS, "log_plus_one": Algebra.LOG1P,
+               "logistic": Algebra.LOGISTIC, "minimum": Algebra.MINIMUM, "compare": Algebra.COMPARE}
     fold: dict[str, Callable] = {
         "add": lambda a, b: a + b, "subtract": lambda a, b: a - b, "multiply": lambda a, b: a * b,
         "divide": lambda a, b: a / b if b else None, "maximum": max, "minimum": min, "negate": lambda a: -a,

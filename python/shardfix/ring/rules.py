@@ -23,7 +23,7 @@ from typing import Callable
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
-from . import algebra, branches, contract, counters, finite, loops, reasons
+from . import algebra, branches, contract, counters, finite, logsum, loops, reasons
 from . import symbolic as sym
 from .analysis import Engine, Refusal
 from .dims import (ORDER_FREE_REDUCERS, dot_dims, dot_result_dims, element_type, holds, ints, is_integer, rank,
@@ -87,6 +87,11 @@ def apply_rule(engine: Engine, op: ir.Operation) -> list:
                           op)
     if any(_may_be_nan(engine.get(v)) for v in op.operands) and not info(op.name).carries_nan and \
             (op.name != "stablehlo.select" or any(_may_be_nan(r) for r in results)):
+        # a guard's result first: what it lets through is the reason (its merged operand is off at the start too)
+        for value in [r for r in results if _may_be_nan(r)] + [engine.get(v) for v in op.operands]:
+            why = logsum.carried_start_refusal(value.agg) if _may_be_nan(value) else None
+            if why is not None:
+                engine.refuse(why, op)
         engine.refuse("rescales by exp(x - m) where the running max m may still be -inf (scores masked with -inf "
                       "and a max started at -inf, or a finite mask value that the scores' type makes -inf): "
                       "exp(-inf - -inf) is nan, and which rows meet it depends on what each block holds; shift by "
@@ -95,7 +100,7 @@ def apply_rule(engine: Engine, op: ir.Operation) -> list:
 
 
 def _may_be_nan(value) -> bool:
-    return isinstance(value, Data) and value.agg is not None and value.agg.nan
+    return isinstance(value, Data) and value.agg is not None and (value.agg.nan or value.agg.masked)
 
 
 class Blocked(Exception):
@@ -220,6 +225,8 @@ def elementwise(engine: Engine, op):
             reset = algebra.reset_select(engine, loop, data[1], data[2])
             if reset is not None:
                 return [reset]
+    if logsum.applies(op, data):
+        return [logsum.combine(engine, op, data)]
     combined = algebra.combine(engine, op, data)
     if wrap is not None:
         reasons.note_wrap(engine.fns, combined.fn, op, tuple(engine.state.call_ops), *wrap)

@@ -92,6 +92,10 @@ class CoverageVar:
 
     name: str
 
+    def family(self) -> str:
+        """The loop and role it stands for (loops.py names them cv<loop>_<slot>, sv<loop>_<slot>)."""
+        return self.name.rsplit("_", 1)[0]
+
     def __str__(self) -> str:
         return self.name
 
@@ -129,6 +133,11 @@ class AggOp(StrEnum):
     SSTART = "sstart"  # a softmax sum's start value (a sink's logit) rescaled from the start max: no tokens yet
     FINITE = "finite"  # is_finite of an aggregate (the guard `where(is_finite(m), m, c)` reads)
     UNITFN = "unitfn"  # a predicate of whole units (a chunk's largest position), deciding a skip of that pair
+    # The log-sum-exp merges of flash-attention style kernels (logsum.py), where lse(C) = log sum over s in C of
+    # exp(score(t, s)), a start pseudo-token of score `start` included where the state began from a constant:
+    LSE = "lse"  # lse(C): a block's log-sum-exp, or the running one
+    NSUM = "nsum"  # sum over s in C of exp(score(t, s) - lse(C)) * term(t, s): a softmax-normalised output
+    LOGSUM = "logsum"  # an intermediate of a merge, in logsum.py's terms (`Agg.form`)
 
 
 @dataclass(frozen=True)
@@ -143,7 +152,9 @@ class Agg:
     depends on what each block holds. `finite`: for MAX, the max is never -inf (a finite start was folded in, or
     it is guarded as where(is_finite(m), m, c)); for DIFF/MDIFF, the max subtracted is. `nan`: for
     EXP/SHIFT, the exponent may be -inf - -inf; only a guard on the result (where(is_finite(s), exp(s - m), 0),
-    where(is_finite(m_new), exp(m_old - m_new), 1)) may read it (rules.apply_rule refuses any other reader).
+    where(is_finite(m_new), exp(m_old - m_new), 1)) may read it (rules.apply_rule refuses any other reader); for
+    LSE/NSUM, the merge's floating-point result differs from the log-sum-exp where the state is still at its start
+    (logsum.py), so only a guard on the start (where(isneginf(lse), block, merged)) may read it.
     """
 
     op: AggOp
@@ -159,6 +170,10 @@ class Agg:
     # holds (the max of a score over a coverage), which two maxima folded differently share; this one says which
     # op or loop slot computed it. Left out of equality, hashing and every fn key, so no decision depends on it.
     ident: object = field(default=None, compare=False)
+    masked: bool = False  # LSE/NSUM: the merge's float result is not the lse where a row's keys are all masked
+    form: object = None  # LOGSUM: the value in logsum.py's terms (a `logsum.Value`)
+    start: float | None = None  # LSE, NSUM, and a by_lse shift: the start pseudo-token's score
+    by_lse: bool = False  # DIFF, EXP, SSUM: the shift is the lse of `score` over its coverage, not the running max
 
     def __str__(self) -> str:
         extra = f", score {self.score}, shift {self.shift_cov}" if self.op in (AggOp.SSUM, AggOp.SHIFT) else ""

@@ -1,0 +1,122 @@
+"""What a log-sum-exp merge computes in float32, beside what it computes exactly (lseforms.py), in the cases
+where the two part: sample numbers for the blocks' lses, run through the merge's ops in numpy float32, against
+the exact value at the same numbers (float64).
+
+The cases (scenarios), each keyed by a string:
+
+- "start<s>": the state is still at its start (an unknown coverage, the state's, holds no keys yet; its start
+  pseudo-token is its lse), with four draws s of the blocks' numbers, so that a rounding at the first merge (a
+  -1e4 start: ulp(1e4) = 1e-3) is not hidden by one lucky draw;
+- "state@<M>": the state holds only masked keys, lse = M (a step-0 reset or an isneginf guard that took a block
+  whose row is all masked as the state);
+- "cell@<M>:<block>": that one block's row is all masked, lse = M, the state and the other blocks are not;
+- "normal": nothing masked, the state holds keys (the value of any case a number does not depend on).
+
+The masked ones only where the scores may hold a mask value (logsum.may_mask): unmasked scores are bounded by
+the data, and a merge's rounding then stays that of its operands.
+
+A merge is order-free in floats only where its float value is its exact value in each: which rows are at their
+start, or meet an all-masked block, at which merge, is what the layout changes.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import numpy as np
+
+from .values import CoverageVar
+
+MASKS = (-1e30, -1e4)  # an all-masked row's lse: the usual mask value, and a small one whose merges round
+START_KEYS = tuple(f"start{s}" for s in range(4))
+NORMAL = "normal"
+PLAIN = START_KEYS + (NORMAL,)
+STATE_KEYS = tuple(f"state@{m:g}" for m in MASKS)
+MASK_LIKE = 1e3  # a score constant this large is a mask value (-1e4, -1e9, -1e30, finfo.min), not a scale
+_ULPS = 16  # a merge's few float32 roundings, each of half an ulp, and no more (a -100 start rounds by ~32)
+
+Samples = tuple  # ((key, float), ...): a number per scenario
+
+
+def cell_keys(part) -> tuple[str, ...]:
+    return tuple(f"cell@{m:g}:{part}" for m in MASKS)
+
+
+def _scenario(key: str) -> tuple[int, float | None, float | None, str | None]:
+    """(salt, the state's masked lse or None, a block's masked lse or None, that block's name or None); a state
+    at its start has salt >= 0 and holds nothing: returned as salt, None, None, None with key in START_KEYS."""
+    if key.startswith("start"):
+        return int(key[5:]), None, None, None
+    if key.startswith("state@"):
+        return 0, float(key[6:]), None, None
+    if key.startswith("cell@"):
+        mask, name = key[5:].split(":", 1)
+        return 0, None, float(mask), name
+    return 0, None, None, None
+
+
+def _sample(salt: int, *key) -> float:
+    return (zlib.crc32(repr((salt,) + key if salt else key).encode()) % 1000) / 500.0 - 1.0
+
+
+def part_sample(kind: str, part, key: str) -> float | None:
+    """A block's (or the state's) lse or max in scenario `key`; None where it holds no keys (the state at its
+    start)."""
+    salt, state, cell_mask, cell = _scenario(key)
+    if isinstance(part, CoverageVar):
+        if key in START_KEYS:
+            return None
+        if state is not None:
+            return state
+    elif cell == str(part):
+        return cell_mask
+    return _sample(salt, kind, _name(part))
+
+
+def _name(part) -> str:
+    """A block's name; the state's is its loop's: the running lse and output are carried in two slots, whose
+    unknowns are found to be one only where they meet (logsum._alias_states), and must be one number before."""
+    return part.family() if isinstance(part, CoverageVar) else str(part)
+
+
+def term_sample(key: str, part) -> float:
+    """A block's (or the state's) summed term: one number per block whatever fn spells it (two spellings of one
+    output, broadcast or not, are one number; sums of different terms never merge in the algebra anyway)."""
+    return _sample(_scenario(key)[0], "term", _name(part))
+
+
+def same_number(a: float, b: float) -> bool:
+    """Whether float value a is exact value b, up to a few float32 roundings."""
+    if math.isnan(a) or math.isnan(b):
+        return False
+    if math.isinf(a) or math.isinf(b):
+        return a == b
+    return abs(a - b) <= _ULPS * float(np.finfo(np.float32).eps) * max(1.0, abs(b))
+
+
+def keys_of(*samples: Samples) -> list[str]:
+    seen: dict = {}
+    for s in samples:
+        for k, _ in s:
+            seen.setdefault(k, None)
+    return list(seen)
+
+
+def at(samples: Samples, key: str) -> float:
+    """The number in scenario `key`; one a value has no case for does not depend on that block: its number
+    where nothing is masked."""
+    for k, x in samples:
+        if k == key:
+            return x
+    return dict(samples)[NORMAL]
+
+
+def f32_all(fn, *samples: Samples) -> Samples:
+    """fn applied in float32, scenario by scenario."""
+    with np.errstate(all="ignore"):
+        return tuple((k, float(fn(*(np.float32(at(s, k)) for s in samples)))) for k in keys_of(*samples))
+
+
+def constant(x: float, keys=PLAIN) -> Samples:
+    return tuple((k, float(x)) for k in keys)
