@@ -27,7 +27,7 @@ import math
 
 import numpy as np
 
-from .algebra import aligned, match_home, same_cov, unify, with_agg
+from .algebra import aligned, match_home, same_cov, try_complete, unify, with_agg
 from .analysis import Engine
 from .dims import shape
 from .finite import made_of, may_be_infinite
@@ -41,15 +41,21 @@ from .values import CONST, EMPTY, Agg, AggOp, Coverage, CoverageVar, Data
 _STATE = (AggOp.LSE, AggOp.NSUM, AggOp.LOGSUM)
 
 
-def applies(op, values: list[Data]) -> bool:
+def applies(engine: Engine, op, values: list[Data]) -> bool:
     """Whether this op's operands are in logsum's terms: one is an lse, a normalised output or an intermediate of
-    a merge, or the op takes the log of a softmax sum or divides two."""
+    a merge, or the op takes the log of a softmax sum or divides two, one of them a block's (not every block's).
+    Sums of every block (o = acc / l and lse = m + log l after an online softmax's ring) stay the algebra's, whose
+    terms say which running maximum each sum is shifted by (stabiliser.py); here two maxima of the same value are
+    one number."""
     aggs = [v.agg.op for v in values if v.agg is not None]
     if any(a in _STATE for a in aggs) or any(v.agg.op == AggOp.SSUM and v.agg.by_lse for v in values
                                              if v.agg is not None):
         return True
     kind = info(op.name).algebra
-    if kind in (Algebra.LOG, Algebra.LOG1P, Algebra.ABS) and AggOp.SSUM in aggs:
+    sums = [v for v in values if v.agg is not None and v.agg.op == AggOp.SSUM]
+    if all(try_complete(engine, v).agg is None for v in sums):
+        return False
+    if kind in (Algebra.LOG, Algebra.LOG1P, Algebra.ABS) and sums:
         return True
     return op.name == "stablehlo.divide" and aggs == [AggOp.SSUM, AggOp.SSUM]
 

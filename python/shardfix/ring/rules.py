@@ -225,7 +225,7 @@ def elementwise(engine: Engine, op):
             reset = algebra.reset_select(engine, loop, data[1], data[2])
             if reset is not None:
                 return [reset]
-    if logsum.applies(op, data):
+    if logsum.applies(engine, op, data):
         return [logsum.combine(engine, op, data)]
     combined = algebra.combine(engine, op, data)
     if wrap is not None:
