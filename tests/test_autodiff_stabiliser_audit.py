@@ -1,6 +1,7 @@
 """The stabiliser-invariance check (obligation (c) of rewriting a plain-autodiff backward ring, ring/stabiliser.py)
 held against what jax.grad computes: each kernel's verdict (rewritten, or read from ring-reorder's refusal reason)
-next to the gradient of the kernel with its blocks reordered by hand (zigzag) before jax.grad, on inputs whose scores all tie.
+next to the gradient of the kernel with its blocks reordered by hand (zigzag) before jax.grad, on inputs whose
+scores all tie.
 
 Where the check passes, the gradient must not depend on the blocks' order; where the gradient does, the check must
 fail. The check reads the FORWARD region's function, but jax.grad differentiates the program's derivative rules, and

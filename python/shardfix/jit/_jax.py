@@ -779,8 +779,8 @@ def _note(records: tuple, kind: str, source_info: Any) -> None:
 def _note_jaxprs(values, records: tuple, seen: set) -> None:
     """Note every eqn of the jaxprs among `values` (params: a jaxpr, closed or not, or a tuple of them), nested ones
     included (loop and branch bodies, jit/closed_call/remat callees, custom rules' primals), whose primitive is not
-    in _STANDARD: a jaxpr the body binds was traced before its linearization (and JAX caches the derivative of a jaxpr it
-    has met, so its eqns' rules may never run again)."""
+    in _STANDARD: a jaxpr the body binds was traced before its linearization (and JAX caches the derivative of a
+    jaxpr it has met, so its eqns' rules may never run again)."""
     for value in values:
         for item in value if isinstance(value, (tuple, list)) else (value,):
             jaxpr = getattr(item, "jaxpr", item)  # a ClosedJaxpr's open jaxpr

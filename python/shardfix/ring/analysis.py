@@ -117,8 +117,10 @@ class FnTable:
         self.wrapped: dict[int, object] = {}  # fn -> reasons.Wrap: an integer op read as data, its type too narrow
         # stabiliser.py: complete aggregate fn -> the identities of the maxima it was made from, and what each
         # unknown shift of a loop-carried sum was bound to (None: lost)
-        self.idents: dict[int, set] = {}
+        self.idents: dict[int, set] = {}  # fn -> {(identity, the ring region whose proof noted it)}
         self.bound: dict = {}
+        self.owner = None  # the ring region being proved
+        self.notes: list = []  # every (fn, identity) noted, in order (what a call's analysis noted, for its memo)
 
     def intern(self, key, depends: frozenset = frozenset(), read_at: tuple | None = None) -> int:
         """The function `key` describes; `read_at`: where it reads a loop variable as data, if it does (else the
@@ -341,7 +343,9 @@ class Engine:
              wanted, stabiliser.memo_key(args), state.strict_residuals)
         memo = None if key is None else state.shared.call_memo.get(key)
         if memo is not None:  # the same call analysed before: its results, and what it recorded, again
-            results, rewrites, units, obligations, directions = memo
+            results, rewrites, units, obligations, directions, notes = memo
+            for fn, ident in notes:  # the maxima its complete aggregates were made from, for this region
+                stabiliser.note_complete(self.fns, fn, ident)
             results = [_with_sources(v, lambda src: src[:2] + (here + src[2],)) for v in results]
             for rewrite in rewrites:
                 rewrite = rewrite.under(here)
@@ -353,7 +357,7 @@ class Engine:
             return results
         before_rewrites, before_units, before_obligations = dict(state.rewrites), dict(state.units), \
             len(state.obligations)
-        before_directions = set(state.directions)
+        before_directions, before_notes = set(state.directions), len(self.fns.notes)
         state.calling.append(callee_name)
         state.call_ops.append(op)
         try:
@@ -368,7 +372,8 @@ class Engine:
         recorded = [v.relative_to(depth) for k, v in state.rewrites.items() if k not in before_rewrites]
         state.shared.call_memo[key] = ([_with_sources(v, lambda src: src[:2] + (src[2][depth:],)) for v in results],
                                        recorded, {k: v for k, v in state.units.items() if k not in before_units},
-                                       state.obligations[before_obligations:], state.directions - before_directions)
+                                       state.obligations[before_obligations:], state.directions - before_directions,
+                                       list(self.fns.notes[before_notes:]))
         return results
 
     # -- index values read as numbers ----------------------------------------------------------------------------

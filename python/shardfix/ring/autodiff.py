@@ -16,11 +16,13 @@ which is what the reorder changes (tests/test_ring_autodiff_ties.py: a proved ri
 jax.grad, keeps its forward and changes its gradient by 3.0 where keys repeat). Only where every maximum's cotangent
 provably cancels (an online softmax's output o / l is the same for any running shift) is the order immaterial:
 `stabiliser_invariant` checks that of the forward's proof (stabiliser.py); and B may recompute positions from the
-forward's residuals (under jax.checkpoint it does), which nothing rewrites: recompute.py says which of B's ops do. So such a B is refused, saying which of these fails where the
-forward alone would be proved: a custom_vjp whose backward is a ring of its own is proved like any ring. This module
-recognises B (`is_transpose`, `made_by_autodiff`), finds a forward whose results the program dropped
-(`dropped_forward`), and gives the liveness that proves the forward alone with B's residuals set aside (`Liveness`),
-for the refusal's reason only.
+forward's residuals (under jax.checkpoint it does), which nothing rewrites: recompute.py says which of B's ops do.
+Where JAX's record ties each cotangent of B to a proved result of its forward (ring/ties.py, `tied_pairs`), the
+stabiliser check passes, B computes no position and the forward none for B alone, prove._accept_autodiff rewrites
+B with its forward; otherwise such a B is refused, saying which of these fails: a custom_vjp whose backward is a
+ring of its own is proved like any ring. This module recognises B (`is_transpose`, `made_by_autodiff`), finds a
+forward whose results the program dropped (`dropped_forward`), and gives the liveness that proves the forward
+alone with B's residuals set aside (`Liveness`).
 """
 
 from __future__ import annotations
@@ -207,37 +209,7 @@ def tied_pairs(forwards: list[RingRegion], transposes: list[RingRegion]) -> list
     return [(by_ring[ring], found) for ring, found in backwards.items()]
 
 
-def _enclosing(op) -> list:
-    """The ops `op` is nested in, innermost first."""
-    out = []
-    parent = op.parent
-    while parent is not None:
-        parent = getattr(parent, "operation", parent)
-        if parent.name == "builtin.module":
-            break
-        out.append(parent)
-        parent = parent.parent
-    return out
-
-
-def _foreign_to(region: ir.Operation, rings: frozenset):
-    """Whether a maximum's identity (stabiliser.py) names only ops of other ring regions than `region` (not nested in
-    it): no value of `region`'s proof holds such a maximum (loops are memoised by op, calls' ops lie outside every
-    ring region)."""
-    def foreign(ident) -> bool:
-        ops = [part for part in (ident if isinstance(ident, tuple) else ())
-               if isinstance(getattr(part, "operation", None), ir.Operation)]
-        if not ops:
-            return False
-        for op in ops:
-            around = _enclosing(op.operation)
-            if region in around or not any(p in rings for p in around):
-                return False
-        return True
-    return foreign
-
-
-def stabiliser_invariant(verdict, backwards: list[RingRegion], rings: frozenset = frozenset()) -> str | None:
+def stabiliser_invariant(verdict, backwards: list[RingRegion]) -> str | None:
     """Obligation (c) of rewriting a plain-autodiff backward: every result of the forward region (`verdict`, its
     proof) that a backward region of `backwards` differentiates (their ties) is the same for any value of every
     running maximum it reads (stabiliser.py: o = acc / l, lse = m + log l, acc and l shifted by the same maximum),
@@ -264,7 +236,7 @@ def stabiliser_invariant(verdict, backwards: list[RingRegion], rings: frozenset 
                    if slot == j and i in verdict.result_fns), None)
         if fn is None or verdict.fns is None:
             return f"result {j} is not a function of its tokens the proof knows whole"
-        why = invariant(verdict.fns, fn, _foreign_to(verdict.ring.region, rings))
+        why = invariant(verdict.fns, fn, verdict.ring.region)
         if why is not None:
             return f"result {j} {why}"
     return None

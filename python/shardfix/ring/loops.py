@@ -225,6 +225,11 @@ def _while_loop(engine: Engine, op, inits: list):
     dead = engine.dead_slots.get(op, ())
     if dead:  # slots only residuals read: carried uninterpreted, like values the loop passes through
         from .autodiff import OPAQUE
+        if engine.state.strict_residuals and any(isinstance(inits[i], Index) and not inits[i].expr.is_const
+                                                 for i in dead):
+            # a position carried for the backward alone would reach it unread, so not rewritten
+            engine.refuse("carries positions (or a device index) that only the backward reads, which the proof of "
+                          "its results does not follow, so the rewrite would leave them in the old layout", op)
         inits = [OPAQUE if i in dead else v for i, v in enumerate(inits)]
         passthrough = [p or i in dead for i, p in enumerate(passthrough)]
     counter = _counter(engine, op, inits, passthrough)

@@ -41,8 +41,9 @@ TIED_INVARIANT = (
     "results its cotangents differentiate ({results} of {where}, as JAX recorded while differentiating), and each "
     "is the same for any value of the running maxima its sums are shifted by (the cotangent reaching every running "
     "maximum is zero in exact arithmetic, so how JAX splits it at ties does not matter); of the positions it may "
-    "recompute (obligation (d)): {positions}; rewriting such a backward is not done: give the kernel a custom_vjp "
-    "whose backward is a ring of its own (as ejkernel's and Liu et al.'s kernels do), which is proved like any ring")
+    "recompute (obligation (d)): {positions}; it is not rewritten with its forward ({lacks}): give the kernel a "
+    "custom_vjp whose backward is a ring of its own (as ejkernel's and Liu et al.'s kernels do), which is proved like "
+    "any ring")
 DROPPED = ("differentiates a ring region whose result the program dropped, so there is no forward to prove it from: "
            "use the forward's result (return it, or let the loss read it), or give the kernel a custom_vjp")
 from .detect import RingRegion, axis_strides, find_ring_regions, module_funcs, module_meshes
@@ -147,7 +148,8 @@ def _prove_group(group: list[RingRegion], funcs, verdicts: dict, shared: Shared,
     try:
         _prove_members(group, funcs, verdicts, members, shared, frozenset())
     except _GroupRefusal as first:
-        if _accept_autodiff(group, funcs, verdicts, members, shared):
+        lacks = _accept_autodiff(group, funcs, verdicts, members, shared)
+        if lacks is None:
             return
         dropped = dropped_forward(group, shared.rings)
         unproved = unproved_cotangent(group, shared.rings) if dropped is not None else None
@@ -155,7 +157,7 @@ def _prove_group(group: list[RingRegion], funcs, verdicts: dict, shared: Shared,
             dropped = unproved[0]
         e = _GroupRefusal(Refusal(unproved[1] if unproved else DROPPED, dropped.region), dropped) \
             if dropped is not None else \
-            _autodiff_reason(group, funcs, verdicts, members, shared, first)
+            _autodiff_reason(group, funcs, verdicts, members, shared, first, lacks)
         _refuse_group(group, verdicts, e)
         _prove_apart(group, e.region, funcs, verdicts, shared, numbers)
         return
@@ -188,7 +190,7 @@ def _prove_apart(group: list[RingRegion], refused: RingRegion, funcs, verdicts: 
 
 
 def _autodiff_reason(group: list[RingRegion], funcs, verdicts: dict, members: set, shared: Shared,
-                     first: "_GroupRefusal") -> "_GroupRefusal":
+                     first: "_GroupRefusal", lacks: str = "") -> "_GroupRefusal":
     """Why to refuse a group holding backward regions that JAX's autodiff made (autodiff.py): the forward's own
     reason where the forward is refused (what the user must change first), else, where the forward alone would be
     proved, that such a backward is not (the transpose of an online-softmax loop recomputes and compares the
@@ -224,16 +226,16 @@ def _autodiff_reason(group: list[RingRegion], funcs, verdicts: dict, members: se
         named = ("result " if len(results) == 1 else "results ") + ", ".join(map(str, results))
         verdict = verdicts.get(id(forward.region)) if forward is not None else None
         backwards = [r for r in group if r.region in transposes]
-        why = stabiliser_invariant(verdict, backwards, shared.rings)
+        why = stabiliser_invariant(verdict, backwards)
         # (d), for the reason only: what each backward's integer ops depend on (recompute.py)
         positions = "; ".join(_recomputed(r, forwards, funcs, shared.rings) for r in backwards)
         text = TIED.format(results=named, where=where, stabiliser=why, positions=positions) if why else \
-            TIED_INVARIANT.format(results=named, where=where, positions=positions)
+            TIED_INVARIANT.format(results=named, where=where, positions=positions, lacks=lacks)
         return _GroupRefusal(Refusal(text, region.region), region)
     return _GroupRefusal(Refusal(AUTODIFF, region.region), region)
 
 
-def _accept_autodiff(group: list[RingRegion], funcs, verdicts: dict, members: set, shared: Shared) -> bool:
+def _accept_autodiff(group: list[RingRegion], funcs, verdicts: dict, members: set, shared: Shared) -> str | None:
     """Prove a group of forward regions and the backward regions JAX's autodiff made of them (no custom_vjp), and
     mark it proved, where: every backward is tied to a forward of the group (ring/ties.py) and reads, besides the
     cotangents of that forward's proved results (laid out as those results), only the forward's residuals and
@@ -247,30 +249,32 @@ def _accept_autodiff(group: list[RingRegion], funcs, verdicts: dict, members: se
     P-conjugate of F's; the backward's code is the transpose of F's linearisation, which reads the primal only
     through the residuals (it computes no position of its own), so fed F''s residuals it is the transpose of F''s
     linearisation; permuting its cotangents and restoring its results then gives F's gradient. The stabiliser check
-    covers the points where autodiff's derivative is not the function's (ties in a running maximum). False where
-    any of it fails: the group is then refused for the reason _autodiff_reason finds."""
+    covers the points where autodiff's derivative is not the function's (ties in a running maximum). None where
+    the group is accepted; else what fails first (the group is then refused for the reason _autodiff_reason finds,
+    which tells it)."""
     transposes = [r for r in group if is_transpose(r)]
     forwards = [r for r in group if not is_transpose(r)]
     pairs = tied_pairs(forwards, transposes)
     if pairs is None:
-        return False
+        return "not every region of its group is tied to a ring JAX differentiated"
     try:
         _prove_members(group, funcs, verdicts, members, shared, frozenset(r.region for r in transposes), whole=True)
-    except _GroupRefusal:
-        return False
+    except _GroupRefusal as e:
+        return e.refusal.describe(e.region.loc)
     for forward, backwards in pairs:
-        if stabiliser_invariant(verdicts[id(forward.region)], backwards, shared.rings) is not None:
-            return False
+        why = stabiliser_invariant(verdicts[id(forward.region)], backwards)
+        if why is not None:
+            return f"the stabiliser check fails: {why}"
     for r in transposes:
         try:
             found = classify(r, forwards, funcs, shared.rings)
-        except (ValueError, KeyError, IndexError, TypeError):
-            return False
+        except (ValueError, KeyError, IndexError, TypeError) as e:
+            return f"the walk of its integer ops can't tell whether it computes positions ({e})"
         if found.positions or found.unknown:
-            return False
+            return "it computes positions of its own, or something the walk of its integer ops can't tell"
     for r in group:
         verdicts[id(r.region)].proved = True
-    return True
+    return None
 
 
 def _recomputed(backward: RingRegion, forwards: list[RingRegion], funcs, rings: frozenset) -> str:
@@ -443,6 +447,7 @@ def _prove_region(r: RingRegion, place: int, funcs, verdict: Verdict, produced: 
     # `whole`: residuals are interpreted only where they read positions the results' proof computes (rewritten
     # there, as any read of them); one that computes positions of its own refuses
     state = State(_ring_info(r, block), funcs, shared, strict_residuals=whole)
+    state.fns.owner = r.region  # the maxima its aggregates are made from are noted for it (stabiliser.py)
     # results only JAX's transposes read (residuals) need no proof: interpret what the others depend on
     residuals = {j for j, result in enumerate(r.region.results)
                  if all(reader in backwards for reader in readers_across(result, shared.rings))} if backwards else set()
@@ -502,6 +507,10 @@ def _check_results(r: RingRegion, engine: Engine, results: list, outs, verdict: 
     for j, (value, sharding) in enumerate(zip(results, outs)):
         result = r.region.results[j]
         if j in residuals:  # read by transposed regions only, in the layout this region makes them
+            if engine.state.strict_residuals and isinstance(value, Index) and not value.expr.is_const:
+                # positions handed on unread: the rewrite changes their reads, not them
+                _refuse_result(r, j, f"result {j} hands the backward positions (or a device index) it has not read, "
+                               "which the rewrite would leave in the old layout")
             produced[result] = value
             continue
         if isinstance(value, Data):

@@ -111,17 +111,17 @@ def _empty(fns, value) -> bool:
 
 def note_complete(fns, fn: int, ident) -> None:
     """The identity of a complete aggregate `fn` names (complete fns are interned by value, so one fn may be made
-    from several maxima: then it names none)."""
-    fns.idents.setdefault(fn, set()).add(ident)
+    from several maxima: then it names none), noted for the ring region being proved (`fns.owner`: the table is the
+    module's, and the fns of two rings fed alike intern alike, though made by other maxima), and logged for the call
+    memo to note again where it reuses a call's analysis (analysis.Engine.call)."""
+    fns.idents.setdefault(fn, set()).add((ident, fns.owner))
+    fns.notes.append((fn, ident))
 
 
-def complete_ident(fns, fn: int, foreign=None):
-    """The one maximum the complete aggregate `fn` was made from, None if several (or lost). `foreign(ident)`: a
-    maximum another ring region made (the table is the module's, and the fns of two rings fed alike intern alike),
-    which no value of the region being checked can hold."""
-    found = {resolve(fns, ident) for ident in fns.idents.get(fn, ())}
-    if foreign is not None:
-        found = {ident for ident in found if ident is None or not foreign(ident)}
+def complete_ident(fns, fn: int, owner=None):
+    """The one maximum the complete aggregate `fn` was made from in the proof of ring region `owner` (None: in any
+    region's), None if several (or lost)."""
+    found = {resolve(fns, ident) for ident, by in fns.idents.get(fn, ()) if owner is None or by == owner}
     return found.pop() if len(found) == 1 else None
 
 
@@ -171,10 +171,10 @@ def _where(op) -> str:
 _INV = ("inv",)
 
 
-def invariant(fns, fn: int, foreign=None) -> str | None:
+def invariant(fns, fn: int, owner=None) -> str | None:
     """None where the function `fn` is the same for every value of every running maximum it reads; else why not.
-    `foreign`: see complete_ident."""
-    found = _form(fns, fn, {}, foreign)
+    `owner`: the ring region whose proof made `fn` (see complete_ident)."""
+    found = _form(fns, fn, {}, owner)
     if isinstance(found, str):
         return found
     if found == _INV:
@@ -188,14 +188,14 @@ def _norm(kind: str, ident, c: float):
     return _INV if c == 0 else (kind, ident, c)
 
 
-def _form(fns, fn: int, memo: dict, foreign=None):
+def _form(fns, fn: int, memo: dict, owner=None):
     found = memo.get(fn)
     if found is None:
-        found = memo[fn] = _compute(fns, fn, memo, foreign)
+        found = memo[fn] = _compute(fns, fn, memo, owner)
     return found
 
 
-def _compute(fns, fn: int, memo: dict, foreign):
+def _compute(fns, fn: int, memo: dict, owner):
     key = fns.keys[fn]
     head = key[0] if isinstance(key, tuple) and key else None
     if head in _LEAVES:
@@ -203,11 +203,11 @@ def _compute(fns, fn: int, memo: dict, foreign):
     if head in ("complete", "agg") and key[1] in _SHIFTED:
         # the weights summed and the scores maxed must be free of every maximum (MAX and the rescalings have no term)
         for x in key[2:4] if key[1] in (AggOp.SSUM, AggOp.EXP) else key[3:4]:
-            if _form(fns, x, memo, foreign) != _INV:
+            if _form(fns, x, memo, owner) != _INV:
                 return "folds a running maximum into another running sum or maximum, which this check does not follow"
         if head == "agg":
             return "reads a running sum or maximum before every block is merged into it"
-        ident = complete_ident(fns, fn, foreign)
+        ident = complete_ident(fns, fn, owner)
         if ident is None or pair(ident, 0) is not None:
             return "depends on a running maximum the analysis can't name (a sum not shifted by one maximum at every " \
                    "step, or two maxima of the same scores that one function holds)"
@@ -217,9 +217,9 @@ def _compute(fns, fn: int, memo: dict, foreign):
             return ("mul", ident, -1.0)
         return "reads a rescaling of one running maximum to another"
     if head == "ew":
-        return _ew(fns, key[1].removeprefix("stablehlo."), key[2], [_form(fns, x, memo, foreign) for x in key[3]])
+        return _ew(fns, key[1].removeprefix("stablehlo."), key[2], [_form(fns, x, memo, owner) for x in key[3]])
     for x in _ints(key):  # any other function: free of maxima, or not analysed
-        if 0 <= x < fn and _form(fns, x, memo, foreign) != _INV:
+        if 0 <= x < fn and _form(fns, x, memo, owner) != _INV:
             return f"reads a running maximum through '{head}', which this check does not follow"
     return _INV
 
