@@ -23,7 +23,7 @@ counted and rewritten.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar, Literal
 
 from jaxlib.mlir import ir
@@ -36,6 +36,7 @@ from shardfix.ring.detect import RingRegion, axis_strides, module_funcs
 from shardfix.ring.permutation import REORDERED_ATTR, Permutations
 from shardfix.ring.positions import Layout, apply_rewrites
 from shardfix.ring.prove import Verdict, prove_rings, unit_problem
+from shardfix.ring import ties
 from shardfix.ring.structural import StructuralKeys
 
 from . import Pass, PassContext
@@ -94,8 +95,8 @@ class RingReorder(Pass):
                     if not reason:
                         reason = (f"not provably safe: reordered together with the ring region at "
                                   f"{first.ring.loc or '?'}, which is not ({why})")
-                    ctx.report.rings.append(RingDecision(v.ring.axis, _name(layout.strategy, layout.stripe), False,
-                                                         reason, loc or v.ring.loc))
+                    ctx.report.rings.append(_told(v.ring.axis, _name(layout.strategy, layout.stripe), False, reason,
+                                                  loc or v.ring.loc))
                 continue
             applied.extend((v, layout) for v in group)
         if self.mode == "auto":
@@ -162,13 +163,21 @@ def _name(strategy: str, stripe: int) -> str:
 def _decision(v: Verdict, strategy: str, applied: bool, why: str,
               figures: tuple[Tiles, Tiles] | None) -> RingDecision:
     if figures is None:
-        return RingDecision(v.ring.axis, strategy, applied, why, v.ring.loc)
+        return _told(v.ring.axis, strategy, applied, why, v.ring.loc)
     before, after = figures
     basis = "positions, hops and chunk indices" if not after.data_dependent and not before.data_dependent else (
         f"positions, hops and chunk indices; {before.data_dependent} of {before.decisions} skip decisions depend "
         "on data and are counted as computed")
-    return RingDecision(v.ring.axis, strategy, applied, why, v.ring.loc, before.critical, after.critical,
-                        before.ideal, basis)
+    return _told(v.ring.axis, strategy, applied, why, v.ring.loc, before.critical, after.critical, before.ideal, basis)
+
+
+def _told(axis: str, strategy: str, applied: bool, why: str, loc: SourceLoc, *figures) -> RingDecision:
+    """A decision as the user reads it: the name scopes that tie a differentiated region to its backward
+    (ring/ties.py) are shardfix's own, so a region JAX's location names by its name stack alone is named as JAX
+    named it, in the reason too."""
+    if not loc.file and loc.name:
+        loc = replace(loc, name=ties.strip(loc.name))
+    return RingDecision(axis, strategy, applied, ties.strip(why), loc, *figures)
 
 
 class _Chooser:

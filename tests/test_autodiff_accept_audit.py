@@ -120,6 +120,12 @@ def _window_guarded(mesh):
                                      neg=-jnp.inf, merge=uk.merge_guarded)))
 
 
+def _soft_capped(mesh):
+    """Logit soft-capping, cap * tanh(s / cap), as Gemma writes it: tanh's derivative is the derivative of what it
+    lowers to (JAX 0.12 computes it with `one_minus_square`, a standard primitive)."""
+    return _grad(_ring(mesh, _kernel(hook=lambda s, keep, qp, kp: jnp.where(keep, 5.0 * jnp.tanh(s / 5.0), NEG))))
+
+
 def _checkpointed(policy):
     def program(mesh):
         return _grad(_ring(mesh, _kernel(step_wrap=lambda step: jax.checkpoint(step, policy=policy))))
@@ -160,6 +166,7 @@ def _compare(make, strategy: str = "zigzag", mesh_name: str = "explicit", tied: 
     (_mask_squared, "zigzag", "explicit", True),
     (_lse_result, "zigzag", "explicit", True),
     (_window_guarded, "zigzag", "explicit", False),
+    (_soft_capped, "zigzag", "explicit", False),
     (_checkpointed(jax.checkpoint_policies.everything_saveable), "zigzag", "explicit", False),
 ])
 def test_an_accepted_plain_autodiff_backward_gives_jax_jits_gradient(make, strategy, mesh_name, tied):
