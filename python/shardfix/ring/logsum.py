@@ -122,15 +122,25 @@ def may_mask(engine: Engine, fn: int) -> bool:
     constant of magnitude >= lsefloats.MASK_LIKE, an input (a bias passed in), a table or loop data, anywhere in
     what it is made of; a contraction of the data (q . k) and integer arithmetic are taken in range (finite.py)."""
     memo, keys = engine.fns.masking, engine.fns.keys
-    if fn not in memo:
-        key = keys[fn]
+    stack = [fn]
+    while stack:  # depth first without recursion: a score may be built of many ops
+        top = stack[-1]
+        if top in memo:
+            stack.pop()
+            continue
+        key = keys[top]
         if key[0] == "const":
-            memo[fn] = key[1] not in ("True", "False") and abs(float(key[1])) >= fl.MASK_LIKE
+            memo[top] = key[1] not in ("True", "False") and abs(float(key[1])) >= fl.MASK_LIKE
         elif key[0] in ("dot", "dotterm", "index"):
-            memo[fn] = False
+            memo[top] = False
         else:
             parts = made_of(key)
-            memo[fn] = not parts or any(may_mask(engine, f) for f in parts)
+            pending = [f for f in parts if f not in memo]
+            if pending:
+                stack.extend(pending)
+                continue
+            memo[top] = not parts or any(memo[f] for f in parts)
+        stack.pop()
     return memo[fn]
 
 
