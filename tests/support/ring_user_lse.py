@@ -37,7 +37,7 @@ def block(q, k, v, keep):
 
 
 def merge_logaddexp(out, lse, out_b, lse_b, i):
-    lse_new = jnp.logaddexp(lse, lse_b)
+    lse_new = jnp.logaddexp(lse, lse_b)  # refused here under plain jax.grad (its custom_jvp)
     return out * jnp.exp(lse - lse_new)[..., None] + out_b * jnp.exp(lse_b - lse_new)[..., None], lse_new
 
 
