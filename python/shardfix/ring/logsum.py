@@ -471,8 +471,8 @@ def carried_start_refusal(agg: Agg) -> str | None:
                 "result is not the block's (lse - log_sigmoid(lse - lse_blk) cancels a start of -1e30 to 0, rounds "
                 "one of -1e4 by 1e-3, or is -inf - -inf = nan): which step a row first meets a block changes with "
                 "the layout where blocks are skipped, and the start's error stays in the result; merge with lse' = "
-                "jnp.logaddexp(lse, lse_blk), exact from any start, or take the state from the own block before the "
-                "loop (as ring-flash-attention does); a guard (where(isneginf(lse), block, merged)) or a step-0 reset "
+                "jnp.logaddexp(lse, lse_blk), exact from any start; the state taken from the own block before the "
+                "loop (as ring-flash-attention does), a guard (where(isneginf(lse), block, merged)) or a step-0 reset "
                 "does only where the scores are never masked")
     if agg.op in (AggOp.LSE, AggOp.NSUM) and agg.masked:
         return ("merges blocks in a way whose floating-point result is not the log-sum-exp where a row's keys are all "
