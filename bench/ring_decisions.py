@@ -39,7 +39,7 @@ USER = ("blockwise-causal", "blockwise-causal-segments", "blockwise-window40", "
         "nested-blockwise-causal", "project-scan-vjp", "vjp-causal", "variant-full-init", "variant-full-init-window20",
         "variant-carried-source", "variant-ppermuted-source@auto", "refuse-all-gather-into-buffer",
         "refuse-device-keyed-dropout", "refuse-sorted-keys", "refuse-positions-left-behind",
-        "refuse-int-truncated-sum", "refuse-carried-source-wrong-modulus", "lse-logaddexp", "lse-sigmoid-peeled",
+        "refuse-int-truncated-sum", "refuse-carried-source-wrong-modulus", "lse-logaddexp", "refuse-lse-sigmoid-peeled",
         "refuse-lse-guarded-sigmoid-inf", "blockwise-causal-lse", "vjp-lse-logaddexp", "refuse-lse-decayed",
         "refuse-lse-sigmoid-sentinel-start")
 

@@ -132,9 +132,10 @@ def test_sigmoid_merge_from_a_1e4_sentinel_keeps_jit_results_by_default(monkeypa
     _sound(f, "auto", _args())
 
 
-def _ring_sent_ahead(merge: str, hops: int, init: float, lse_out: bool):
+def _ring_sent_ahead(merge: str, hops: int, init: float | None, lse_out: bool):
     """ul.lse_ring's fori ring (every block masked, none skipped) with k, v sent `hops` steps before the loop: step
-    i holds block me - hops - i. Returns the output, or the lse broadcast over the output's last dim."""
+    i holds block me - hops - i. `init` None: the state is step 0's block, computed before the loop (all masked on
+    the devices the hops wrap around). Returns the output, or the lse broadcast over the output's last dim."""
     def body(q, k, v):
         b, n, _ = q.shape
         me = jax.lax.axis_index("cp")
@@ -142,14 +143,23 @@ def _ring_sent_ahead(merge: str, hops: int, init: float, lse_out: bool):
         for _ in range(hops):
             k, v = (jax.lax.ppermute(t, "cp", ruk.ring(CP)) for t in (k, v))
 
+        def attend(k, v, i):
+            k_pos = ((me - hops - i) % CP) * n + jnp.arange(n)
+            return ul.block(q, k, v, q_pos[:, None] >= k_pos[None, :])
+
         def step(i, carry):
             state, k, v = carry
-            k_pos = ((me - hops - i) % CP) * n + jnp.arange(n)
-            state = ul.MERGES[merge](*state, *ul.block(q, k, v, q_pos[:, None] >= k_pos[None, :]), i)
+            state = ul.MERGES[merge](*state, *attend(k, v, i), i)
             return state, jax.lax.ppermute(k, "cp", ruk.ring(CP)), jax.lax.ppermute(v, "cp", ruk.ring(CP))
 
-        state = (jnp.zeros_like(q), jnp.full((b, n), init, q.dtype))
-        out, lse = jax.lax.fori_loop(0, CP, step, (state, k, v))[0]
+        start = 0
+        if init is None:
+            state = attend(k, v, 0)
+            k, v = (jax.lax.ppermute(t, "cp", ruk.ring(CP)) for t in (k, v))
+            start = 1
+        else:
+            state = (jnp.zeros_like(q), jnp.full((b, n), init, q.dtype))
+        out, lse = jax.lax.fori_loop(start, CP, step, (state, k, v))[0]
         return jnp.broadcast_to(lse[..., None], out.shape) if lse_out else out
 
     return _ring(body)
@@ -159,6 +169,18 @@ def _ring_sent_ahead(merge: str, hops: int, init: float, lse_out: bool):
 def test_sigmoid_merge_after_an_all_masked_first_block_keeps_jit_results(merge, hops, lse_out):
     init = -jnp.inf if merge.startswith("guarded") else ruk.NEG
     _sound(_ring_sent_ahead(merge, hops, init, lse_out), "zigzag", _args())
+
+
+@pytest.mark.parametrize("merge", ["sigmoid", "softplus"])
+def test_sigmoid_merge_from_a_block_before_the_loop_is_refused_where_masked(merge):
+    """The state started from a block computed before the loop, of k, v sent a step ahead: all masked on device 0,
+    whose lse -1e30 + log n the first sigmoid merge cancels to 0 (accepted, the lse was off by up to 3 under zigzag
+    and striped). The own block before the loop (never all masked, which the proof does not know) is refused too
+    where the scores are masked; the logaddexp form from the same start stays accepted (below)."""
+    for f in (_ring_sent_ahead(merge, 1, None, True), _ring(ul.lse_ring(CP, merge, first="peeled"))):
+        decisions = _sound(f, "zigzag", _args())
+        assert decisions and not any(applied for applied, _ in decisions), decisions
+        assert all("a block computed before the loop" in why for _, why in decisions), decisions
 
 
 def test_sigmoid_fold_after_the_loop_from_the_last_block_keeps_jit_results():
@@ -199,13 +221,12 @@ def test_refusal_of_a_hard_max_lse_names_the_lse_update(monkeypatch):
 
 
 def test_stable_spellings_stay_accepted_and_equal_on_large_scores(monkeypatch):
-    """The max-shifted log1p, the guarded logaddexp, and the sigmoid form from the own block before the loop (as
-    ring-flash-attention does). The sigmoid form under a guard is refused: the block the guard takes may have rows
-    of masked keys alone, which the next sigmoid merge cancels to 0 (here the own block, never all masked, which
-    the proof does not know)."""
+    """The max-shifted log1p, the guarded logaddexp, and the logaddexp form from the own block before the loop.
+    The sigmoid form under a guard or from a block before the loop is refused where the scores are masked: the
+    block may have rows of masked keys alone, which the next sigmoid merge cancels to 0."""
     monkeypatch.setitem(ul.MERGES, "stable", merge_stable)
     for f in (_ring(ul.lse_ring(CP, "stable")), _ring(ul.lse_ring(CP, "guarded-logaddexp", init="inf")),
-              _ring(ul.lse_ring(CP, "sigmoid", first="peeled"))):
+              _ring(ul.lse_ring(CP, "logaddexp", first="peeled"))):
         decisions = _sound(f, "zigzag", _args(60.0))
         assert decisions and all(applied for applied, _ in decisions), decisions
 
@@ -217,8 +238,9 @@ def test_logaddexp_merge_from_a_1e4_sentinel_stays_accepted_by_default(monkeypat
     assert decisions and all(applied for applied, _ in decisions), decisions
 
 
-def test_logaddexp_after_an_all_masked_first_block_stays_accepted_and_equal():
-    decisions = _sound(_ring_sent_ahead("reset-logaddexp", 1, ruk.NEG, True), "zigzag", _args())
+@pytest.mark.parametrize("merge, init", [("reset-logaddexp", ruk.NEG), ("logaddexp", None)])
+def test_logaddexp_after_an_all_masked_first_block_stays_accepted_and_equal(merge, init):
+    decisions = _sound(_ring_sent_ahead(merge, 1, init, True), "zigzag", _args())
     assert decisions and all(applied for applied, _ in decisions), decisions
 
 

@@ -203,6 +203,8 @@ class State:
     cov_alias: dict = field(default_factory=dict)  # coverage unknowns assumed equal (checked when solved)
     loop_vars: dict = field(default_factory=dict)  # a loop's iteration variable -> id of the loop op
     loop_memo: dict = field(default_factory=dict)  # the loops analysed, by their inputs (loopmemo.py)
+    # the blocks a loop's (out, lse) merge state starts from, computed before the loop (lsefloats' "pre@" cases)
+    started: set = field(default_factory=set)
     # the region's backward is to be rewritten with it (prove._accept_autodiff): an op only residuals depend on may
     # not compute positions of its own (nor call a function that does), which the rewrite would not see
     strict_residuals: bool = False

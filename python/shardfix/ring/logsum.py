@@ -110,9 +110,11 @@ def _lift(engine: Engine, op, value: Data, domain: Domain | None) -> Value:
         engine.refuse(f"combines a log-sum-exp with a partial result of another kind ({agg.op}): " + ADVICE, op)
     keys = fl.PLAIN
     if may_mask(engine, agg.score):
-        keys += fl.STATE_KEYS + tuple(k for p in cells(result) for k in fl.cell_keys(p))
+        blocks = cells(result)
+        keys += fl.STATE_KEYS + tuple(k for p in blocks for k in fl.cell_keys(p)) + \
+            tuple(k for p in blocks if str(p) in engine.state.started for k in fl.pre_keys(p))
     # a merge whose float result is off in a scenario (its flag) is NaN there: a guard must not pick it
-    samples = tuple((k, math.nan if (agg.nan if k in fl.START_KEYS else agg.masked and k != fl.NORMAL) else x)
+    samples = tuple((k, math.nan if (agg.nan and fl.at_start(k) or agg.masked and k != fl.NORMAL) else x)
                     for k, x in exact_samples(result, keys))
     return dataclasses.replace(result, samples=samples)
 
@@ -469,15 +471,15 @@ def carried_start_refusal(agg: Agg) -> str | None:
                 "result is not the block's (lse - log_sigmoid(lse - lse_blk) cancels a start of -1e30 to 0, rounds "
                 "one of -1e4 by 1e-3, or is -inf - -inf = nan): which step a row first meets a block changes with "
                 "the layout where blocks are skipped, and the start's error stays in the result; merge with lse' = "
-                "jnp.logaddexp(lse, lse_blk), exact from any start, or take the state from the own block before the "
-                "loop (as ring-flash-attention does); a guard (where(isneginf(lse), block, merged)) or a step-0 reset "
+                "jnp.logaddexp(lse, lse_blk), exact from any start; the state taken from the own block before the "
+                "loop (as ring-flash-attention does), a guard (where(isneginf(lse), block, merged)) or a step-0 reset "
                 "does only where the scores are never masked")
     if agg.op in (AggOp.LSE, AggOp.NSUM) and agg.masked:
         return ("merges blocks in a way whose floating-point result is not the log-sum-exp where a row's keys are all "
                 "masked (lse -1e30 + log n): lse - log_sigmoid(lse - lse_blk) is -1e30 + 1e30 = 0 where the state "
                 "holds only such keys (a block taken as the state by where(i == 0, block, merged) or "
-                "where(isneginf(lse), block, merged), or a fold that starts from a block), and which rows meet an "
-                "all-masked block first changes with the layout; merge with lse' = jnp.logaddexp(lse, lse_blk) and "
+                "where(isneginf(lse), block, merged), a block computed before the loop, or a fold that starts from "
+                "a block), and which rows meet an all-masked block first changes with the layout; merge with lse' = jnp.logaddexp(lse, lse_blk) and "
                 "out' = out * exp(lse - lse') + out_blk * exp(lse_blk - lse'), exact wherever either side is masked")
     if agg.op == AggOp.LOGSUM:
         return ("carries a merge state that is not the log-sum-exp and the normalised output of the blocks merged so "

@@ -433,6 +433,8 @@ def _carried(engine: Engine, op, i: int, value: Data, coverage) -> Data:
     agg = value.agg
     if agg is not None and coverage is not None:
         cv, sv = coverage
+        if agg.op in (AggOp.LSE, AggOp.NSUM):
+            engine.state.started.update(str(p) for p in agg.cov.parts if not isinstance(p, CoverageVar))
         agg = replace(agg, cov=agg.cov.union(Coverage((cv,))),
                       shift_cov=agg.shift_cov.union(Coverage((sv,)))
                       if agg.op in (AggOp.SSUM, AggOp.SHIFT, AggOp.MDIFF) else agg.shift_cov,

@@ -10,6 +10,9 @@ The cases (scenarios), each keyed by a string:
 - "state@<M>": the state holds only masked keys, lse = M (a step-0 reset or an isneginf guard that took a block
   whose row is all masked as the state);
 - "cell@<M>:<block>": that one block's row is all masked, lse = M, the state and the other blocks are not;
+- "pre@<M>:<block>": the state still at its start (its unknown coverage holds nothing) and that block, one the
+  state started from (computed before the loop: with k, v sent ahead, not the own causal block), all masked: the
+  state holds masked keys alone at the loop's first merge; a value without that block is its "start0" value there;
 - "normal": nothing masked, the state holds keys (the value of any case a number does not depend on).
 
 The masked ones only where the scores may hold a mask value (logsum.may_mask): unmasked scores are bounded by
@@ -33,6 +36,7 @@ START_KEYS = tuple(f"start{s}" for s in range(4))
 NORMAL = "normal"
 PLAIN = START_KEYS + (NORMAL,)
 STATE_KEYS = tuple(f"state@{m:g}" for m in MASKS)
+_PRE = "pre@"
 MASK_LIKE = 1e3  # a score constant this large is a mask value (-1e4, -1e9, -1e30, finfo.min), not a scale
 _ULPS = 16  # a merge's few float32 roundings, each of half an ulp, and no more (a -100 start rounds by ~32)
 
@@ -43,6 +47,15 @@ def cell_keys(part) -> tuple[str, ...]:
     return tuple(f"cell@{m:g}:{part}" for m in MASKS)
 
 
+def pre_keys(part) -> tuple[str, ...]:
+    return tuple(f"{_PRE}{m:g}:{part}" for m in MASKS)
+
+
+def at_start(key: str) -> bool:
+    """Whether the state is still at its start in scenario `key`."""
+    return key in START_KEYS or key.startswith(_PRE)
+
+
 def _scenario(key: str) -> tuple[int, float | None, float | None, str | None]:
     """(salt, the state's masked lse or None, a block's masked lse or None, that block's name or None); a state
     at its start has salt >= 0 and holds nothing: returned as salt, None, None, None with key in START_KEYS."""
@@ -50,8 +63,8 @@ def _scenario(key: str) -> tuple[int, float | None, float | None, str | None]:
         return int(key[5:]), None, None, None
     if key.startswith("state@"):
         return 0, float(key[6:]), None, None
-    if key.startswith("cell@"):
-        mask, name = key[5:].split(":", 1)
+    if key.startswith(("cell@", _PRE)):
+        mask, name = key[key.index("@") + 1:].split(":", 1)
         return 0, None, float(mask), name
     return 0, None, None, None
 
@@ -65,7 +78,7 @@ def part_sample(kind: str, part, key: str) -> float | None:
     start)."""
     salt, state, cell_mask, cell = _scenario(key)
     if isinstance(part, CoverageVar):
-        if key in START_KEYS:
+        if at_start(key):
             return None
         if state is not None:
             return state
@@ -105,11 +118,11 @@ def keys_of(*samples: Samples) -> list[str]:
 
 def at(samples: Samples, key: str) -> float:
     """The number in scenario `key`; one a value has no case for does not depend on that block: its number
-    where nothing is masked."""
+    where nothing is masked, or at the state's start for a "pre@" key (the state there holds nothing)."""
     for k, x in samples:
         if k == key:
             return x
-    return dict(samples)[NORMAL]
+    return at(samples, START_KEYS[0]) if key.startswith(_PRE) else dict(samples)[NORMAL]
 
 
 def f32_all(fn, *samples: Samples) -> Samples:
