@@ -319,7 +319,7 @@ LSE_TWINS = {
     "output-of-largest-lse": (_lse("logaddexp"), _lse("argmax")),
     "latest-block-kept": (_lse("logaddexp"), _lse("latest")),
     "hard-max-of-lses": (_lse("max"), _hard_max),
-    "sigmoid-from-a-sentinel-start": (_lse("sigmoid", first="peeled"), _lse("sigmoid")),
+    "sigmoid-from-a-sentinel-start": (_lse("logaddexp", first="peeled"), _lse("sigmoid")),
     "guard-on-a-sentinel-start": (_lse("guarded-logaddexp", init="inf"), _lse("guarded-sigmoid")),
 }
 
@@ -329,7 +329,8 @@ def test_refused_lse_merge_would_compute_something_else_if_reordered(name):
     """As above, for the flash-attention style merges of each block's (out, lse): the accepted spelling, reordered
     by hand to the zigzag layout, computes what jax.jit computes; its refused look-alike does not (the sigmoid form
     from a start of -1e30 too: its first merge cancels the start to an lse of 0, and which block that lse is
-    wrongly given is the layout's)."""
+    wrongly given is the layout's; beside it, logaddexp from the block before the loop, which ring-reorder accepts
+    where the scores are masked, unlike the sigmoid form from there)."""
     from support.ring_user_lse import contiguous
     from support.ring_user_programs import qkv, sharded
 
