@@ -17,7 +17,7 @@ from shardfix import autofix_shardings
 from shardfix.jit import tracing
 from shardfix.ring import ties
 from support import ring_user_kernels as uk
-from support.ring_user_programs import meshes
+from support.ring_user_programs import grad_of_two_results, meshes
 
 SPEC = jax.sharding.PartitionSpec("dp", "cp", None)
 _NAME = re.compile(r'loc\("([^"]*)"')
@@ -107,41 +107,7 @@ def test_a_backward_of_a_result_made_by_the_same_expression_as_a_proved_one_is_r
     over features) and what y sums (v shifted over tokens); the loss reads y only through its derivative and
     returns z. The refusal names the result the backward differentiates, which the forward does not compute."""
     jax.clear_caches()
-
-    def shift(t, u, axis):
-        s, n = jax.lax.mul(t, jax.lax.tanh(u)), t.shape[axis]
-        return jax.lax.concatenate([jax.lax.slice_in_dim(s, n - 1, n, axis=axis),
-                                    jax.lax.slice_in_dim(s, 0, n - 1, axis=axis)], axis)
-
-    def body(q, k, v):
-        cp, n = 4, q.shape[1]
-        me = jax.lax.axis_index("cp")
-        q_pos = (me * n + jnp.arange(n))[:, None]
-
-        def step(i, carry):
-            acc, y, k, v = carry
-            k_pos = (((me - i) % cp) * n + jnp.arange(n))[None, :]
-            qs, ys = [shift(t, u, axis) for t, u, axis in ((q, q, 2), (v, k, 1))]
-            acc = uk.merge_online(acc, jnp.where(q_pos >= k_pos, uk.scores(qs, k), uk.NEG), v, i)
-            k, v = (jax.lax.ppermute(t, "cp", uk.ring(cp)) for t in (k, v))
-            return acc, y + ys, k, v
-
-        (_, l, o), y, _, _ = jax.lax.fori_loop(0, cp, step, (uk.row_stats(q, uk.NEG) + (jnp.zeros_like(q),),
-                                                              jnp.zeros_like(v), k, v))
-        return o / l[..., None], y
-
-    mesh = meshes()["explicit"]
-    f = jax.shard_map(body, mesh=mesh, in_specs=(SPEC,) * 3, out_specs=(SPEC, SPEC), check_vma=False)
-    rng = np.random.default_rng(0)
-    args = [jax.device_put(rng.standard_normal((2, 32, 8)).astype(np.float32), jax.NamedSharding(mesh, SPEC))
-            for _ in range(3)]
-    w = rng.standard_normal((2, 32, 8)).astype(np.float32)
-
-    def loss(q, k, v):
-        z, y = f(q, k, v)
-        return jnp.sum(y * w), z
-
-    grad = jax.grad(loss, argnums=(0, 1, 2), has_aux=True)
+    grad, args = grad_of_two_results(uk.same_expression_ring)
     low = autofix_shardings(grad, ring_reorder="zigzag", on_fix="ignore").lower(*args)
     assert not any(r.applied for r in low.rings), [(r.applied, r.why) for r in low.rings]
     assert any("differentiates result 1 of the ring region at" in r.why and "operand 0 is its cotangent" in r.why

@@ -24,7 +24,7 @@ import pytest
 
 from shardfix import autofix_shardings
 from support import ring_user_variants as uv
-from support.ring_user_programs import PROGRAMS, Program, meshes
+from support.ring_user_programs import PROGRAMS, Program, grad_of_two_results, meshes
 
 PERMUTATION = "shardfix.sequence_permutation"
 BY_NAME = {p.name: p for p in PROGRAMS}
@@ -168,28 +168,10 @@ def _two_results(tail):
 _LINEAR_TAIL = "lambda v, k: jnp.roll(v * jnp.tanh(k).mean(), 1, axis=1)"
 
 
-def _grad_of_two_results(body):
-    """jax.grad of a loss that reads body's second result y only through its derivative and returns its first, z,
-    beside the gradient (Explicit axes, cp = 4), and the arguments."""
-    mesh = _meshes()["explicit"]
-    spec = jax.sharding.PartitionSpec("dp", "cp", None)
-    f = jax.shard_map(body, mesh=mesh, in_specs=(spec,) * 3, out_specs=(spec, spec), check_vma=False)
-    rng = np.random.default_rng(0)
-    args = [jax.device_put(rng.standard_normal((2, 32, 8)).astype(np.float32), jax.NamedSharding(mesh, spec))
-            for _ in range(3)]
-    w = rng.standard_normal((2, 32, 8)).astype(np.float32)
-
-    def loss(q, k, v):
-        z, y = f(q, k, v)
-        return jnp.sum(y * w), z
-
-    return jax.grad(loss, argnums=(0, 1, 2), has_aux=True), args
-
-
 def _assert_backward_left_alone(body) -> None:
     """body's z is read (returned beside the gradient), its y only through its derivative: nothing may be
     rewritten, under either layout."""
-    grad, args = _grad_of_two_results(body)
+    grad, args = grad_of_two_results(body)
 
     for strategy in ("zigzag", "striped"):
         low = autofix_shardings(grad, ring_reorder=strategy, on_fix="ignore").lower(*args)
@@ -236,29 +218,7 @@ def test_backward_of_a_result_made_by_the_same_expression_as_a_proved_one_is_lef
     jax.clear_caches()  # a jaxpr JAX cached for an earlier program keeps that program's tracebacks
     from support import ring_user_kernels as uk
 
-    def shift(t, u, axis):  # jnp.roll(t * tanh(u), 1, axis) in lax ops: JAX caches jnp.roll's jaxpr across programs
-        s, n = jax.lax.mul(t, jax.lax.tanh(u)), t.shape[axis]
-        return jax.lax.concatenate([jax.lax.slice_in_dim(s, n - 1, n, axis=axis),
-                                    jax.lax.slice_in_dim(s, 0, n - 1, axis=axis)], axis)
-
-    def body(q, k, v):
-        cp, n = 4, q.shape[1]
-        me = jax.lax.axis_index("cp")
-        q_pos = (me * n + jnp.arange(n))[:, None]
-
-        def step(i, carry):
-            acc, y, k, v = carry
-            k_pos = (((me - i) % cp) * n + jnp.arange(n))[None, :]
-            qs, ys = [shift(t, u, axis) for t, u, axis in ((q, q, 2), (v, k, 1))]
-            acc = uk.merge_online(acc, jnp.where(q_pos >= k_pos, uk.scores(qs, k), uk.NEG), v, i)
-            k, v = (jax.lax.ppermute(t, "cp", uk.ring(cp)) for t in (k, v))
-            return acc, y + ys, k, v
-
-        (_, l, o), y, _, _ = jax.lax.fori_loop(0, cp, step, (uk.row_stats(q, uk.NEG) + (jnp.zeros_like(q),),
-                                                              jnp.zeros_like(v), k, v))
-        return o / l[..., None], y
-
-    grad, args = _grad_of_two_results(body)
+    grad, args = grad_of_two_results(uk.same_expression_ring)
     want = jax.jit(grad)(*args)
     for strategy in ("zigzag", "striped"):
         low = autofix_shardings(grad, ring_reorder=strategy, on_fix="ignore").lower(*args)
@@ -285,6 +245,17 @@ def test_refused_look_alike_would_compute_something_else_if_reordered(name):
     tokens in the zigzag layout, every position the kernel computes from a coordinate rewritten to the zigzag
     positions, the result put back in order. The accepted spelling then computes what jax.jit computes; the
     look-alike does not, so its refusal is needed, not just cautious."""
+    differences = _reordered_by_hand([lambda cp, zigzag, make=make: make(cp) if zigzag is None
+                                      else make(cp, positions=zigzag) for make in uv.TWINS[name]])
+    accepted, refused = differences
+    assert accepted <= 1e-5 and refused > 1e-2, differences
+
+
+def _reordered_by_hand(makes: list, finite: bool = False) -> list[float]:
+    """For each make(cp, positions) -> per-device body (positions None: the kernel's own), max |the body run on
+    the zigzag layout with the zigzag positions, its result put back in order - jax.jit's as written| (inf where
+    it is nan and jax.jit's a number). `finite`: jax.jit's result must be all numbers (a difference, not two nans,
+    tells the programs apart)."""
     from support.ring_user_programs import qkv, sharded
 
     mesh = _meshes()["explicit"]
@@ -293,13 +264,13 @@ def test_refused_look_alike_would_compute_something_else_if_reordered(name):
     order, zigzag = _zigzag(cp, args[0].shape[1])
     permuted = [jax.device_put(np.asarray(x)[:, order], x.sharding) for x in args]
     differences = []
-    for make in uv.TWINS[name]:
-        want = np.asarray(jax.jit(sharded(mesh, make(cp), 3))(*args))
-        got = np.asarray(jax.jit(sharded(mesh, make(cp, positions=zigzag), 3))(*permuted))[:, np.argsort(order)]
+    for make in makes:
+        want = np.asarray(jax.jit(sharded(mesh, make(cp, None), 3))(*args))
+        assert not finite or np.isfinite(want).all()
+        got = np.asarray(jax.jit(sharded(mesh, make(cp, zigzag), 3))(*permuted))[:, np.argsort(order)]
         gap = np.abs(got - want)
-        differences.append(np.inf if np.isnan(gap).any() else float(gap.max()))  # nan where jax.jit has a number
-    accepted, refused = differences
-    assert accepted <= 1e-5 and refused > 1e-2, differences
+        differences.append(np.inf if np.isnan(gap).any() else float(gap.max()))
+    return differences
 
 
 def _lse(merge: str, **options):
@@ -332,20 +303,9 @@ def test_refused_lse_merge_would_compute_something_else_if_reordered(name):
     wrongly given is the layout's; beside it, logaddexp from the block before the loop, which ring-reorder accepts
     where the scores are masked, unlike the sigmoid form from there)."""
     from support.ring_user_lse import contiguous
-    from support.ring_user_programs import qkv, sharded
 
-    mesh = _meshes()["explicit"]
-    cp = mesh.shape["cp"]
-    args = qkv(mesh)
-    order, zigzag = _zigzag(cp, args[0].shape[1])
-    permuted = [jax.device_put(np.asarray(x)[:, order], x.sharding) for x in args]
-    differences = []
-    for make in LSE_TWINS[name]:
-        want = np.asarray(jax.jit(sharded(mesh, make(cp, contiguous), 3))(*args))
-        got = np.asarray(jax.jit(sharded(mesh, make(cp, zigzag), 3))(*permuted))
-        assert np.isfinite(want).all(), name  # a difference, not two nans, tells the programs apart
-        gap = np.abs(got[:, np.argsort(order)] - want)
-        differences.append(np.inf if np.isnan(gap).any() else float(gap.max()))
+    differences = _reordered_by_hand([lambda cp, zigzag, make=make: make(cp, contiguous if zigzag is None else zigzag)
+                                      for make in LSE_TWINS[name]], finite=True)
     accepted, refused = differences
     assert accepted <= 1e-5 and refused > 1e-2, differences
 

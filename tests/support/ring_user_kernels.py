@@ -404,3 +404,31 @@ def vjp_ring(cp: int, mask, direction: int = 1, backward_source: int | None = No
         return dq, dk, dv
 
     return with_backward(forward, backward)
+
+
+def same_expression_ring(q, k, v):
+    """A cp=4 causal ring (one block a step) with a second result y: one comprehension on one line makes both what
+    the attention reads (q scaled and shifted over features, which the reorder keeps) and what y sums (v shifted
+    over tokens, which it changes), so every op of a backward that differentiates y only carries the traceback of
+    an op the attention result depends on. The shift is jnp.roll(t * tanh(u), 1, axis) in lax ops: JAX caches
+    jnp.roll's jaxpr across programs, with the first program's tracebacks."""
+    def shift(t, u, axis):
+        s, n = lax.mul(t, lax.tanh(u)), t.shape[axis]
+        return lax.concatenate([lax.slice_in_dim(s, n - 1, n, axis=axis), lax.slice_in_dim(s, 0, n - 1, axis=axis)],
+                               axis)
+
+    cp, n = 4, q.shape[1]
+    me = lax.axis_index("cp")
+    q_pos = (me * n + jnp.arange(n))[:, None]
+
+    def step(i, carry):
+        acc, y, k, v = carry
+        k_pos = (((me - i) % cp) * n + jnp.arange(n))[None, :]
+        qs, ys = [shift(t, u, axis) for t, u, axis in ((q, q, 2), (v, k, 1))]
+        acc = merge_online(acc, jnp.where(q_pos >= k_pos, scores(qs, k), NEG), v, i)
+        k, v = (lax.ppermute(t, "cp", ring(cp)) for t in (k, v))
+        return acc, y + ys, k, v
+
+    start = (row_stats(q, NEG) + (jnp.zeros_like(q),), jnp.zeros_like(v), k, v)
+    (_, l, o), y, _, _ = lax.fori_loop(0, cp, step, start)
+    return o / l[..., None], y

@@ -65,6 +65,24 @@ def meshes() -> dict:
             "cp8": jax.make_mesh((1, 8), ("dp", "cp"))}
 
 
+def grad_of_two_results(body):
+    """jax.grad of a loss that reads body's second result y only through its derivative and returns its first, z,
+    beside the gradient (Explicit axes, cp = 4), and the arguments."""
+    mesh = meshes()["explicit"]
+    spec = P("dp", "cp", None)
+    f = jax.shard_map(body, mesh=mesh, in_specs=(spec,) * 3, out_specs=(spec, spec), check_vma=False)
+    rng = np.random.default_rng(0)
+    args = [jax.device_put(rng.standard_normal((2, 32, 8)).astype(np.float32), NamedSharding(mesh, spec))
+            for _ in range(3)]
+    w = rng.standard_normal((2, 32, 8)).astype(np.float32)
+
+    def loss(q, k, v):
+        z, y = f(q, k, v)
+        return jnp.sum(y * w), z
+
+    return jax.grad(loss, argnums=(0, 1, 2), has_aux=True), args
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Arguments.
 
