@@ -33,6 +33,7 @@ from jaxlib.mlir import ir
 
 from .detect import RingRegion
 from .dims import readers_across
+from .recompute import SOURCES as _SOURCES
 from .stabiliser import invariant
 from .ties import Role, Tie, of_location
 
@@ -161,9 +162,6 @@ def differentiated(group: list[RingRegion]) -> tuple[list[int], RingRegion | Non
     rings = {t.ring for t in found}
     forward = next((r for r in group if not is_transpose(r) and (t := tie(r)) is not None and t.ring in rings), None)
     return sorted({j for t in found for j in t.cotangents().values()}), forward
-
-
-_SOURCES = frozenset({"stablehlo.iota", "stablehlo.partition_id", "stablehlo.replica_id"})  # as recompute.SOURCES
 
 
 def position_source(op: ir.Operation, funcs: dict) -> ir.Operation | None:
