@@ -27,12 +27,14 @@ from dataclasses import dataclass, replace
 from typing import ClassVar, Literal
 
 from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import sdy
 
 from shardfix.ir import manual_axes_of
 from shardfix.locations import SourceLoc
 from shardfix.report import Remark, RingDecision
 from shardfix.ring.cost import Counter, Tiles, Uncountable
 from shardfix.ring.detect import RingRegion, axis_strides, module_funcs
+from shardfix.ring.dims import MANUAL, origin
 from shardfix.ring.permutation import REORDERED_ATTR, Permutations
 from shardfix.ring.positions import Layout, apply_rewrites
 from shardfix.ring.prove import Verdict, prove_rings, unit_problem
@@ -190,6 +192,7 @@ class _Chooser:
         self.counter = Counter(funcs, {r.op for v in verdicts if v.proved for r in v.rewrites})
         self.keys = StructuralKeys(funcs)
         self.memo: dict = {}
+        self.rings = {v.ring.region for v in verdicts}
         self._figures: dict[int, tuple[Tiles, Tiles]] = {}
 
     def figures(self, v: Verdict) -> tuple[Tiles, Tiles] | None:
@@ -201,14 +204,18 @@ class _Chooser:
         viable = [c for c in candidates if not any(self.owner._problem(v, *c)[0] for v in group)]
         if not viable:
             return _Layout("zigzag", 0, {})  # refused: the caller says why, as for zigzag
+        feeds = self._feeds(group)
         before: dict[int, Tiles] = {}
         for v in group:
             try:
-                before[id(v)] = self._count(v, None)
+                tiles = self._count(v, None, feeds)
             except Uncountable as e:
                 if str(e) != "no skip conditional":
                     return (f"the tiles could not be counted at compile time ({e}): left as written "
                             "(strategy=zigzag reorders it anyway)")
+                continue
+            if tiles.decisions:  # (a region counted only for what it hands on skips nothing itself)
+                before[id(v)] = tiles
         if not before:
             return ("balanced as written: the ring has no skip conditional, so the kernel computes every tile and "
                     "every layout costs the same")
@@ -219,7 +226,7 @@ class _Chooser:
         after: dict = {}
         for c in viable:
             try:
-                after[c] = {id(v): self._count(v, c) for v in counted}
+                after[c] = {id(v): self._count(v, c, feeds) for v in counted}
             except Uncountable:
                 continue
         if not after:
@@ -240,10 +247,53 @@ class _Chooser:
                     f"{ideal:g}), not by more than the permutation costs (about {cost:.1f} tiles)")
         return _Layout(best[0], best[1], {id(v): self._figures[id(v)] for v in counted})
 
-    def _count(self, v: Verdict, layout: tuple[str, int] | None) -> Tiles:
+    def _feeds(self, group: list[Verdict]) -> dict[int, dict[int, tuple[Verdict, int]]]:
+        """For each region of the group, the operands its skip decisions read that are results of an earlier
+        region of the group, handed on unchanged and laid out alike (a backward reading the predicates its
+        forward saved): operand -> (that region's verdict, result index). The count then runs the backward on the
+        values the forward's count computed under the same layout, as the rewritten program does."""
+        regions = {}
+        feeds: dict[int, dict[int, tuple[Verdict, int]]] = {}
+        for v in group:
+            ins = None
+            try:
+                reads = self.counter.reads(v.ring.region)
+            except (ArithmeticError, LookupError, TypeError, ValueError, AttributeError):
+                reads = []  # the count fails the same way below and says so
+            for i in reads:
+                source, entered, left = _handed_on(v.ring.region.operands[i], self.rings)
+                if not isinstance(source, ir.OpResult):
+                    continue
+                u = regions.get(source.owner)
+                if u is None:
+                    continue
+                k = source.result_number
+                ins = ins or v.ring.in_shardings()
+                # each device holds the same piece where it was handed on: out of the same enclosing
+                # computations as into them, laid out alike at each
+                if str(u.ring.out_shardings()[k]) == str(ins[i]) and entered == left[::-1]:
+                    feeds.setdefault(id(v), {})[i] = (u, k)
+            regions[v.ring.region] = v
+        return feeds
+
+    def _count(self, v: Verdict, layout: tuple[str, int] | None, feeds: dict | None = None) -> Tiles:
+        """`v`'s tiles under `layout` (None: as written); `feeds` (_feeds) hand it operands an earlier region's
+        count computed under the same layout."""
         ring = v.ring
+        feeds = feeds or {}
+        fed = feeds.get(id(v), {})
+        keep = frozenset(k for f in feeds.values() for u, k in f.values() if u is v)
+        given: dict[int, list] = {}
+        sources = []
+        for i, (u, k) in sorted(fed.items()):
+            try:
+                made = self._count(u, layout, feeds)
+            except Uncountable:
+                continue
+            given[i] = [values.get(k) for values in made.kept]
+            sources.append((i, id(made), k))  # the count's identity: its key stays with it in the memo
         key = (self.keys.of_ring(ring), layout, ring.cp, v.block, len(v.rewrites),
-               tuple(sorted(v.sequence_operands.items())))
+               tuple(sorted(v.sequence_operands.items())), keep, tuple(sources))
         found = self.memo.get(key)
         if found is None:
             stride = axis_strides(ring.mesh)[ring.axis]
@@ -251,7 +301,7 @@ class _Chooser:
             concrete = None if layout is None else (layout[0], layout[1], ring.cp, v.block)
             try:
                 found = self.counter.count(ring.region, pids, v.rewrites, concrete,
-                                           "contiguous" if layout is None else _name(*layout))
+                                           "contiguous" if layout is None else _name(*layout), given, keep)
             except Uncountable as e:
                 found = e
             except (ArithmeticError, LookupError, TypeError, ValueError, AttributeError) as e:
@@ -261,6 +311,32 @@ class _Chooser:
         if isinstance(found, Uncountable):
             raise found
         return found
+
+
+def _handed_on(value: ir.Value, rings: set) -> tuple[ir.Value, list[str], list[str]]:
+    """Where `value` comes from through layout re-assertions and the bodies of enclosing manual computations
+    that are not rings (a cp ring in a dp shard_map): the source, the shardings of the enclosing computations'
+    operands it entered by (innermost first) and those of the results it left by (outermost first)."""
+    entered: list[str] = []
+    left: list[str] = []
+    while True:
+        value = origin(value)
+        owner = value.owner
+        if isinstance(owner, ir.Block):
+            parent = owner.owner
+            parent = parent.operation if parent is not None and hasattr(parent, "operation") else parent
+            if parent is None or parent.name != MANUAL or parent in rings:
+                return value, entered, left
+            n = ir.BlockArgument(value).arg_number
+            entered.append(str(sdy.TensorShardingPerValueAttr(parent.attributes["in_shardings"]).shardings[n]))
+            value = parent.operands[n]
+            continue
+        owner = owner.operation if hasattr(owner, "operation") else owner
+        if owner.name != MANUAL or owner in rings:
+            return value, entered, left
+        n = ir.OpResult(value).result_number
+        left.append(str(sdy.TensorShardingPerValueAttr(owner.attributes["out_shardings"]).shardings[n]))
+        value = list(owner.regions[0].blocks[0].operations)[-1].operation.operands[n]
 
 
 def _stripes(group: list[Verdict]) -> list[int]:

@@ -112,6 +112,17 @@ def test_decision_under_defaults(name):
         assert PERMUTATION not in low.as_text()
 
 
+@pytest.mark.parametrize("name", ["grad-blockwise-causal", "grad-nested-blockwise-causal"])
+def test_plain_autodiff_backward_counted_with_the_predicates_its_forward_saved(name):
+    """The backward JAX made of a blockwise kernel skips the chunk pairs its forward skipped, reading the case
+    indices the forward saved (a residual, handed out of the forward's region and, nested, out of and into the dp
+    shard_maps around the rings). The tile count runs the backward on the values the forward's count computed
+    under each layout, so its skips are known, not data: forward and backward alike 58 -> 34 tiles (ideal 34)."""
+    low = lowered(name, "auto")
+    assert [(r.applied, r.strategy, r.critical_before, r.critical_after, r.ideal, r.basis) for r in low.rings] == \
+        [(True, "zigzag", 58, 34, 34.0, "positions, hops and chunk indices")] * 2, describe(low)
+
+
 @pytest.mark.parametrize("name,strategy", [(p.name, s) for p in PROGRAMS for s in p.strategies])
 def test_decision_for_the_layout_asked(name, strategy):
     low = lowered(name, strategy)

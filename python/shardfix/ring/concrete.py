@@ -38,17 +38,18 @@ def mapped(g: np.ndarray, unit: int, strategy: str, stripe: int, cp: int, block:
 
 
 
-def needed_slice(block: ir.Block, results: bool, arguments, plans: dict | None = None) -> set[int]:
+def needed_slice(block: ir.Block, results: bool | frozenset[int], arguments, plans: dict | None = None) -> set[int]:
     """The values (by hash) that the skip decisions and loop conditions in `block` read, through loops,
     branches, nested manual computations and calls (`arguments(callee)`: which arguments a callee reads), and,
-    with `results`, what the block's integer results read. A fixed point: a loop's condition may read what its
-    body computed in the previous trip. `plans`: what was read of blocks before (`_plan`), kept by the caller for
-    the blocks it asks about again."""
+    with `results`, what the block's integer results read (all of them, or those of the indices given). A fixed
+    point: a loop's condition may read what its body computed in the previous trip. `plans`: what was read of
+    blocks before (`_plan`), kept by the caller for the blocks it asks about again."""
     plans = {} if plans is None else plans
     needed: set[int] = set()
     if results:
         terminator = list(block.operations)[-1].operation
-        needed.update(hash(v) for v in terminator.operands if small_int(v.type))
+        needed.update(hash(v) for j, v in enumerate(terminator.operands)
+                      if (results is True or j in results) and small_int(v.type))
     plan = _plan(block, plans)
     size = -1
     while size != len(needed):

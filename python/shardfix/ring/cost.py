@@ -52,6 +52,9 @@ class Tiles:
     data_dependent: int = 0  # skip decisions (per device, summed) that depend on data: counted as computed
     decisions: int = 0  # skip decisions in all
     sends: int = 0  # collective_permutes a device runs in all (the ring's own transfers)
+    # [device] -> {result index: its value, or None where the count could not compute it}, for the results asked
+    # to be kept (a forward's saved predicates, read by its backward's count)
+    kept: tuple = field(default=(), compare=False, repr=False)
 
     @property
     def steps(self) -> int:
@@ -107,7 +110,8 @@ class Counter:
     def __init__(self, funcs: dict[str, ir.Operation], rewritten: set):
         self.funcs = funcs
         self.rewritten = rewritten
-        self._compiled: dict[str, tuple[_Block, int]] = {}
+        self._compiled: dict = {}  # function name, or (region, results kept) -> (block, slots)
+        self._reads: dict[ir.Operation, list[int]] = {}
         self._work: dict[str, bool] = {}
         self._arguments: dict[str, list[bool]] = {}
         self._acting: dict[str, bool] = {}
@@ -115,34 +119,49 @@ class Counter:
         self._plans: dict = {}  # what needed_slice read of each block
 
     def count(self, region: ir.Operation, pids: list[int], rewrites: list, layout: tuple | None,
-              name: str) -> Tiles:
+              name: str, given: dict[int, list] | None = None, keep: frozenset[int] = frozenset()) -> Tiles:
         """The tiles of `region` run as each device of `pids` (in ring order), with `rewrites` (prove.py's) read
-        through `layout` = (strategy, stripe, cp, block), or as written (layout None)."""
+        through `layout` = (strategy, stripe, cp, block), or as written (layout None). `given`: operand index ->
+        its value on each device of `pids` (None: unknown), for operands another region's count computed (a
+        backward reading the predicates its forward saved); `keep`: the results whose values the count also
+        computes, for such a region (Tiles.kept)."""
         table: dict = {}
         for r in rewrites if layout is not None else ():
             table.setdefault((tuple(r.calls), r.op), []).append((r.operand, r.unit))
-        body, size = self._compile_region(region)
-        counts, unknown, decisions, sends = [], 0, 0, 0
-        for pid in pids:
+        body, size = self._compile_region(region, keep)
+        counts, unknown, decisions, sends, kept = [], 0, 0, 0, []
+        for d, pid in enumerate(pids):
             run = _Run(pid, table, layout)
             env: list = [None] * size
+            for i, values in (given or {}).items():
+                env[body.args[i]] = values[d]
             _exec(body, env, run)
             if not run.seen and len(run.steps) > 1:
                 run.steps.pop()  # the permutes after the last step
             counts.append(tuple(run.steps))
+            kept.append({j: env[body.results[j]] for j in keep})
             unknown, decisions, sends = unknown + run.unknown, decisions + run.decisions, sends + run.sends
-        if not decisions:
+        if not decisions and not keep:
             raise Uncountable("no skip conditional")
-        return Tiles(name, tuple(counts), unknown, decisions, sends)
+        return Tiles(name, tuple(counts), unknown, decisions, sends, tuple(kept))
+
+    def reads(self, region: ir.Operation) -> list[int]:
+        """The operands of `region` whose values its skip decisions and loop conditions read (integer and boolean
+        ones: the others are data to the count)."""
+        self._compile_region(region, frozenset())
+        return self._reads[region]
 
     # -- compiling ------------------------------------------------------------------------------------------------
 
-    def _compile_region(self, region: ir.Operation) -> tuple[_Block, int]:
-        key = f"\0region{id(region)}"
+    def _compile_region(self, region: ir.Operation, keep: frozenset[int]) -> tuple[_Block, int]:
+        key = (region, keep)
         if key not in self._compiled:
             slots: dict[int, int] = {}
             block = region.regions[0].blocks[0]
-            self.needed = needed_slice(block, False, self._arguments_needed, self._plans)
+            self.needed = needed_slice(block, keep, self._arguments_needed, self._plans)
+            if not keep:
+                self._reads[region] = [i for i, a in enumerate(block.arguments)
+                                       if hash(a) in self.needed and small_int(a.type)]
             self._compiled[key] = (self._block(block, slots), len(slots))
         return self._compiled[key]
 
