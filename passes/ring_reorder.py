@@ -193,6 +193,7 @@ class _Chooser:
         self.keys = StructuralKeys(funcs)
         self.memo: dict = {}
         self.rings = {v.ring.region for v in verdicts}
+        self._reads: dict = {}  # structural key -> the operands a region's skip decisions read
         self._figures: dict[int, tuple[Tiles, Tiles]] = {}
 
     def figures(self, v: Verdict) -> tuple[Tiles, Tiles] | None:
@@ -256,10 +257,14 @@ class _Chooser:
         feeds: dict[int, dict[int, tuple[Verdict, int]]] = {}
         for v in group:
             ins = None
-            try:
-                reads = self.counter.reads(v.ring.region)
-            except (ArithmeticError, LookupError, TypeError, ValueError, AttributeError):
-                reads = []  # the count fails the same way below and says so
+            key = self.keys.of_ring(v.ring)  # (the layers of a model: one region's walk for all)
+            reads = self._reads.get(key)
+            if reads is None:
+                try:
+                    reads = self.counter.reads(v.ring.region)
+                except (ArithmeticError, LookupError, TypeError, ValueError, AttributeError):
+                    reads = []  # the count fails the same way below and says so
+                self._reads[key] = reads
             for i in reads:
                 source, entered, left = _handed_on(v.ring.region.operands[i], self.rings)
                 if not isinstance(source, ir.OpResult):
