@@ -34,7 +34,7 @@ from shardfix.locations import SourceLoc
 from shardfix.report import Remark, RingDecision
 from shardfix.ring.cost import Counter, Tiles, Uncountable
 from shardfix.ring.detect import RingRegion, axis_strides, module_funcs
-from shardfix.ring.dims import MANUAL, origin
+from shardfix.ring.dims import handed_on
 from shardfix.ring.permutation import REORDERED_ATTR, Permutations
 from shardfix.ring.positions import Layout, apply_rewrites
 from shardfix.ring.prove import Verdict, prove_rings, unit_problem
@@ -319,29 +319,21 @@ class _Chooser:
 
 
 def _handed_on(value: ir.Value, rings: set) -> tuple[ir.Value, list[str], list[str]]:
-    """Where `value` comes from through layout re-assertions and the bodies of enclosing manual computations
-    that are not rings (a cp ring in a dp shard_map): the source, the shardings of the enclosing computations'
-    operands it entered by (innermost first) and those of the results it left by (outermost first)."""
-    entered: list[str] = []
-    left: list[str] = []
-    while True:
-        value = origin(value)
-        owner = value.owner
-        if isinstance(owner, ir.Block):
-            parent = owner.owner
-            parent = parent.operation if parent is not None and hasattr(parent, "operation") else parent
-            if parent is None or parent.name != MANUAL or parent in rings:
-                return value, entered, left
-            n = ir.BlockArgument(value).arg_number
-            entered.append(str(sdy.TensorShardingPerValueAttr(parent.attributes["in_shardings"]).shardings[n]))
-            value = parent.operands[n]
-            continue
-        owner = owner.operation if hasattr(owner, "operation") else owner
-        if owner.name != MANUAL or owner in rings:
-            return value, entered, left
-        n = ir.OpResult(value).result_number
-        left.append(str(sdy.TensorShardingPerValueAttr(owner.attributes["out_shardings"]).shardings[n]))
-        value = list(owner.regions[0].blocks[0].operations)[-1].operation.operands[n]
+    """Where `value` comes from (dims.handed_on): the source, the shardings of the enclosing computations'
+    operands it entered by (innermost first) and those of the results it left by (outermost first). A value that
+    passed through another computation on the way (an operand crossed after a result) is said to come from
+    nowhere: its pieces needn't be the source's."""
+    source, crossed = handed_on(value, rings)
+    kinds = [kind for kind, _, _ in crossed]
+    if kinds != sorted(kinds):  # ("operand" < "result")
+        return value, [], ["through another computation"]
+    entered = [_sharding(op, "in_shardings", n) for kind, op, n in crossed if kind == "operand"]
+    left = [_sharding(op, "out_shardings", n) for kind, op, n in crossed if kind == "result"]
+    return source, entered, left
+
+
+def _sharding(op: ir.Operation, name: str, n: int) -> str:
+    return str(sdy.TensorShardingPerValueAttr(op.attributes[name]).shardings[n])
 
 
 def _stripes(group: list[Verdict]) -> list[int]:

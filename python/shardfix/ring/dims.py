@@ -233,6 +233,14 @@ MANUAL = "sdy.manual_computation"
 def origin_across(value: ir.Value, rings: set) -> ir.Value:
     """`origin`, continued out of an enclosing manual computation's body (its argument is its operand) and into
     one whose result it is (its body's returned value), for computations not in `rings`."""
+    return handed_on(value, rings)[0]
+
+
+def handed_on(value: ir.Value, rings: set) -> tuple[ir.Value, list[tuple[str, ir.Operation, int]]]:
+    """origin_across's source of `value`, and the manual computations it crossed on the way, in the order met
+    walking back: ("operand", computation, i) where it entered one's body by operand i, ("result", computation, j)
+    where it left one by result j."""
+    crossed: list[tuple[str, ir.Operation, int]] = []
     while True:
         value = origin(value)
         owner = value.owner
@@ -240,15 +248,19 @@ def origin_across(value: ir.Value, rings: set) -> ir.Value:
             parent = owner.owner
             parent = parent.operation if parent is not None and hasattr(parent, "operation") else parent
             if parent is not None and parent.name == MANUAL and parent not in rings:
-                value = parent.operands[ir.BlockArgument(value).arg_number]
+                n = ir.BlockArgument(value).arg_number
+                crossed.append(("operand", parent, n))
+                value = parent.operands[n]
                 continue
-            return value
+            return value, crossed
         owner = owner.operation if hasattr(owner, "operation") else owner
         if owner.name == MANUAL and owner not in rings:
+            n = ir.OpResult(value).result_number
+            crossed.append(("result", owner, n))
             terminator = list(owner.regions[0].blocks[0].operations)[-1].operation
-            value = terminator.operands[ir.OpResult(value).result_number]
+            value = terminator.operands[n]
             continue
-        return value
+        return value, crossed
 
 
 def readers_across(value: ir.Value, rings: set) -> list:
