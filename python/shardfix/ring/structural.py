@@ -97,6 +97,7 @@ class StructuralKeys:
         self.printed: list[str] = []  # the functions keyed by their text, in order (the others took a key over)
         self.printed_ops = 0  # how many regions were keyed by their text (the others took a key over)
         self._stripping: tuple[ir.Module, passmanager.PassManager] | None = None  # where `_split` strips copies
+        self._holders: dict[tuple[ir.Type, ...], tuple] = {}  # see `_split_op`
 
     def of_ring(self, ring: RingRegion) -> str:
         """The key of a ring region's op, kept on the region (the proof's memo and the layout's both ask)."""
@@ -199,17 +200,24 @@ class StructuralKeys:
         context = op.context
         scratch, strip = self._scratch(context)
         types = [value.type for value in op.operands]
-        unknown = ir.Location.unknown(context)
-        holder = ir.Operation.create(
-            "func.func", regions=1, loc=unknown, ip=ir.InsertionPoint(scratch.body),
-            attributes={"sym_name": ir.StringAttr.get("region", context),
-                        "function_type": ir.TypeAttr.get(ir.FunctionType.get(types, [], context))})
+        # the holder's attributes and its arguments' locations, made once per list of operand types (a model's
+        # layers repeat a few)
+        made = self._holders.get(tuple(types))
+        if made is None:
+            unknown = ir.Location.unknown(context)
+            made = self._holders[tuple(types)] = (
+                {"sym_name": ir.StringAttr.get("region", context),
+                 "function_type": ir.TypeAttr.get(ir.FunctionType.get(types, [], context))},
+                unknown, [unknown] * len(types))
+        attributes, unknown, locations = made
+        holder = ir.Operation.create("func.func", regions=1, loc=unknown, ip=ir.InsertionPoint(scratch.body),
+                                     attributes=attributes)
         try:
-            block = ir.Block.create_at_start(holder.regions[0], types, [unknown] * len(types))
-            copy = op.clone(ir.InsertionPoint(block))
-            operands = copy.operands
+            block = ir.Block.create_at_start(holder.regions[0], types, locations)
+            operands = op.clone(ir.InsertionPoint(block)).operands
             for i, argument in enumerate(block.arguments):
                 operands[i] = argument
+            del operands  # (no handle into the holder outlives it)
             strip.run(scratch.operation)
             return bytecode.split(holder)
         finally:
