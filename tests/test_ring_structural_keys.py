@@ -6,6 +6,7 @@ import pytest
 
 from shardfix.ir import make_context, parse_module
 from shardfix.ring.detect import module_funcs
+from shardfix.ring import bytecode
 from shardfix.ring.structural import StructuralKeys
 
 
@@ -65,3 +66,52 @@ def test_functions_equal_without_locations_are_printed_once(keyed):
     # functions (equal ones, whose keys the strings would be compared by), so each is printed
     assert sorted(fast.printed) == ["helper_0", "helper_2", "layer_0", "layer_2", "layer_3", "layer_4", "layer_5",
                                     "layer_6"]
+
+
+def _region(callee: str, scale: str = "1.0", tag: str = "none", loc: str = "unknown") -> str:
+    """A manual computation calling `callee`, with a constant and a string attribute of its own."""
+    return f"""
+  %r_{callee}_{scale[0]}_{tag} = sdy.manual_computation(%a, %b) in_shardings=[<@mesh, [{{"x"}}]>, <@mesh, [{{"x"}}]>]
+      out_shardings=[<@mesh, [{{"x"}}]>] manual_axes={{"x"}} (%x: tensor<4xf32>, %y: tensor<4xf32>) {{
+    %c = stablehlo.constant dense<{scale}> : tensor<4xf32> loc({loc})
+    %s = stablehlo.multiply %x, %c {{mhlo.frontend_attributes = {{tag = "{tag}"}}}} : tensor<4xf32> loc({loc})
+    %z = func.call @{callee}(%s) : (tensor<4xf32>) -> tensor<4xf32> loc({loc})
+    %w = stablehlo.add %z, %y : tensor<4xf32>
+    sdy.return %w : tensor<4xf32>
+  }} : (tensor<8xf32>, tensor<8xf32>) -> tensor<8xf32>"""
+
+
+REGIONS = [
+    _region("layer_0", loc='"a.py":1:1'),
+    _region("layer_1", loc='"b.py":2:2'),  # an equal callee, other locations: takes the first one's key over
+    _region("layer_2"),  # a callee with another constant
+    _region("layer_0", scale="2.0"),  # another constant of its own
+    _region("layer_0", tag="helper_0"),  # strings naming equal functions, not as references: printed
+    _region("layer_1", tag="helper_1"),
+]
+REGION_MODULE = 'sdy.mesh @mesh = <["x"=2]>\n' + MODULE + """
+func.func @main(%a: tensor<8xf32>, %b: tensor<8xf32>) -> tensor<8xf32> {""" + "".join(REGIONS) + """
+  return %a : tensor<8xf32>
+}
+"""
+
+
+def _unreadable(op):
+    raise bytecode.Unreadable("every region printed: the reference keys")
+
+
+def test_region_keys_are_the_printed_keys():
+    ctx = make_context()
+    module = parse_module(REGION_MODULE, ctx)
+    with ctx:
+        funcs = module_funcs(module)
+        regions = [op.operation for op in funcs["main"].regions[0].blocks[0].operations
+                   if op.operation.name == "sdy.manual_computation"]
+        fast, printed = StructuralKeys(funcs), StructuralKeys(funcs)
+        printed._split_op = _unreadable
+        keys = [fast.of(r) for r in regions]
+        assert keys == [printed.of(r) for r in regions]
+    assert printed.printed_ops == 6
+    assert fast.printed_ops == 5  # the second region takes the first one's key over
+    assert keys[0] == keys[1]
+    assert len(set(keys)) == 5

@@ -12,7 +12,13 @@ keys; where such a string differs, the key is taken over only if the printed fun
 as a symbol reference (`@name`, which the key replaces by the callee's key digest, and the header, which the key
 leaves out): then the other function, printed, would differ only in references to functions with equal keys, and
 has the same key. Anything else (a name also used as a string, a recursive function, bytecode this reader does
-not follow) is printed. The text is kept as the printer's bytes (decoding it would cost a sixth of the printing)."""
+not follow) is printed. The text is kept as the printer's bytes (decoding it would cost a sixth of the printing).
+
+A ring region (a manual computation: isolated from above, so its body reads nothing but its arguments) is keyed the
+same way: its signature is the bytecode of a copy of it without locations, its operands made the arguments of a
+scratch function (printed alone, the op shows its operands as unknown values, so which values they are is no part
+of the key either; the group's key says where they come from), and it is printed only when no region with the same
+signature was printed before (a model whose every layer is its own shard_map repeats a few regions)."""
 
 from __future__ import annotations
 
@@ -38,6 +44,8 @@ _SYMBOL = re.compile(rb"@(?<!custom_call @)([A-Za-z0-9_$.\-]+)")
 _BARE = re.compile(rb"[A-Za-z_][A-Za-z0-9_$.]*\Z")  # a name the printer writes unquoted, as `@name`
 _WORD = re.compile(rb"[A-Za-z0-9_$]")
 _SELF = b"\0self"  # the function's own name in a string table (strings hold no NUL: this is none of them)
+_NO_NAME = b"\0op"  # what a region printed for others to take its key over is named: no string of its text
+_ISOLATED = "sdy.manual_computation"  # the ops keyed by their signature: isolated from above (the others printed)
 
 
 @dataclass
@@ -48,7 +56,7 @@ class _Printed:
     strings: list[bytes]  # its bytecode string table, each function's name replaced as in the signature
     raw: list[bytes]  # the same, as written
     text: bytes  # as printed
-    key: bytes
+    key: bytes | str  # a function's key (its normalised text), or a region's (the digest `of` gives)
     _only_referenced: dict[bytes, bool] = field(default_factory=dict)
 
     def only_referenced(self, name: bytes) -> bool:
@@ -85,8 +93,11 @@ class StructuralKeys:
         # name gets the same replacement once its function's digest is final
         self._replaced: dict[bytes, bytes] = {}
         self._printed: dict[bytes, _Printed] = {}  # bytecode signature -> the first function printed with it
+        self._printed_ops: dict[bytes, _Printed] = {}  # the same for regions
         self.printed: list[str] = []  # the functions keyed by their text, in order (the others took a key over)
+        self.printed_ops = 0  # how many regions were keyed by their text (the others took a key over)
         self._stripping: tuple[ir.Module, passmanager.PassManager] | None = None  # where `_split` strips copies
+        self._holders: dict[tuple[ir.Type, ...], tuple] = {}  # see `_split_op`
 
     def of_ring(self, ring: RingRegion) -> str:
         """The key of a ring region's op, kept on the region (the proof's memo and the layout's both ask)."""
@@ -96,9 +107,23 @@ class StructuralKeys:
         return found
 
     def of(self, op: ir.Operation) -> str:
-        text = self._normalised(cast(bytes, op.get_asm(binary=True, use_local_scope=True, assume_verified=True)),
-                                set())
-        return hashlib.blake2b(text, digest_size=16).hexdigest()
+        signed = None
+        if op.name == _ISOLATED:
+            try:
+                signed = self._signed(*self._split_op(op), None, set())
+            except bytecode.Unreadable:
+                pass
+        if signed is not None:
+            found = self._same_as_printed(self._printed_ops, *signed)
+            if found is not None:
+                return cast(str, found)
+        text = cast(bytes, op.get_asm(binary=True, use_local_scope=True, assume_verified=True))
+        self.printed_ops += 1
+        key = hashlib.blake2b(self._normalised(text, set()), digest_size=16).hexdigest()
+        if signed is not None:
+            signature, strings, raw = signed
+            self._printed_ops.setdefault(signature, _Printed(_NO_NAME, strings, raw, text, key))
+        return key
 
     def _function(self, name: str, calling: set) -> bytes:
         found = self._keys.get(name)
@@ -108,7 +133,7 @@ class StructuralKeys:
             inner = calling | {name}
             signed = self._signature(name, inner)
             if signed is not None:
-                found = self._same_as_printed(*signed)
+                found = cast("bytes | None", self._same_as_printed(self._printed, *signed))
             if found is None:
                 text = cast(bytes, self.funcs[name].get_asm(binary=True, use_local_scope=True,
                                                             assume_verified=True))
@@ -128,7 +153,12 @@ class StructuralKeys:
             raw, sections = self._split(name)
         except bytecode.Unreadable:
             return None
-        own, names = name.encode(), self._names
+        return self._signed(raw, sections, name.encode(), calling)
+
+    def _signed(self, raw: list[bytes], sections: list[tuple[int, bytes]], own: bytes | None,
+                calling: set) -> tuple[bytes, list[bytes], list[bytes]] | None:
+        """`_signature` of split bytecode; `own`: the function's name (None for a region: it has none)."""
+        names = self._names
         strings = list(raw)
         # most strings name no function (types, attributes, dialects): only those that do are looked at
         for i in [i for i, s in enumerate(raw) if s in names]:
@@ -154,12 +184,7 @@ class StructuralKeys:
         inside attributes stay, as in the text). Only the functions keyed are copied (a model whose layers share
         their kernel keys a few)."""
         original = self.funcs[name]
-        if self._stripping is None:
-            context = original.context
-            strip = passmanager.PassManager.parse("builtin.module(strip-debuginfo)", context)
-            strip.enable_verifier(False)  # a copy of a function read as it is: nothing to verify
-            self._stripping = ir.Module.create(ir.Location.unknown(context)), strip
-        scratch, strip = self._stripping
+        scratch, strip = self._scratch(original.context)
         copy = original.clone(ir.InsertionPoint(scratch.body))
         try:
             strip.run(scratch.operation)
@@ -167,10 +192,51 @@ class StructuralKeys:
         finally:
             copy.erase()
 
-    def _same_as_printed(self, signature: bytes, strings: list[bytes], raw: list[bytes]) -> bytes | None:
-        """The key of the function printed with this signature, where it is this function's key too (module
-        docstring), else None."""
-        printed = self._printed.get(signature)
+    def _split_op(self, op: ir.Operation) -> tuple[list[bytes], list[tuple[int, bytes]]]:
+        """bytecode.split of a region without its locations: a copy of it in a scratch function whose arguments
+        are its operands, stripped as `_split` strips a function; the function's bytecode is split (an op's own
+        would name values it doesn't hold). The copy reads the region's operands when made and is handed the
+        arguments before anything else is done; its body reads nothing else (the op is isolated from above)."""
+        context = op.context
+        scratch, strip = self._scratch(context)
+        types = [value.type for value in op.operands]
+        # the holder's attributes and its arguments' locations, made once per list of operand types (a model's
+        # layers repeat a few)
+        made = self._holders.get(tuple(types))
+        if made is None:
+            unknown = ir.Location.unknown(context)
+            made = self._holders[tuple(types)] = (
+                {"sym_name": ir.StringAttr.get("region", context),
+                 "function_type": ir.TypeAttr.get(ir.FunctionType.get(types, [], context))},
+                unknown, [unknown] * len(types))
+        attributes, unknown, locations = made
+        holder = ir.Operation.create("func.func", regions=1, loc=unknown, ip=ir.InsertionPoint(scratch.body),
+                                     attributes=attributes)
+        try:
+            block = ir.Block.create_at_start(holder.regions[0], types, locations)
+            operands = op.clone(ir.InsertionPoint(block)).operands
+            for i, argument in enumerate(block.arguments):
+                operands[i] = argument
+            del operands  # (no handle into the holder outlives it)
+            strip.run(scratch.operation)
+            return bytecode.split(holder)
+        finally:
+            holder.erase()
+
+    def _scratch(self, context: ir.Context) -> tuple[ir.Module, passmanager.PassManager]:
+        """The module copies are stripped in, and the pass manager that strips them (made once)."""
+        if self._stripping is None:
+            strip = passmanager.PassManager.parse("builtin.module(strip-debuginfo)", context)
+            strip.enable_verifier(False)  # a copy read as it is: nothing to verify
+            self._stripping = ir.Module.create(ir.Location.unknown(context)), strip
+        return self._stripping
+
+    @staticmethod
+    def _same_as_printed(printed_by: dict[bytes, _Printed], signature: bytes, strings: list[bytes],
+                         raw: list[bytes]) -> bytes | str | None:
+        """The key of the function (or region) printed with this signature, where it is this one's key too
+        (module docstring), else None."""
+        printed = printed_by.get(signature)
         if printed is None or printed.strings != strings:
             return None
         for theirs, ours in zip(printed.raw, raw):
