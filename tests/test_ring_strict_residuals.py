@@ -15,6 +15,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax import lax
 
 from shardfix import autofix_shardings
@@ -104,3 +105,47 @@ def test_a_residual_handing_the_backward_positions_is_refused_and_the_refusal_is
             np.testing.assert_allclose(g, np.asarray(ref), atol=1e-4)
         gaps.append(max(float(np.abs(g - np.asarray(ref)).max()) for g, ref in zip(got[3:], want[3:])))
     assert gaps[0] <= 1e-4 and gaps[1] > 1e-2, gaps
+
+
+# No JAX program was found whose forward computes a position for its backward alone (an op that only residuals
+# depend on, itself reading an iota, a partition or replica id, in its regions or callees): the guard that refuses
+# such an op (Engine._skip under State.strict_residuals) checked on a constructed module.
+_SKIPPED = """
+func.func private @where_am_i() -> tensor<ui32> {
+  %0 = stablehlo.partition_id : tensor<ui32>
+  return %0 : tensor<ui32>
+}
+func.func @main(%x: tensor<4xf32>) -> (tensor<4xi32>, tensor<ui32>, tensor<4xf32>) {
+  %0 = stablehlo.iota dim = 0 : tensor<4xi32>
+  %1 = func.call @where_am_i() : () -> tensor<ui32>
+  %2 = stablehlo.negate %x : tensor<4xf32>
+  return %0, %1, %2 : tensor<4xi32>, tensor<ui32>, tensor<4xf32>
+}
+"""
+
+
+def test_an_op_only_residuals_depend_on_computing_a_position_is_refused_under_strict_residuals(ctx):
+    from shardfix.ir import parse_module
+    from shardfix.ring.analysis import Engine, Refusal, State
+    from shardfix.ring.autodiff import OPAQUE
+    from shardfix.ring.detect import module_funcs
+
+    module = parse_module(_SKIPPED, ctx)
+    with ctx:
+        funcs = module_funcs(module.operation)
+        iota, call, negate = (op.operation for op in list(funcs["main"].regions[0].blocks[0].operations)[:3])
+        source = list(funcs["where_am_i"].regions[0].blocks[0].operations)[0].operation
+        why = ("computes positions (or a device index) that only the backward reads, which the proof of its results "
+               "does not follow, so the rewrite would leave them in the old layout")
+        for op, at in ((iota, iota), (call, source)):  # the op itself; a function it calls
+            with pytest.raises(Refusal) as refused:
+                Engine(State(ring=None, funcs=funcs, strict_residuals=True), scope=None)._skip(op)
+            assert str(refused.value) == why and refused.value.op == at
+        # what reads no position is set aside as a residual; outside a tied pair's proof so is any op
+        engine = Engine(State(ring=None, funcs=funcs, strict_residuals=True), scope=None)
+        engine._skip(negate)
+        lenient = Engine(State(ring=None, funcs=funcs), scope=None)
+        for op in (iota, call):
+            lenient._skip(op)
+        assert [engine.env[r] for r in negate.results] + [lenient.env[op.results[0]] for op in (iota, call)] == \
+            [OPAQUE] * 3
