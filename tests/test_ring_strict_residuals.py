@@ -11,6 +11,7 @@ tables' cotangents scattered at the positions of the old layout, the tables' gra
 from __future__ import annotations
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -85,10 +86,12 @@ def test_a_residual_handing_the_backward_positions_is_refused_and_the_refusal_is
                                              on_fix="ignore").lower(*args).rings]
     assert len(whys) == 2 and all(whys), whys
     line = next(i for i, text in enumerate(open(__file__), 1) if text.rstrip().endswith("# strict: handed on"))
-    strict = (f"it is not rewritten with its forward ('stablehlo.broadcast_in_dim' at {__file__}:{line} result 1 "
-              "hands the backward positions (or a device index) it has not read, which the rewrite would leave in "
-              "the old layout)")
-    assert all(strict in why for why in whys), whys
+    # which result the residual is: JAX 0.12 hands it as the forward's second, 0.10 as its first
+    strict = re.compile(re.escape(f"it is not rewritten with its forward ('stablehlo.broadcast_in_dim' at "
+                                  f"{__file__}:{line} result ") + r"\d+" +
+                        re.escape(" hands the backward positions (or a device index) it has not read, which the "
+                                  "rewrite would leave in the old layout)"))
+    assert all(strict.search(why) for why in whys), whys
     # without the tables' gradient, nothing hands positions on: the same ring is rewritten, forward and backward
     low = autofix_shardings(_grad(_rope_ring(), (0, 1, 2)), ring_reorder="zigzag", on_fix="ignore").lower(*args)
     assert [r.applied for r in low.rings] == [True, True], [r.why for r in low.rings]
