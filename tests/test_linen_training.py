@@ -37,8 +37,8 @@ def test_the_guides_eager_flow_under_the_plugin(references, tmp_path):
     done, runs = gqa.train_under_plugin("linen", tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "ShardingFixWarning" in done.stderr
-    assert sorted(runs) == sorted(gqa.SETUP_IDS)
-    for (mesh_name, mode), setup in zip(gqa.SETUPS, gqa.SETUP_IDS):
+    assert sorted(runs) == sorted(gqa.PLUGIN_SETUP_IDS)
+    for (mesh_name, mode), setup in zip(gqa.PLUGIN_SETUPS, gqa.PLUGIN_SETUP_IDS):
         gqa.assert_same_run(runs[setup], references[gqa.OPTIMIZER[mode]])
     plain, _ = gqa.train_under_plugin("linen", tmp_path, plugin=False)
     assert plain.returncode != 0 and re.search(gqa.REJECTED, plain.stderr), plain.stderr[-3000:]

@@ -38,6 +38,11 @@ MODES = ("explicit", "auto")
 OPTIMIZER = {"explicit": "adam", "auto": "sgd"}  # each library trains with both, each on every mesh
 SETUPS = [(mesh, mode) for mesh in MESHES for mode in MODES]
 SETUP_IDS = [f"{mesh}-{mode}" for mesh, mode in SETUPS]
+# Under the plugin (a fresh interpreter training eagerly, then a jitted step: the flow, not the repairs, which the
+# decorator's tests run on every setup): each mesh once, so each kind of broken rule (an indivisible spec, an axis
+# the mesh lacks in a tuple, one it lacks alone), and each axis type (an assert vs a constraint; Adam vs SGD).
+PLUGIN_SETUPS = [("data_model", "explicit"), ("fsdp_tp", "auto"), ("data", "explicit")]
+PLUGIN_SETUP_IDS = [f"{mesh}-{mode}" for mesh, mode in PLUGIN_SETUPS]
 
 
 def make_mesh(name: str, mode: str) -> jax.sharding.Mesh:
