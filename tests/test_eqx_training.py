@@ -27,7 +27,7 @@ def references():
     return {kind: eqx_gqa.reference(kind) for kind in set(gqa.OPTIMIZER.values())}
 
 
-@pytest.mark.parametrize("mesh_name, mode", gqa.SETUPS, ids=gqa.SETUP_IDS)
+@pytest.mark.parametrize(**gqa.decorator_setups("eqx"))
 def test_the_example_through_the_decorator(references, mesh_name, mode):
     kind, tokens = gqa.OPTIMIZER[mode], jnp.asarray(gqa.tokens())
     with jax.set_mesh(gqa.make_mesh(mesh_name, mode)):

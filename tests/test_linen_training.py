@@ -22,7 +22,7 @@ def references():
     return {kind: linen_gqa.reference(kind) for kind in set(gqa.OPTIMIZER.values())}
 
 
-@pytest.mark.parametrize("mesh_name, mode", gqa.SETUPS, ids=gqa.SETUP_IDS)
+@pytest.mark.parametrize(**gqa.decorator_setups("linen"))
 def test_the_functional_form_through_the_decorator(references, mesh_name, mode):
     kind, tokens, rules = gqa.OPTIMIZER[mode], gqa.tokens(), gqa.rules(mesh_name)
     with jax.set_mesh(gqa.make_mesh(mesh_name, mode)), nn.logical_axis_rules(rules):

@@ -21,7 +21,7 @@ def references():
     return {kind: nnx_gqa.reference(kind) for kind in set(gqa.OPTIMIZER.values())}
 
 
-@pytest.mark.parametrize("mesh_name, mode", gqa.SETUPS, ids=gqa.SETUP_IDS)
+@pytest.mark.parametrize(**gqa.decorator_setups("nnx"))
 def test_the_functional_form_through_the_decorator(references, mesh_name, mode):
     kind, tokens, batch = gqa.OPTIMIZER[mode], gqa.tokens(), gqa.mesh_spec(("batch", None), mesh_name)
     with jax.set_mesh(gqa.make_mesh(mesh_name, mode)), nnx.logical_axis_rules(gqa.rules(mesh_name)):
