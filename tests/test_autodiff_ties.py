@@ -467,6 +467,61 @@ def test_two_rings_of_one_program_apart_from_their_derivative_rules_are_decided_
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
+@jax.custom_jvp
+def _exp_by_exps_rule(x):
+    return jnp.exp(x)
+
+
+def _exps_rule(primals, tangents):
+    y = jnp.exp(primals[0])
+    return y, tangents[0] * y  # exp's own rule, as JAX writes it (mul(g, ans)): the module is plain exp's
+
+
+_exp_by_exps_rule.defjvp(_exps_rule)
+
+
+def test_two_groups_of_one_program_equal_but_for_a_derivative_rule_are_decided_apart_by_the_group_memo():
+    """The online softmax, then the same kernel with its rescaling an exp under a custom_jvp written as exp's own
+    rule: the two groups (forward and backward each) are the same program, op for op, in the same surroundings, so
+    the group memo (ring/memo.py) would hand the second the first's verdict but for the recorded rules in its key.
+    The first is proved; the second keeps its own refusal naming the rule."""
+    from shardfix.ring.detect import module_funcs
+    from shardfix.ring.memo import GroupMemo
+    from shardfix.ring.prove import prove_rings
+    import test_autodiff_stabiliser_audit as audit
+    mesh = meshes()["explicit"]
+    ruled = audit._fori(audit._merge(rescale=lambda m0, m: _exp_by_exps_rule(m0 - m)))
+    online, other = (jax.shard_map(kernel, mesh=mesh, in_specs=(SPEC,) * 3, out_specs=SPEC, check_vma=False)
+                     for kernel in (audit.KERNELS["online"], ruled))
+
+    def loss(q, k, v):
+        first = online(q, k, v)  # memo: online
+        second = other(q, k, v)  # memo: ruled
+        return jnp.sum(first ** 2) + jnp.sum(second ** 2)
+
+    grad = jax.grad(loss, argnums=(0, 1, 2))  # kept: the ties live while JAX keeps what it traced
+    with tracing.repairing():  # the module ring-reorder reads, tie scopes included
+        module = jax.jit(grad).lower(*_args(mesh)).compiler_ir("stablehlo").operation
+    groups: dict[int, list] = {}
+    for verdict in prove_rings(module, analyse=False):
+        groups.setdefault(verdict.group, []).append(verdict.ring)
+    memo = GroupMemo(module_funcs(module))
+    keys = [memo.key(group) for group in groups.values()]
+    # the same key but for each region's tie, whose rules differ: what the memo alone tells the groups apart by
+    assert len(keys) == 2 and [part[:-1] for part in keys[0]] == [part[:-1] for part in keys[1]], keys
+    assert keys[0] != keys[1]
+    verdicts = prove_rings(module)
+    lines = {v.ring.loc.line for v in verdicts}
+    assert lines == {_line_of("memo: online"), _line_of("memo: ruled")}, lines
+    for v in verdicts:
+        if v.ring.loc.line == _line_of("memo: online"):
+            assert v.proved, v.why
+        else:
+            assert not v.proved
+    rule = f"its derivative follows a rule the forward does not show (custom_jvp at {__file__}:"
+    assert any(rule in v.why for v in verdicts if v.ring.loc.line == _line_of("memo: ruled")), [v.why for v in verdicts]
+
+
 def test_the_tie_scopes_leave_no_trace_in_the_module_and_are_freed_with_the_program():
     """The compiled and printed module carries the names JAX gives without the recorder (the tie scopes are read
     by ring-reorder, then stripped), whether the rings are rewritten or left alone; and the registry holds a

@@ -27,7 +27,7 @@ def references():
     return {kind: eqx_gqa.reference(kind) for kind in set(gqa.OPTIMIZER.values())}
 
 
-@pytest.mark.parametrize("mesh_name, mode", gqa.SETUPS, ids=gqa.SETUP_IDS)
+@pytest.mark.parametrize(**gqa.decorator_setups("eqx"))
 def test_the_example_through_the_decorator(references, mesh_name, mode):
     kind, tokens = gqa.OPTIMIZER[mode], jnp.asarray(gqa.tokens())
     with jax.set_mesh(gqa.make_mesh(mesh_name, mode)):
@@ -42,8 +42,8 @@ def test_the_example_under_the_plugin(references, tmp_path):
     done, runs = gqa.train_under_plugin("eqx", tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "ShardingFixWarning" in done.stderr
-    assert sorted(runs) == sorted(gqa.SETUP_IDS)
-    for (mesh_name, mode), setup in zip(gqa.SETUPS, gqa.SETUP_IDS):
+    assert sorted(runs) == sorted(gqa.PLUGIN_SETUP_IDS)
+    for (mesh_name, mode), setup in zip(gqa.PLUGIN_SETUPS, gqa.PLUGIN_SETUP_IDS):
         gqa.assert_same_run(runs[setup], references[gqa.OPTIMIZER[mode]])
     plain, _ = gqa.train_under_plugin("eqx", tmp_path, plugin=False)
     assert plain.returncode != 0 and re.search(gqa.REJECTED, plain.stderr), plain.stderr[-3000:]

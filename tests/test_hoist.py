@@ -1,6 +1,8 @@
 """hoist-permutations on 8 CPU devices: the permutations an N-layer ring transformer needs don't grow with N, and
 the results stay those of the program without shardfix; what can't be moved stays, and is reported."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,28 +25,47 @@ def inputs(layers, seed=0):
     return x, pos, weights
 
 
-def added_permutes(lowered, patched) -> int:
-    """Collectives in the compiled program that the pipeline added (the ring's own permutes are in both)."""
-    before, after = (collective_bytes(x.compile().as_text()) for x in (lowered, patched))
-    count = lambda c: len(c.get("collective-permute", [])) + len(c.get("all-to-all", []))  # noqa: E731
-    return count(after) - count(before)
+def permutes(compiled) -> int:
+    """The collective permutes and all-to-alls of a compiled program."""
+    found = collective_bytes(compiled.as_text())
+    return len(found.get("collective-permute", [])) + len(found.get("all-to-all", []))
+
+
+@functools.cache
+def as_written(layers: int, loss: bool) -> tuple:
+    """(arguments, lowered, its permutes, its result): the program without shardfix, compiled once for both
+    layouts."""
+    args = inputs(layers)
+    lowered = jax.jit(ring_transformer(MESH, layers, loss)).lower(*args)
+    compiled = lowered.compile()
+    return args, lowered, permutes(compiled), np.asarray(compiled(*args))
+
+
+@functools.cache
+def as_written_between(between) -> tuple:
+    """(arguments, lowered, its result): two ring layers with `between` between them, compiled once for both
+    layouts."""
+    args = inputs(2)
+    lowered = jax.jit(ring_transformer(MESH, 2, between=between)).lower(*args)
+    return args, lowered, np.asarray(lowered.compile()(*args))
 
 
 @pytest.mark.parametrize("loss", [False, True], ids=["activations", "mean-loss"])
 @pytest.mark.parametrize("strategy", ["zigzag", "striped"])
 def test_permutations_do_not_grow_with_layers(loss, strategy):
     per_layer, hoisted = {}, {}
-    for layers in (1, 2, 4, 8):
-        args = inputs(layers)
-        lowered = jax.jit(ring_transformer(MESH, layers, loss)).lower(*args)
+    depths = (1, 2, 4)  # three depths show the growth: one layer, and each doubling twice
+    for layers in depths:
+        args, lowered, before, expected = as_written(layers, loss)
         reordered, _ = patch_lowered(lowered, f"ring-reorder{{strategy={strategy}}}")
         moved, report = patch_lowered(lowered, f"ring-reorder{{strategy={strategy}}},hoist-permutations")
         assert report.remarks == []
         per_layer[layers] = reordered.as_text().count("shardfix.sequence_permutation")
-        hoisted[layers] = added_permutes(lowered, moved)
-        expected = np.asarray(lowered.compile()(*args))
-        np.testing.assert_allclose(np.asarray(moved.compile()(*args)), expected, atol=2e-5, rtol=2e-5)
-    assert per_layer == {n: 6 * n for n in (1, 2, 4, 8)}  # q, k, v, q_pos, k_pos in and the output out, per layer
+        compiled = moved.compile()
+        # the collectives the pipeline added (the ring's own permutes are in both)
+        hoisted[layers] = permutes(compiled) - before
+        np.testing.assert_allclose(np.asarray(compiled(*args)), expected, atol=2e-5, rtol=2e-5)
+    assert per_layer == {n: 6 * n for n in depths}  # q, k, v, q_pos, k_pos in and the output out, per layer
     assert len(set(hoisted.values())) == 1, hoisted  # the same for every depth
     # x and pos permuted once at the input; activations restored once at the output, a mean loss not at all
     permutes_per_tensor = 2 if strategy == "zigzag" else 1
@@ -86,12 +107,10 @@ def dense_attention(x):
 ], ids=["token-mixing", "dense-attention"])
 def test_a_layer_that_mixes_tokens_keeps_results(between, stop, strategy):
     """Layers that mix tokens between two ring regions: the results stay those of jax.jit."""
-    args = inputs(2)
-    lowered = jax.jit(ring_transformer(MESH, 2, between=between)).lower(*args)
+    args, lowered, expected = as_written_between(between)
     moved, report = patch_lowered(lowered, f"ring-reorder{{strategy={strategy}}},hoist-permutations")
     assert all(r.applied for r in report.rings) and len(report.rings) == 2
-    np.testing.assert_allclose(np.asarray(moved.compile()(*args)), np.asarray(lowered.compile()(*args)),
-                               atol=2e-5, rtol=2e-5)
+    np.testing.assert_allclose(np.asarray(moved.compile()(*args)), expected, atol=2e-5, rtol=2e-5)
     if stop is not None:
         assert any(stop in r.message for r in report.remarks), report.remarks
 

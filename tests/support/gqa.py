@@ -38,6 +38,27 @@ MODES = ("explicit", "auto")
 OPTIMIZER = {"explicit": "adam", "auto": "sgd"}  # each library trains with both, each on every mesh
 SETUPS = [(mesh, mode) for mesh in MESHES for mode in MODES]
 SETUP_IDS = [f"{mesh}-{mode}" for mesh, mode in SETUPS]
+# Through the decorator, per library: each mesh once (each kind of broken rule: an indivisible spec, an axis the mesh
+# lacks in a tuple, one it lacks alone) and both axis types (Explicit: the error raised while tracing, repaired as
+# the reshard meant, with Adam; Auto: the constraints repaired in the lowered module, with SGD), and across the three
+# libraries every mesh on both axis types: each library's way of placing values meets every kind of rule and both
+# repairs, and every rule meets both repairs.
+DECORATOR_SETUPS = {"linen": [("data_model", "explicit"), ("fsdp_tp", "auto"), ("data", "auto")],
+                    "nnx": [("data_model", "auto"), ("fsdp_tp", "explicit"), ("data", "explicit")],
+                    "eqx": [("data_model", "explicit"), ("fsdp_tp", "explicit"), ("data", "auto")]}
+
+
+def decorator_setups(library: str) -> dict:
+    """pytest.mark.parametrize's arguments for a library's setups through the decorator."""
+    chosen = DECORATOR_SETUPS[library]
+    return {"argnames": "mesh_name, mode", "argvalues": chosen, "ids": [f"{mesh}-{mode}" for mesh, mode in chosen]}
+
+
+# Under the plugin (a fresh interpreter training eagerly, then a jitted step: the flow, not the repairs, which the
+# decorator's tests run on every setup): each mesh once, so each kind of broken rule (an indivisible spec, an axis
+# the mesh lacks in a tuple, one it lacks alone), and each axis type (an assert vs a constraint; Adam vs SGD).
+PLUGIN_SETUPS = [("data_model", "explicit"), ("fsdp_tp", "auto"), ("data", "explicit")]
+PLUGIN_SETUP_IDS = [f"{mesh}-{mode}" for mesh, mode in PLUGIN_SETUPS]
 
 
 def make_mesh(name: str, mode: str) -> jax.sharding.Mesh:

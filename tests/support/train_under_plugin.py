@@ -1,5 +1,5 @@
 """A training script that never imports shardfix: the library's documented flow (eager sharding, then a jitted
-step) on every mesh and axis type of support.gqa, as a user would run it with `SHARDFIX=1`.
+step) on a mesh of each kind and both axis types (support.gqa.PLUGIN_SETUPS), as a user would run it with `SHARDFIX=1`.
 
     python tests/support/train_under_plugin.py nnx|linen|eqx OUT
 
@@ -33,4 +33,4 @@ def train(library: str, mesh_name: str, mode: str):
 
 if __name__ == "__main__":
     library, out = sys.argv[1:]
-    gqa.dump({f"{mesh}-{mode}": train(library, mesh, mode) for mesh, mode in gqa.SETUPS}, out)
+    gqa.dump({f"{mesh}-{mode}": train(library, mesh, mode) for mesh, mode in gqa.PLUGIN_SETUPS}, out)
