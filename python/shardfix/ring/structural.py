@@ -207,7 +207,7 @@ class StructuralKeys:
             unknown = ir.Location.unknown(context)
             made = self._holders[tuple(types)] = (
                 {"sym_name": ir.StringAttr.get("region", context),
-                 "function_type": ir.TypeAttr.get(ir.FunctionType.get(types, [], context))},
+                 "function_type": ir.TypeAttr.get(ir.FunctionType.get(types, [], context), context)},
                 unknown, [unknown] * len(types))
         attributes, unknown, locations = made
         holder = ir.Operation.create("func.func", regions=1, loc=unknown, ip=ir.InsertionPoint(scratch.body),
