@@ -197,9 +197,12 @@ def _position_unit(fns, fn: int) -> int | None:
     """Where the function `fn` names is one of global positions (and constants, other mesh axes' coordinates,
     loop variables) alone, combined elementwise: the widest unit of tokens whose position it reads (1: single
     tokens, or none). None where it reads anything else: token data, a reduction, a table, a slice of data at a
-    loop counter (functions that index_to_data and the elementwise rules don't build from positions alone)."""
+    loop counter, an integer whose type may wrap (functions that index_to_data and the elementwise rules don't
+    build from positions alone, or that the analysis reads as data)."""
     key = fns.keys[fn]
-    if not isinstance(key, tuple) or not key:
+    if not isinstance(key, tuple) or not key or fn in fns.wrapped:
+        # an integer op whose type may wrap is read as data, as everywhere (README: a skip compared in int8 is
+        # refused, the report naming the convert, reasons.py)
         return None
     if key[0] == "const":
         return 1
