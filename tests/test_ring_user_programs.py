@@ -472,3 +472,11 @@ def test_ring_short_of_a_step_is_refused_at_the_users_last_merge():
         "has not folded in every block: a ring that runs fewer steps than its 4 devices, or skips a block, leaves "
         "tokens out, and which tokens those are changes with the layout; merge one block at each of the 4 ring "
         "steps")
+
+
+def test_skip_decided_in_floating_point_by_a_position_outside_its_blocks_is_refused_for_that():
+    """A skip predicate held as data (a position tested in floating point) is accepted only where every position
+    it reads is one of the two units' it skips (ring/branches.py); here one is the next device's first token."""
+    (ring_decision,) = lowered("refuse-neighbour-position-skip", "auto").rings
+    assert "skips blocks by a predicate that reads positions outside the two units it skips" in ring_decision.why, \
+        ring_decision.why

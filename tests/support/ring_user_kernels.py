@@ -290,10 +290,11 @@ def one_block_ring(cp: int, mask, *, loop: str = "fori", merge: str = "online", 
 # Blockwise, chunk pairs skipped.
 
 
-def blockwise_ring(cp: int, chunk: int, mask, live, *, merge: str = "online", seg: bool = False):
+def blockwise_ring(cp: int, chunk: int, mask, live, *, merge: str = "online", seg: bool = False, key_skip=None):
     """Body f(q, k, v[, seg]) over [b, n, d]: lax.scan over ring steps; inside a step, lax.scan over the q chunks
     (the running state cut into chunks alongside) and lax.scan over the kv chunks; a chunk pair runs under
-    lax.cond(live(first q position, first k position, chunk)). Global chunk index = block start + counter."""
+    lax.cond(live(first q position, first k position, chunk)). Global chunk index = block start + counter.
+    `key_skip(k chunk)`: a predicate of the keys' data or-ed into the skip (a skip decided by token data)."""
     fold = MERGES[merge]
     neg = -jnp.inf if merge == "guarded" else NEG
 
@@ -334,7 +335,8 @@ def blockwise_ring(cp: int, chunk: int, mask, live, *, merge: str = "online", se
                             keep = keep & pair_mask(qids, kidj, s)
                         return fold(acc_i, jnp.where(keep, s, neg), vj, i)
 
-                    return lax.cond(live(qf, kf, chunk), run, lambda a_: a_, acc_i), None
+                    alive = live(qf, kf, chunk) if key_skip is None else live(qf, kf, chunk) | key_skip(kj)
+                    return lax.cond(alive, run, lambda a_: a_, acc_i), None  # refused here
 
                 acc_i, _ = lax.scan(kv_step, acc_i, (kc, vc, kids, jnp.arange(per)))
                 return None, acc_i

@@ -171,12 +171,13 @@ def one_block(mask: str, loop: str = "fori", merge: str = "online", positions: s
     return build
 
 
-def blockwise(mask: str, chunk: int = 4, merge: str = "online", seg: bool = False, heads: bool = False):
+def blockwise(mask: str, chunk: int = 4, merge: str = "online", seg: bool = False, heads: bool = False,
+              key_skip=None):
     """A builder for uk.blockwise_ring with mask `mask` and its chunk-skip predicate."""
 
     def build(mesh):
         cp = mesh.shape["cp"]
-        kernel = uk.blockwise_ring(cp, chunk, uk.MASKS[mask], uk.LIVE[mask], merge=merge, seg=seg)
+        kernel = uk.blockwise_ring(cp, chunk, uk.MASKS[mask], uk.LIVE[mask], merge=merge, seg=seg, key_skip=key_skip)
         args = qkv(mesh, heads)
         if seg:
             return sharded(mesh, kernel, 3, n_ints=1, heads=heads), args + (sequence_ints(mesh, segments()),)
@@ -410,6 +411,11 @@ def _registry() -> list[Program]:
             ("fori-chunked16", one_block("chunked16"), "explicit"),
             ("blockwise-causal", blockwise("causal"), "explicit"),
             ("blockwise-window40", blockwise("window40"), "explicit"),
+            # skips JAX's partial evaluation decides partly ahead of the q chunks' loop (`kf < p`, `qf // w`), the
+            # positions stacked as data: still functions of the two chunks' positions (ring/branches.py)
+            ("blockwise-prefix20", blockwise("prefix20"), "explicit"),
+            ("blockwise-chunked16", blockwise("chunked16"), "explicit"),
+            ("blockwise-sinks", blockwise("sinks"), "explicit"),
             ("blockwise-causal-segments", blockwise("causal", seg=True), "explicit"),
             ("blockwise-causal@auto", blockwise("causal"), "auto"),
             ("fori-causal@cp8", one_block("causal"), "cp8"),
@@ -504,6 +510,9 @@ def _registry() -> list[Program]:
         source=ur.attention_then_cumsum)
     add("grad-refuse-coordinate-skip", refusal(ur.coordinate_skip), "refused", grad=True,
         source=ur.coordinate_skip)
+    # the prefix-LM skip with the keys' data or-ed in, stacked ahead of the loop like `kf < p`: token data
+    add("grad-refuse-blockwise-key-data-skip", blockwise("prefix20", key_skip=lambda kj: kj[0, 0, 0] > 0),
+        "refused", grad=True, source=uk.blockwise_ring)
     return out
 
 

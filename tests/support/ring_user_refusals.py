@@ -328,7 +328,33 @@ def block_first_key_sink(cp: int):
     return body
 
 
+def neighbour_position_skip(cp: int):
+    """Blocks attended (unmasked) where causal, or everywhere on a device whose next device's block starts before
+    position 20 (tested in floating point): a function of positions, but of a token outside the two blocks it
+    skips, which is another token in each layout (zigzag: devices 0, 1 and 3 would attend everything, not 0 and 3)."""
+    def body(q, k, v):
+        n = q.shape[1]
+        me = lax.axis_index("cp")
+        q_pos = _positions(me, n)
+        next_first = (((me + 1) % cp) * n).astype(jnp.float32)
+
+        def step(i, carry):
+            acc, k, v = carry
+            k_pos = _positions((me - i) % cp, n)
+
+            def run(acc):
+                return merge_online(acc, scores(q, k), v, i)
+
+            live = (q_pos[-1] >= k_pos[0]) | (next_first < 20.0)
+            acc = lax.cond(live, run, lambda a: a, acc)  # refused here
+            return acc, lax.ppermute(k, "cp", ring(cp)), lax.ppermute(v, "cp", ring(cp))
+
+        acc, _, _ = lax.fori_loop(0, cp, step, (init_state(q, "online"), k, v))
+        return finish(acc, "online")
+    return body
+
+
 REFUSALS = (all_gather_concatenate, block_first_key_sink, all_gather_into_buffer, all_reduce_by_hops, attention_then_cumsum, sorted_keys, device_keyed_dropout,
             hop_keyed_dropout, coordinate_skip, block_end_skip, ring_one_step_short, ring_one_step_short_unrolled,
             last_block_wins, decaying_merge,
-            rope_by_local_index, reversed_tokens, causal_conv_before, hop_versus_coordinate_skip)
+            rope_by_local_index, reversed_tokens, causal_conv_before, hop_versus_coordinate_skip, neighbour_position_skip)

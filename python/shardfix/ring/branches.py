@@ -12,7 +12,7 @@ from . import stabiliser
 from .algebra import cov_prefix, cov_rest, covs_equal, start_value
 from .analysis import Engine
 from .symbolic import Aff, Node, Var, bounds
-from .values import Agg, AggOp, Cells, Coverage, CoverageVar, Data, Index, ObligationKind
+from .values import Agg, AggOp, Cells, Coverage, CoverageVar, Data, Index, ObligationKind, Stack, Tok
 
 
 def branches(engine: Engine, op):
@@ -163,7 +163,7 @@ def _check_predicate(engine: Engine, op, selector, units) -> None:
     else:
         pred = selector
         if pred.agg is None and not pred.is_invariant:
-            engine.refuse("skips blocks by a predicate of token data", op, (pred,))
+            _positions_of_units(engine, op, pred, units)
         if pred.agg is None and engine.fns.depends(pred.fn) - engine.state.unknown_vars:
             engine.refuse(_COUNTERS, op, (pred,))  # a table read at the ring step, say
         if pred.agg is not None:
@@ -174,6 +174,54 @@ def _check_predicate(engine: Engine, op, selector, units) -> None:
                     engine.refuse("skips blocks by a predicate of tokens outside the two units it skips", op)
     for hop, offset, size in units:
         engine.state.units.setdefault((size, _alignment(offset)), (op, tuple(engine.state.call_ops)))
+
+
+def _positions_of_units(engine: Engine, op, pred: Data, units) -> None:
+    """A predicate held as data rather than as index arithmetic, fine where it is a function of the global
+    positions of tokens of the two units it skips, combined elementwise in any way (the parts of a skip JAX's
+    partial evaluation computes ahead of a loop and stacks: `kf < p` of a prefix-LM skip, `qf // w` of a chunked
+    one, under jax.grad). Such a function takes the same value for the same pair of units once the positions it
+    reads are rewritten, whatever boolean or arithmetic combination it is: the reorder changes which tokens a block
+    holds, never what a token's position is. Loop variables it may read are refused by the caller."""
+    width = _position_unit(engine.fns, pred.fn)
+    if width is None or pred.elements or any(isinstance(role, (Tok, Stack)) for role in pred.dims):
+        engine.refuse("skips blocks by a predicate of token data", op, (pred,))
+    for _, axis in pred.axes:
+        # the tokens it reads the positions of; a unit wider than one token is read as its first token's position,
+        # checked whole (as the index form's are), the widest unit taken for every token
+        if not _inside(engine, op, axis.hop, axis.offset, width, units):
+            engine.refuse("skips blocks by a predicate that reads positions outside the two units it skips", op)
+
+
+def _position_unit(fns, fn: int) -> int | None:
+    """Where the function `fn` names is one of global positions (and constants, other mesh axes' coordinates,
+    loop variables) alone, combined elementwise: the widest unit of tokens whose position it reads (1: single
+    tokens, or none). None where it reads anything else: token data, a reduction, a table, a slice of data at a
+    loop counter, an integer whose type may wrap (functions that index_to_data and the elementwise rules don't
+    build from positions alone, or that the analysis reads as data)."""
+    key = fns.keys[fn]
+    if not isinstance(key, tuple) or not key or fn in fns.wrapped:
+        # an integer op whose type may wrap is read as data, as everywhere (README: a skip compared in int8 is
+        # refused, the report naming the convert, reasons.py)
+        return None
+    if key[0] == "const":
+        return 1
+    if key[0] == "index":
+        return max(_pos_units(key[1]), default=1)
+    if key[0] == "ew":
+        widths = [_position_unit(fns, f) for f in key[3]]
+        return None if None in widths else max(widths, default=1)
+    return None
+
+
+def _pos_units(canon):
+    """The unit sizes of the ("pos", axis, unit) atoms of an index function's canonical form (analysis.py)."""
+    if isinstance(canon, tuple):
+        if len(canon) == 3 and canon[0] == "pos" and isinstance(canon[2], int):
+            yield canon[2]
+            return
+        for part in canon:
+            yield from _pos_units(part)
 
 
 _COUNTERS = ("skips blocks by a predicate of loop counters or the ring step, not only of the positions of the two "
