@@ -91,3 +91,28 @@ def test_skip_decided_by_chunk_counters_is_left_alone(cp, strategy, by_hop):
                                err_msg=f"SOUNDNESS: {decisions}")
     assert low.rings and not any(r.applied for r in low.rings), decisions
     assert all(r.why.startswith("not provably safe: 'stablehlo.case'") for r in low.rings), decisions
+
+
+def test_a_stacked_skip_predicate_reads_positions_alone():
+    """A skip predicate JAX's partial evaluation stacked ahead of the loop is data to the analysis; it is accepted
+    only where its function (analysis.index_to_data's canonical form) reads global positions, other mesh axes'
+    coordinates, loop variables and constants: a ring coordinate or partition id outside a position, or a local
+    index, names other tokens once the reorder changes what a block holds."""
+    from shardfix.ring.branches import _of_positions
+    pos = (("pos", "a0", 4), 1)
+    node = (("lt", (((("pos", "a1", 1), 1),), -20), 0), 1)  # a node over a position and a constant
+    for terms, variables, expected in (
+            ((pos,), frozenset(), True),
+            ((pos, node), frozenset(), True),
+            ((pos, ("it3", 2)), frozenset({"it3"}), True),
+            ((pos, (("other", "dp"), 1)), frozenset(), True),
+            ((pos, ("c", 1)), frozenset(), False),
+            ((pos, ("c[it3]", 1)), frozenset({"it3"}), False),
+            ((pos, ("pid", 1)), frozenset(), False),
+            ((pos, (("dim", 0), 1)), frozenset(), False),
+            ((pos, (("floordiv", ((("c", 1),), 0), 2), 1)), frozenset(), False),
+            ((pos, (("lt", ((pos,), 0.5), 0.5), 1)), frozenset(), False)):
+        units: list[int] = []
+        assert _of_positions((terms, 0), variables, units) is expected, terms
+    units = []
+    assert _of_positions(((pos, node), 0), frozenset(), units) and sorted(units) == [1, 4]

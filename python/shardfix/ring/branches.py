@@ -183,7 +183,7 @@ def _positions_of_units(engine: Engine, op, pred: Data, units) -> None:
     one, under jax.grad). Such a function takes the same value for the same pair of units once the positions it
     reads are rewritten, whatever boolean or arithmetic combination it is: the reorder changes which tokens a block
     holds, never what a token's position is. Loop variables it may read are refused by the caller."""
-    width = _position_unit(engine.fns, pred.fn)
+    width = _position_unit(engine.fns, pred.fn, frozenset(str(v) for v in engine.fns.depends(pred.fn)))
     if width is None or pred.elements or any(isinstance(role, (Tok, Stack)) for role in pred.dims):
         engine.refuse("skips blocks by a predicate of token data", op, (pred,))
     for _, axis in pred.axes:
@@ -193,12 +193,13 @@ def _positions_of_units(engine: Engine, op, pred: Data, units) -> None:
             engine.refuse("skips blocks by a predicate that reads positions outside the two units it skips", op)
 
 
-def _position_unit(fns, fn: int) -> int | None:
+def _position_unit(fns, fn: int, variables: frozenset[str]) -> int | None:
     """Where the function `fn` names is one of global positions (and constants, other mesh axes' coordinates,
-    loop variables) alone, combined elementwise: the widest unit of tokens whose position it reads (1: single
-    tokens, or none). None where it reads anything else: token data, a reduction, a table, a slice of data at a
-    loop counter, an integer whose type may wrap (functions that index_to_data and the elementwise rules don't
-    build from positions alone, or that the analysis reads as data)."""
+    loop variables, named in `variables`) alone, combined elementwise: the widest unit of tokens whose position it
+    reads (1: single tokens, or none). None where it reads anything else: token data, a reduction, a table, a
+    slice of data at a loop counter, an integer whose type may wrap (functions that index_to_data and the
+    elementwise rules don't build from positions alone, or that the analysis reads as data), a ring coordinate or
+    partition id outside a position, or a local index (which tokens they name changes with the layout)."""
     key = fns.keys[fn]
     if not isinstance(key, tuple) or not key or fn in fns.wrapped:
         # an integer op whose type may wrap is read as data, as everywhere (README: a skip compared in int8 is
@@ -207,21 +208,38 @@ def _position_unit(fns, fn: int) -> int | None:
     if key[0] == "const":
         return 1
     if key[0] == "index":
-        return max(_pos_units(key[1]), default=1)
+        units: list[int] = []
+        return max(units, default=1) if _of_positions(key[1], variables, units) else None
     if key[0] == "ew":
-        widths = [_position_unit(fns, f) for f in key[3]]
+        widths = [_position_unit(fns, f, variables) for f in key[3]]
         return None if None in widths else max(widths, default=1)
     return None
 
 
-def _pos_units(canon):
-    """The unit sizes of the ("pos", axis, unit) atoms of an index function's canonical form (analysis.py)."""
-    if isinstance(canon, tuple):
-        if len(canon) == 3 and canon[0] == "pos" and isinstance(canon[2], int):
-            yield canon[2]
-            return
-        for part in canon:
-            yield from _pos_units(part)
+def _of_positions(canon, variables: frozenset[str], units: list[int]) -> bool:
+    """Whether an index function's canonical form (analysis.index_to_data: terms of atoms, and a constant) reads
+    positions (("pos", axis, unit), their units added to `units`), other mesh axes' coordinates, the loop
+    variables named in `variables` and constants alone, through any nodes; not a ring coordinate, a partition id
+    or a local index (("dim", i))."""
+    terms, _ = canon
+    for atom, _ in terms:
+        if isinstance(atom, str):
+            if atom not in variables:
+                return False
+        elif atom[0] == "pos":
+            units.append(atom[2])
+        elif atom[0] == "other":
+            continue
+        elif atom[0] == "dim":
+            return False
+        else:  # a node: (op, its arguments: canonical forms, or ints)
+            for arg in atom[1:]:
+                if isinstance(arg, int):
+                    continue
+                if not (isinstance(arg, tuple) and len(arg) == 2 and isinstance(arg[0], tuple)) \
+                        or not _of_positions(arg, variables, units):
+                    return False
+    return True
 
 
 _COUNTERS = ("skips blocks by a predicate of loop counters or the ring step, not only of the positions of the two "
