@@ -40,14 +40,15 @@ FUNCS = "".join(f"func.func private @{name}(%x: {T}) -> {T} {{\n"
 
 
 def _region(body: str = f"    %v = stablehlo.abs %w : {T}", *, call: str = "f1", mesh: str = "mesh", axis: str = "x", out: str | None = None,
-            op: str = "add", arg: str = "%arg1", inner: str = "1.0", elem: str = "f32") -> str:
+            op: str = "add", arg: str = "%arg1", inner: str = "1.0", elem: str = "f32", manual: str = "") -> str:
     """A manual computation over `mesh` on `axis`: calls `call`, applies `op` to its result and `arg`, holds a
-    nested manual computation adding the constant `inner`, then `body` (ops reading %w, the last writing %v)."""
+    nested manual computation adding the constant `inner`, then `body` (ops reading %w, the last writing %v);
+    `manual`: more manual axes."""
     t = f"tensor<4x{elem}>"
     out = out or f'{{"{axis}"}}'
     return f"""
   %r{_region.n} = sdy.manual_computation(%a, %b) in_shardings=[<@{mesh}, [{{"{axis}"}}]>, <@{mesh}, [{{"{axis}"}}]>]
-      out_shardings=[<@{mesh}, [{out}]>] manual_axes={{"{axis}"}} (%arg0: {T}, %arg1: {T}) {{
+      out_shardings=[<@{mesh}, [{out}]>] manual_axes={{"{axis}"{manual}}} (%arg0: {T}, %arg1: {T}) {{
     %z = func.call @{call}(%arg0) : ({T}) -> {T}
     %u = stablehlo.{op} %z, {arg} : {T}
     %n = sdy.manual_computation(%u) in_shardings=[<@{mesh}, [{{}}]>] out_shardings=[<@{mesh}, [{{}}]>]
@@ -79,6 +80,7 @@ VARIANTS = {  # name -> (region text, the name of the variant it must share its 
     "element_type": ({"elem": "bf16"}, None),
     "mesh": ({"mesh": "mesh2"}, None),
     "axis": ({"axis": "y"}, None),  # the axis named like f1's equal function y... x and y are equal functions
+    "manual_axes": ({"manual": ', "y"'}, None),
     "out_priority": ({"out": '{"x"}p1'}, None),
     "op_named_like_equal_function": ({"op": "multiply"}, None),  # add, multiply: equal functions
     "call_x": ({"call": "x"}, None),
@@ -177,6 +179,34 @@ def test_a_region_shares_its_key_only_with_the_same_program(keyed, name):
     root = lambda n: n if same[n] is None else root(same[n])  # noqa: E731
     sharing = sorted(other for other in same if keys[other] == keys[name])
     assert sharing == sorted(other for other in same if root(other) == root(name))
+
+
+@pytest.mark.parametrize("make", [
+    lambda c: _region(_ops(f'%v = stablehlo.add %w, %w {{tag = "{c}"}} : {T}')),
+    lambda c: _region(_ops(f'%v = stablehlo.custom_call @k(%w) {{backend_config = "{c}"}} : ({T}) -> {T}')),
+    lambda c: _region(axis=c),
+], ids=["tag", "backend_config", "manual_axis"])
+def test_a_string_that_shows_at_a_function_name_is_no_reference(make):
+    """FAILS on main: `_normalised` replaces every `@name` of the printed text by the function's key digest, inside
+    string literals too, so regions whose only difference is a string "@f1" against "@f2" (f1 and f2 equal
+    functions) share a key, printed or not, though their texts differ: a string attribute, a custom call's
+    backend_config (the kernel's input), even the mesh axis the region is manual over (JAX takes "@f1" as an axis
+    name). No verdict reads the first two today, and JAX's lowering of two rings over different axes differs in
+    more than the names (device ids, axis_index arithmetic), so no wrong result was found end to end; the key's
+    claim does not hold."""
+    _region.n = 0
+    regions = []
+    for c in ("@f1", "@f2"):
+        regions.append(make(c))
+        _region.n += 1
+    text = ('sdy.mesh @mesh = <["x"=2, "@f1"=2, "@f2"=2]>\n' + FUNCS + "func.func @main(%a: tensor<8xf32>, "
+            "%b: tensor<8xf32>) -> tensor<8xf32> {" + "".join(regions) + "\n  return %a : tensor<8xf32>\n}\n")
+    with make_context():
+        module = ir.Module.parse(text)
+        regions = _regions(module_funcs(module.operation))
+        assert regions[0].get_asm(use_local_scope=True) != regions[1].get_asm(use_local_scope=True)
+        keys = StructuralKeys(module_funcs(module.operation))
+        assert keys.of(regions[0]) != keys.of(regions[1])
 
 
 def test_nested_regions_share_a_key_unless_their_constant_differs(keyed):
