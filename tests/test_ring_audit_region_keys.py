@@ -7,10 +7,15 @@ same verdict, so two regions that compute different things must never share a ke
   an axis, a mesh, a type, the use of an argument, a nested region, a callee's body, a string or custom call target
   or op name that names one of two equal functions): every key is the key made by printing, and only the regions
   that are the same program up to the names of equal callees share one.
-- Keying leaves the module as it was (its text with locations) and its scratch module empty.
+- Keying leaves the module as it was (its text with locations, its bytecode) and its scratch module empty.
+- A string that shows `@name` of one of two equal functions (an attribute's value, a custom call's backend_config,
+  a manual axis) is replaced by the function's key digest like a reference: regions differing only there share a
+  key, printed or not (FAILS on main; no wrong result found end to end).
 - End to end: layers that differ in one detail (a mask's window, a causal mask against none, positions against
-  local indices) get the decisions they get with no key shared, and jax.jit's results.
+  local indices, the body of a jitted helper) get the decisions they get with no key shared, and jax.jit's results.
 """
+
+import io
 
 import jax
 import jax.numpy as jnp
@@ -39,8 +44,8 @@ FUNCS = "".join(f"func.func private @{name}(%x: {T}) -> {T} {{\n"
                                 ("add", "7.0"), ("multiply", "7.0"), ("region", "9.0"), ("other", "9.0")])
 
 
-def _region(body: str = f"    %v = stablehlo.abs %w : {T}", *, call: str = "f1", mesh: str = "mesh", axis: str = "x", out: str | None = None,
-            op: str = "add", arg: str = "%arg1", inner: str = "1.0", elem: str = "f32", manual: str = "") -> str:
+def _region(body: str = f"    %v = stablehlo.abs %w : {T}", *, call: str = "f1", mesh: str = "mesh", axis: str = "x",
+            out: str | None = None, op: str = "add", arg: str = "%arg1", inner: str = "1.0", elem: str = "f32", manual: str = "") -> str:
     """A manual computation over `mesh` on `axis`: calls `call`, applies `op` to its result and `arg`, holds a
     nested manual computation adding the constant `inner`, then `body` (ops reading %w, the last writing %v);
     `manual`: more manual axes."""
@@ -79,7 +84,7 @@ VARIANTS = {  # name -> (region text, the name of the variant it must share its 
     "op": ({"op": "subtract"}, None),
     "element_type": ({"elem": "bf16"}, None),
     "mesh": ({"mesh": "mesh2"}, None),
-    "axis": ({"axis": "y"}, None),  # the axis named like f1's equal function y... x and y are equal functions
+    "axis": ({"axis": "y"}, None),  # axes named like two equal functions
     "manual_axes": ({"manual": ', "y"'}, None),
     "out_priority": ({"out": '{"x"}p1'}, None),
     "op_named_like_equal_function": ({"op": "multiply"}, None),  # add, multiply: equal functions
@@ -143,6 +148,14 @@ def _unreadable(op):
     raise bytecode.Unreadable("every region printed: the reference keys")
 
 
+def _written(module: ir.Module) -> tuple[str, bytes]:
+    """The module's text with locations, and its bytecode (what keying could change: the copies of its regions
+    keyed are made reading the regions' operands)."""
+    stream = io.BytesIO()
+    module.operation.write_bytecode(stream)
+    return module.operation.get_asm(enable_debug_info=True), stream.getvalue()
+
+
 @pytest.fixture(scope="module")
 def keyed():
     text, names, same = _module()
@@ -151,7 +164,7 @@ def keyed():
         module = ir.Module.parse(text)
         funcs = module_funcs(module.operation)
         regions = _regions(funcs)
-        before = module.operation.get_asm(enable_debug_info=True)
+        before = _written(module)
         fast, printed = StructuralKeys(funcs), StructuralKeys(funcs)
         printed._split_op = _unreadable
         keys = {name: fast.of(r) for name, r in zip(names, regions)}
@@ -161,7 +174,7 @@ def keyed():
                        if op.operation.name == "sdy.manual_computation") for r in regions]
         keys.update({"nested " + name: fast.of(r) for name, r in zip(names, nested)})
         reference.update({"nested " + name: printed.of(r) for name, r in zip(names, nested)})
-        after = module.operation.get_asm(enable_debug_info=True)
+        after = _written(module)
     # asked outside the module's context (as the group memo asks): the same keys
     outside = StructuralKeys(funcs)
     assert [outside.of(r) for r in regions] == list(keys.values())[:len(regions)]
