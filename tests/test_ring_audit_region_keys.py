@@ -45,7 +45,8 @@ FUNCS = "".join(f"func.func private @{name}(%x: {T}) -> {T} {{\n"
 
 
 def _region(body: str = f"    %v = stablehlo.abs %w : {T}", *, call: str = "f1", mesh: str = "mesh", axis: str = "x",
-            out: str | None = None, op: str = "add", arg: str = "%arg1", inner: str = "1.0", elem: str = "f32", manual: str = "") -> str:
+            out: str | None = None, op: str = "add", arg: str = "%arg1", inner: str = "1.0", elem: str = "f32",
+            manual: str = "") -> str:
     """A manual computation over `mesh` on `axis`: calls `call`, applies `op` to its result and `arg`, holds a
     nested manual computation adding the constant `inner`, then `body` (ops reading %w, the last writing %v);
     `manual`: more manual axes."""
