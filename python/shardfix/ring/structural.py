@@ -40,7 +40,8 @@ if TYPE_CHECKING:
 # starts with a literal is searched for that byte, one that starts with a look-behind is tried at every position
 # (ten times slower over a region's text)
 _TARGET = b"custom_call @"
-_SYMBOL = re.compile(rb"@(?<!custom_call @)([A-Za-z0-9_$.\-]+)")
+# a quoted string (left as written: "@f1" is text, not a reference, whatever f1's key) or a symbol reference
+_SYMBOL = re.compile(rb'"(?:[^"\\]|\\.)*"|@(?<!custom_call @)([A-Za-z0-9_$.\-]+)')
 _BARE = re.compile(rb"[A-Za-z_][A-Za-z0-9_$.]*\Z")  # a name the printer writes unquoted, as `@name`
 _WORD = re.compile(rb"[A-Za-z0-9_$]")
 _SELF = b"\0self"  # the function's own name in a string table (strings hold no NUL: this is none of them)
@@ -73,7 +74,7 @@ class _Printed:
                 if _WORD.match(before) or _WORD.match(after):
                     continue
                 shown += 1
-                if before != b"@" or after in (b".", b"-") or \
+                if before != b"@" or after in (b".", b"-") or text[match.start() - 2:match.start() - 1] == b'"' or \
                         text[match.start() - len(_TARGET):match.start()] == _TARGET:
                     found = False
                     break
@@ -258,6 +259,8 @@ class StructuralKeys:
 
         def replace(match: re.Match) -> bytes:
             raw = match.group(1)
+            if raw is None:
+                return match.group(0)  # a string
             found = replaced.get(raw)
             if found is not None:
                 return found
