@@ -19,6 +19,9 @@ VENV ?= .venv
 REQUIREMENTS ?= requirements.txt
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# pytest-xdist workers (each its own process with its own 8 simulated devices; the tests share no state): two keep
+# a 2-core machine busy while one test waits on XLA's compiler and another runs the passes' Python
+WORKERS ?= 2
 
 export XLA_FLAGS := --xla_force_host_platform_device_count=8
 export JAX_PLATFORMS := cpu
@@ -56,7 +59,7 @@ print-python:
 	@echo $(PYTHON)
 
 pytest: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n $(WORKERS) tests
 
 lit: $(STAMP)
 	$(BIN)/lit -sv test/lit --param venv=$(VENV)
