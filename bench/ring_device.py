@@ -19,11 +19,19 @@ Two steps, because the kernel's client and the accelerator may sit in different 
         writes one module per layout and coordinate, and manifest.json. `user`: the blockwise kernels of
         tests/support/ring_user_kernels.py, one directory a mask kind, each with the program as written, in the
         layout ring-reorder's defaults pick (its decision and tile figures recorded), and in every other layout
-        the pass can be forced to, with the tiles each coordinate computes in each)
+        the pass can be forced to, with the tiles each coordinate computes in each. `user --grad`: jax.grad of
+        sum(kernel ** 2), plain autodiff, so each layout has a forward and a backward ring region, cut out as two
+        programs; the backward's arguments include the residuals the forward saves (among them the case index of
+        every chunk pair, which its skips read), and the manifest says which forward result feeds which, so that
+        the timing runs the backward on what the forward at the same coordinate computed, never on made-up
+        indices. Forced layouts go through the decorator: the ties of a ring to its backward are recorded while
+        it traces, and a module from jax.jit's text lacks them)
     python bench/ring_device.py time OUT_DIR [--rounds 20 (10 for user)] [--section]
         (where the accelerator is: jax, jaxlib, numpy and this repository's python/ on PYTHONPATH; compiles and
         times every program on jax.devices()[0]; prints the table, with --section writes it to bench/RESULTS.md;
-        for user: whether the picked layout's slowest coordinate is the fastest, and measured against tiles)
+        for user: whether the picked layout's slowest coordinate is the fastest, and measured against tiles; a
+        gradient suite writes a section of its own. Plain autodiff saves every chunk pair's scores: at the default
+        sizes the forward hands the backward about 44 GiB a coordinate, which the timing holds on the device)
 """
 
 from __future__ import annotations
@@ -143,6 +151,31 @@ def device_program(text: str, coordinate: int | None, which: int = 0) -> str:
         return str(module)
 
 
+def region_feeds(text: str, which: int) -> list:
+    """For each argument of ring region `which`'s program (device_program(text, r, which), the coordinate argument
+    left out): [k, j] where the region reads result j of ring region k < which (a residual the forward saved, such
+    as the case index of each skipped chunk pair), else None (data the timing may make up). A backward's skips read
+    the forward's saved case indices, so an integer or boolean operand that isn't such a residual is refused."""
+    from jaxlib.mlir import ir
+
+    from shardfix.ir import make_context
+    with make_context():
+        module = ir.Module.parse(text)
+        regions = _ring_regions(_main(module))
+        feeds = []
+        for value in regions[which].operands:
+            feed = None
+            if isinstance(value, ir.OpResult):
+                for k, region in enumerate(regions[:which]):
+                    if value.owner.operation == region.operation:
+                        feed = [k, ir.OpResult(value).result_number]
+            if feed is None and not isinstance(ir.RankedTensorType(value.type).element_type, ir.FloatType):
+                raise ValueError(f"ring region {which} reads {value.type} from outside the earlier ring regions: "
+                                 "timed alone it would need the value the ring computes")
+            feeds.append(feed)
+        return feeds
+
+
 def extract(out_dir: str, cp: int, tokens: int, heads: int, dim: int, chunk: int, batch: int, grad: bool,
             kernel: str = "ejkernel", dtype: str = "bfloat16") -> None:
     import jax
@@ -240,17 +273,58 @@ def tiles_per_device(text: str, cp: int) -> tuple[list[int], int]:
     return [sum(row) for row in tiles.counts], tiles.critical
 
 
-def _candidates(contiguous: str, tokens: int, cp: int) -> tuple[dict[str, str], dict[str, str]]:
+def ring_tiles(text: str, cp: int) -> list[dict]:
+    """For each ring region of `text` in program order, {"tiles": tiles each ring coordinate computes, "critical":
+    the pass's critical path, "ideal": the total spread evenly}, counted as ring-reorder counts them. A later
+    region's skips may read results of an earlier one (a backward reading the case indices its forward saved):
+    those are counted on the forward and handed to the backward's count, as the pass's layout choice does."""
+    from jaxlib.mlir import ir
+
+    from shardfix.ir import make_context
+    from shardfix.ring.cost import Counter
+    from shardfix.ring.detect import module_funcs
+    feeds = [region_feeds(text, k) for k in range(count_regions(text))]
+    with make_context():
+        module = ir.Module.parse(text)
+        regions = _ring_regions(_main(module))
+        counter = Counter(module_funcs(module.operation), set())
+        pids = list(range(cp))
+        keep = [frozenset(feeds[j][i][1] for j in range(k + 1, len(regions)) for i in counter.reads(regions[j])
+                          if feeds[j][i] is not None and feeds[j][i][0] == k) for k in range(len(regions))]
+        counted, out = [], []
+        for k, region in enumerate(regions):
+            given = {i: [kept.get(feeds[k][i][1]) for kept in counted[feeds[k][i][0]].kept]
+                     for i in counter.reads(region) if feeds[k][i] is not None}
+            tiles = counter.count(region, pids, [], None, "", given, keep[k])
+            counted.append(tiles)
+            out.append({"tiles": [sum(row) for row in tiles.counts], "critical": tiles.critical,
+                        "ideal": tiles.ideal})
+        return out
+
+
+def _candidates(contiguous: str, tokens: int, cp: int, run=None) -> tuple[dict[str, str], dict[str, str],
+                                                                         dict[str, list]]:
     """({layout name: module} for every layout ring-reorder can be forced to: strategy=zigzag, striped with its
-    smallest stripe and each multiple of it that fits (a block holds cp stripes or more), {layout: why not})."""
-    texts, refused = {}, {}
+    smallest stripe and each multiple of it that fits (a block holds cp stripes or more), {layout: why not},
+    {layout: the forced run's ring decisions}). A module with several rings (a gradient's forward and backward)
+    counts only where every ring is rewritten. `run(strategy, stripe)`: (module, ring decisions), or a reason it
+    can't be run; by default the pass forced on `contiguous`."""
+    texts, refused, decisions = {}, {}, {}
+    if run is None:
+        def run(strategy: str, stripe: int):
+            return _passed(contiguous, f"ring-reorder{{strategy={strategy} stripe={stripe}}},hoist-permutations")
 
     def force(strategy: str, stripe: int) -> str | None:
-        text, rings = _passed(contiguous, f"ring-reorder{{strategy={strategy} stripe={stripe}}},hoist-permutations")
+        outcome = run(strategy, stripe)
+        if isinstance(outcome, str):
+            refused[f"{strategy} stripe={stripe}"] = outcome
+            return None
+        text, rings = outcome
         if all(r.applied for r in rings):
-            texts[rings[0].strategy] = text
+            texts[rings[0].strategy], decisions[rings[0].strategy] = text, rings
             return rings[0].strategy
-        refused[f"{strategy} stripe={stripe}"] = rings[0].why
+        refused[f"{strategy} stripe={stripe}"] = "; ".join(
+            (f"ring {k}: " if len(rings) > 1 else "") + r.why for k, r in enumerate(rings) if not r.applied)
         return None
 
     force("zigzag", 0)
@@ -260,13 +334,40 @@ def _candidates(contiguous: str, tokens: int, cp: int) -> tuple[dict[str, str], 
         for stripe in range(2 * unit, tokens // cp + 1, unit):
             if tokens % (cp * stripe) == 0:
                 force("striped", stripe)
-    return texts, refused
+    return texts, refused, decisions
+
+
+def _picked(rings: list) -> str:
+    """The layout a module's ring decisions amount to: as written, one strategy every ring applied, or a mix."""
+    if not any(r.applied for r in rings):
+        return "contiguous"
+    strategies = {r.strategy for r in rings}
+    if all(r.applied for r in rings) and len(strategies) == 1:
+        return strategies.pop()
+    return "mixed: " + ", ".join(r.strategy if r.applied else "contiguous" for r in rings)
+
+
+def _pair_tiles(rings: list, after: bool) -> dict | None:
+    """{critical: [each ring's critical path in tiles], ideal: [each ring's ideal]} of a module's ring decisions,
+    as written (after=False) or in the layout they apply; None where the pass counted no tiles."""
+    if not rings or any(r.critical_before is None or r.critical_after is None or r.ideal is None for r in rings):
+        return None
+    return {"critical": [r.critical_after if after else r.critical_before for r in rings],
+            "ideal": [r.ideal for r in rings]}
+
+
+def _file_name(layout: str, suffix: str = "") -> str:
+    return f"{layout.replace('{', '_').replace('=', '').replace('}', '').replace(': ', '_').replace(', ', '+')}" \
+        f"{suffix}.mlir"
 
 
 def extract_user(out_dir: str, names: list[str], cp: int, tokens: int, heads: int, dim: int, chunk: int,
-                 batch: int) -> None:
+                 batch: int, grad: bool = False) -> None:
     """For each user kernel, a directory of programs: as written, the layout ring-reorder's defaults pick, and
-    every other layout it can be forced to; each program takes the ring coordinate as its last argument."""
+    every other layout it can be forced to; each program takes the ring coordinate as its last argument. With
+    `grad`, jax.grad of sum(kernel ** 2) (plain autodiff: a forward ring region, then a backward one that reads the
+    forward's residuals): each layout a forward program and a backward program, the backward's residual arguments
+    fed from the forward's results at timing (manifest "feeds")."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding
@@ -282,32 +383,77 @@ def extract_user(out_dir: str, names: list[str], cp: int, tokens: int, heads: in
     for name in names:
         mask, live, described = _user_mask(name, tokens, chunk)
         program = sharded(mesh, uk.blockwise_ring(cp, chunk, mask, live), 3)
+        if grad:
+            forward = program
+
+            def program(q, k, v, forward=forward):
+                return jax.grad(lambda q, k, v: (forward(q, k, v) ** 2).sum(), argnums=(0, 1, 2))(q, k, v)
         contiguous = jax.jit(program).lower(*args).as_text()
         fixed = autofix_shardings(program, on_fix="ignore").lower(*args)
-        (decision,) = fixed.rings
-        picked = decision.strategy if decision.applied else "contiguous"
+        rings = list(fixed.rings)
+        if len(rings) != (2 if grad else 1):
+            raise ValueError(f"{name}: {len(rings)} ring decision(s)")
+        picked = _picked(rings)
         texts = {"contiguous": contiguous, picked: fixed.as_text()}
-        forced, refused = _candidates(contiguous, tokens, cp)
+        source = "the pass's decisions under the defaults"
+        pair = {"contiguous": _pair_tiles(rings, False), picked: _pair_tiles(rings, True)}
+        pair = {layout: figures and {**figures, "from": source} for layout, figures in pair.items()}
+        def traced(strategy: str, stripe: int, program=program):
+            """Forced through the decorator: the ties of each ring to its backward are recorded as it traces (the
+            pass refuses a backward it finds no tie for, and a module from jax.jit's text has none)."""
+            if stripe:
+                return "the decorator forces only the smallest stripe"
+            forced_run = autofix_shardings(program, ring_reorder=strategy, on_fix="ignore").lower(*args)
+            return forced_run.as_text(), list(forced_run.rings)
+
+        forced, refused, forced_rings = _candidates(contiguous, tokens, cp, traced if grad else None)
         for layout, text in forced.items():
             texts.setdefault(layout, text)
+            figures = _pair_tiles(forced_rings[layout], True)
+            pair.setdefault(layout, figures and {**figures, "from": "the pass's decisions forced to this layout"})
         os.makedirs(os.path.join(out_dir, name), exist_ok=True)
-        files, tiles = {}, {}
+        files, tiles, backward, feeds = {}, {}, {}, {}
         for layout, text in texts.items():
-            file = f"{layout.replace('{', '_').replace('=', '').replace('}', '')}.mlir"
-            with open(os.path.join(out_dir, name, file), "w") as f:
-                f.write(device_program(text, None))
-            files[layout] = [[file]] * cp  # the coordinate is the program's argument
-            tiles[layout] = tiles_per_device(text, cp)
-        manifest = {"kernel": f"blockwise ring attention as users write it: {described}, forward", "kernel_id": name,
+            regions = count_regions(text)
+            if regions != len(rings):
+                raise ValueError(f"{name} {layout}: {regions} ring region(s), {len(rings)} decision(s)")
+            suffixes = ("_fwd", "_bwd") if grad else ("",)
+            names_ = [_file_name(layout, suffix) for suffix in suffixes]
+            for k, file in enumerate(names_):
+                with open(os.path.join(out_dir, name, file), "w") as f:
+                    f.write(device_program(text, None, k))
+            files[layout] = [names_] * cp  # the coordinate is the programs' argument; a coordinate's programs add up
+            tiles[layout] = tiles_per_device(text, cp)  # the first (forward) ring region's
+            if grad:
+                feeds[layout] = [region_feeds(text, k) for k in range(len(names_))]
+                counted = ring_tiles(text, cp)  # the backward's count fed the case indices the forward's computed
+                if counted[0]["tiles"] != tiles[layout][0]:
+                    raise AssertionError(f"{name} {layout}: forward counts differ: {counted[0]} {tiles[layout]}")
+                backward[layout] = [counted[1]["tiles"], counted[1]["critical"]]
+                if pair.get(layout) is not None and pair[layout]["critical"] != [c["critical"] for c in counted]:
+                    print(f"{name} {layout}: the pass's critical paths {pair[layout]['critical']}, counted here "
+                          f"{[c['critical'] for c in counted]}", file=sys.stderr, flush=True)
+                if pair.get(layout) is None:
+                    pair[layout] = {"critical": [c["critical"] for c in counted],
+                                    "ideal": [c["ideal"] for c in counted],
+                                    "from": "counted here on this layout's module"}
+        kind = "jax.grad of sum(attention ** 2), plain autodiff (forward and backward rings)" if grad else "forward"
+        manifest = {"kernel": f"blockwise ring attention as users write it: {described}, {kind}", "kernel_id": name,
                     "cp": cp, "tokens_per_device": tokens, "heads": heads, "dim": dim, "chunk": chunk,
-                    "batch": batch, "dtype": "float32", "grad": False, "coordinate_argument": True,
-                    "picked": picked, "decision": _decision_text(decision), "refused": refused,
-                    "tiles": tiles, "files": files, "lowered_with": f"jax {jax.__version__}"}
+                    "batch": batch, "dtype": "float32", "grad": grad, "coordinate_argument": True,
+                    "picked": picked, "decision": "; ".join(
+                        (("forward ring " if k == 0 else "backward ring ") if grad else "") + _decision_text(r)
+                        for k, r in enumerate(rings)),
+                    "refused": refused, "tiles": tiles, "files": files, "lowered_with": f"jax {jax.__version__}"}
+        if grad:
+            manifest.update(tiles_backward=backward, pair_tiles=pair, feeds=feeds)
         with open(os.path.join(out_dir, name, "manifest.json"), "w") as f:
             json.dump(manifest, f, indent=1)
-        print(name, picked, manifest["decision"], {k: (max(v[0]), v[1]) for k, v in tiles.items()}, flush=True)
+        print(name, picked, manifest["decision"], {k: (max(v[0]), v[1]) for k, v in tiles.items()},
+              {k: (max(v[0]), v[1]) for k, v in backward.items()} if grad else "",
+              {k: (v["critical"], v["from"]) for k, v in pair.items()} if grad else "", flush=True)
     with open(os.path.join(out_dir, "manifest.json"), "w") as f:
-        json.dump({"suite": list(names)}, f)
+        json.dump({"suite": list(names), "grad": grad}, f)
 
 
 def _decision_text(r) -> str:
@@ -356,7 +502,9 @@ def compiled_program(text: str):
 
 def time_programs(out_dir: str, rounds: int) -> dict:
     """Each coordinate's program compiled (once where the coordinate is an argument) and timed alone: the median of
-    `rounds` runs after two warm-up runs, in ms; several programs of one coordinate (forward, backward) add up."""
+    `rounds` runs after two warm-up runs, in ms; several programs of one coordinate (forward, backward) add up. A
+    program's arguments are random, but those the manifest's "feeds" name: the results of the coordinate's earlier
+    program (a backward's residuals, its skips' case indices among them), from one more run of that program."""
     import jax
     import numpy as np
 
@@ -366,21 +514,29 @@ def time_programs(out_dir: str, rounds: int) -> dict:
     compiled: dict[str, tuple] = {}
     inputs: dict[tuple, list] = {}  # one set of device arrays a signature
     times: dict[str, list[float]] = {}
+    each: dict[str, list[list[float]]] = {}
     started = time.perf_counter()
+    coordinate = manifest.get("coordinate_argument")
     for layout, per_coordinate in manifest["files"].items():
+        feeds = manifest.get("feeds", {}).get(layout)
         for r, names in enumerate(per_coordinate):
-            total = 0.0
-            for name in names:
+            parts, kept = [], {}  # kept: results of this coordinate's earlier programs that a later one reads
+            for j, name in enumerate(names):
                 if name not in compiled:
                     with open(os.path.join(out_dir, name)) as f:
                         compiled[name] = compiled_program(f.read())
                 program, ins = compiled[name]
-                if manifest.get("coordinate_argument"):
+                if coordinate:
                     ins = ins[:-1]
-                key = tuple((s.shape, str(s.dtype)) for s in ins)
+                feed = feeds[j] if feeds else [None] * len(ins)
+                assert len(feed) == len(ins), (name, len(feed), len(ins))
+                free = [s for s, source in zip(ins, feed) if source is None]
+                key = tuple((s.shape, str(s.dtype)) for s in free)
                 if key not in inputs:
-                    inputs[key] = [jax.device_put(rng.standard_normal(s.shape).astype(s.dtype)) for s in ins]
-                args = inputs[key] + ([jax.device_put(np.uint32(r))] if manifest.get("coordinate_argument") else [])
+                    inputs[key] = [jax.device_put(rng.standard_normal(s.shape).astype(s.dtype)) for s in free]
+                made = iter(inputs[key])
+                args = [next(made) if source is None else kept[source[0]][source[1]] for source in feed]
+                args += [jax.device_put(np.uint32(r))] if coordinate else []
                 for _ in range(2):
                     jax.block_until_ready(program(*args))
                 samples = []
@@ -388,13 +544,20 @@ def time_programs(out_dir: str, rounds: int) -> dict:
                     start = time.perf_counter()
                     jax.block_until_ready(program(*args))
                     samples.append(time.perf_counter() - start)
-                total += statistics.median(samples) * 1e3
-            print(f"{manifest['kernel_id']} {layout} r={r}: {total:.2f} ms "
-                  f"({time.perf_counter() - started:.0f} s in)", file=sys.stderr, flush=True)
+                parts.append(statistics.median(samples) * 1e3)
+                if feeds and any(source and source[0] == j for later in feeds[j + 1:] for source in later):
+                    kept[j] = jax.block_until_ready(program(*args))
+                del args
+            kept.clear()
+            total = sum(parts)
+            print(f"{manifest['kernel_id']} {layout} r={r}: {total:.2f} ms"
+                  + (f" ({' + '.join(f'{part:.2f}' for part in parts)})" if len(parts) > 1 else "")
+                  + f" ({time.perf_counter() - started:.0f} s in)", file=sys.stderr, flush=True)
             times.setdefault(layout, []).append(total)
+            each.setdefault(layout, []).append(parts)
     device = jax.devices()[0]
-    return {**manifest, "ms": times, "rounds": rounds, "device": getattr(device, "device_kind", str(device)),
-            "timed_with": f"jax {jax.__version__}"}
+    return {**manifest, "ms": times, "ms_each": each, "rounds": rounds,
+            "device": getattr(device, "device_kind", str(device)), "timed_with": f"jax {jax.__version__}"}
 
 
 def title(result: dict) -> str:
@@ -456,25 +619,107 @@ def _user_rows(result: dict) -> tuple[str, str]:
     return summary, "\n".join(rows)
 
 
+USER_GRAD_TITLE = ("## ring-reorder on an accelerator: the layout the tile count picks, for the blockwise kernels "
+                   "users write (jax.grad: forward and backward rings, plain autodiff)")
+
+
+def _pair_text(pair: dict | None) -> str:
+    if pair is None:
+        return "not counted"
+    source = "counted" if pair["from"].startswith("counted") else "decision"
+    return (f"{' + '.join(map(str, pair['critical']))} (ideal "
+            f"{' + '.join(f'{i:g}' for i in pair['ideal'])}; {source})")
+
+
+def _ratio(before, after) -> str:
+    return f"{before / after:.2f}x" if before and after else "n/a"
+
+
+def _user_grad_rows(result: dict) -> tuple[str, str]:
+    """(summary row, the kernel's table) of one user kernel's gradient timings: each coordinate's forward and
+    backward programs added up."""
+    ms, each, picked = result["ms"], result["ms_each"], result["picked"]
+    forward, backward, pair = result["tiles"], result["tiles_backward"], result["pair_tiles"]
+    slowest = {layout: max(values) for layout, values in ms.items()}
+    fastest = min(slowest, key=slowest.get)
+    verdict = "yes" if slowest[picked] <= slowest[fastest] * (1 + TIE) else "no"
+    verdict += f" ({slowest[picked] / slowest[fastest] - 1:+.1%})"
+    if slowest[picked] > slowest[fastest] * (1 + TIE) and "permutation costs" in result["decision"]:
+        verdict += ": left alone for the permutation's cost, which these timings leave out"
+    busiest = {layout: max(f + b for f, b in zip(forward[layout][0], backward[layout][0])) for layout in ms}
+    critical = {layout: sum(pair[layout]["critical"]) if pair.get(layout) else None for layout in ms}
+    summary = (f"| {result['kernel_id']} | {picked} | {fastest} ({slowest[fastest]:.1f} ms) | {verdict} "
+               f"| {slowest['contiguous'] / slowest[picked]:.2f}x "
+               f"| {_ratio(critical['contiguous'], critical[picked])} "
+               f"| {_ratio(busiest['contiguous'], busiest[picked])} |")
+    rows = [f"### {result['kernel_id']}: {result['kernel'].split(': ', 1)[1]}", "",
+            f"Decisions under the defaults: {result['decision']}." + (
+                f" Not forced: {result['refused']}." if result.get("refused") else ""), "",
+            "| layout | tiles a device, r = 0 .. cp-1: forward; backward (each ring's critical path) "
+            "| the pair's critical paths, forward + backward (ideal; source) "
+            "| ms a device (forward + backward), r = 0 .. cp-1 | slowest (ms): forward + backward | max / mean "
+            "| contiguous / this: measured, by the pair's critical paths, by the busiest device's tiles |",
+            "|---|---|---|---|---|---:|---|"]
+    for layout, values in ms.items():
+        mark = " (picked)" if layout == picked else ""
+        worst = values.index(slowest[layout])
+        rows.append(f"| {layout}{mark} | {', '.join(map(str, forward[layout][0]))} ({forward[layout][1]}); "
+                    f"{', '.join(map(str, backward[layout][0]))} ({backward[layout][1]}) "
+                    f"| {_pair_text(pair.get(layout))} "
+                    f"| {', '.join(f'{v:.1f}' for v in values)} "
+                    f"| {slowest[layout]:.1f} ({' + '.join(f'{p:.1f}' for p in each[layout][worst])}, r={worst}) "
+                    f"| {slowest[layout] / statistics.mean(values):.2f} "
+                    f"| {slowest['contiguous'] / slowest[layout]:.2f}x, "
+                    f"{_ratio(critical['contiguous'], critical[layout])}, "
+                    f"{_ratio(busiest['contiguous'], busiest[layout])} |")
+    return summary, "\n".join(rows)
+
+
 def render_user(results: list[dict]) -> str:
     first = results[0]
-    summaries, tables = zip(*(_user_rows(r) for r in results))
-    return (f"{USER_TITLE}\n\n"
+    grad = bool(first.get("grad"))
+    summaries, tables = zip(*((_user_grad_rows if grad else _user_rows)(r) for r in results))
+    if grad:
+        what = ("jax.grad of sum(attention ** 2) with respect to q, k and v, plain autodiff (no custom_vjp): a "
+                "forward ring region and a backward ring region, ")
+        how = ("Each layout's forward and backward ring regions compiled once each for the one device with "
+               "partition_id as an argument and collective_permutes passing their operand through; for each "
+               "coordinate r the forward is timed, run once more, and its results (the residuals the backward "
+               "reads, the case index of each skipped chunk pair among them) fed to the backward, which is then "
+               f"timed; a coordinate's time is the sum of the two medians of {first['rounds']} runs. Tiles: the "
+               "chunk pairs each coordinate computes in the forward ring and in the backward ring, counted by "
+               "ring-reorder's counter on that layout's module (the backward's skips read the case indices the "
+               "forward saved: its count is fed those the forward's count computed, as the pass's own count is); "
+               "in brackets each ring's critical path, the sum over ring steps of the busiest device's tiles. The "
+               "pair's critical paths are the pass's figures from its decisions under the defaults (as written "
+               "and in the layout picked; \"decision\"), or, for a layout only forced (the decorator's forced runs "
+               "report no figures), the same counter's on that layout's module (\"counted\"). A backward tile "
+               "costs about twice a forward one, so the tile ratios, which add the two rings' tiles, weigh them "
+               "alike.")
+        header = ("| kernel | picked (defaults) | fastest measured (slowest coordinate, forward + backward) "
+                  "| picked is the fastest | contiguous / picked: measured | by the pair's critical paths "
+                  "(forward + backward) | by the busiest device's tiles (forward + backward) |\n"
+                  "|---|---|---|---|---:|---:|---:|\n")
+        flags = " --grad"
+    else:
+        what, flags = "", ""
+        how = (f"Each layout's ring region compiled once for the one device with partition_id as an argument and "
+               f"collective_permutes passing their operand through, run as each coordinate r, median of "
+               f"{first['rounds']} runs. Tiles: the chunk pairs each coordinate computes, counted by ring-reorder's "
+               f"counter on that layout's module (in brackets the pass's critical path, the sum over ring steps of "
+               f"the busiest device's).")
+        header = ("| kernel | picked (defaults) | fastest measured (slowest coordinate) | picked is the fastest "
+                  "| contiguous / picked: measured | by tiles (busiest device) |\n|---|---|---|---|---:|---:|\n")
+    return (f"{USER_GRAD_TITLE if grad else USER_TITLE}\n\n"
             f"Device: {first['device']} ({first['timed_with']}; modules lowered with {first['lowered_with']}). "
             f"tests/support/ring_user_kernels.blockwise_ring (lax.scan over ring steps and over q and kv chunks, a "
-            f"chunk pair skipped by lax.cond when its mask hides it whole), each mask kind: cp={first['cp']}, "
+            f"chunk pair skipped by lax.cond when its mask hides it whole), {what}each mask kind: cp={first['cp']}, "
             f"{first['tokens_per_device']} tokens a device, {first['batch'] * first['heads']} heads of "
-            f"{first['dim']} (in the kernel's batch), chunk {first['chunk']}, float32. Each layout's ring "
-            f"region compiled once for the one device with partition_id as an argument and collective_permutes "
-            f"passing their operand through, run as each coordinate r, median of {first['rounds']} runs. Tiles: "
-            f"the chunk pairs each coordinate computes, counted by ring-reorder's counter on that layout's module "
-            f"(in brackets the pass's critical path, the sum over ring steps of the busiest device's). The "
+            f"{first['dim']} (in the kernel's batch), chunk {first['chunk']}, float32. {how} The "
             f"slowest coordinate is the critical path of a ring whose steps don't wait on one another; a picked "
             f"layout within {TIE:.0%} of the fastest counts as the fastest.\n\n"
-            "| kernel | picked (defaults) | fastest measured (slowest coordinate) | picked is the fastest "
-            "| contiguous / picked: measured | by tiles (busiest device) |\n|---|---|---|---|---:|---:|\n"
-            + "\n".join(summaries) + "\n\n" + "\n\n".join(tables)
-            + f"\n\nCommands: `python bench/ring_device.py extract DIR --kernel user` (in .venv-oldest), then "
+            + header + "\n".join(summaries) + "\n\n" + "\n\n".join(tables)
+            + f"\n\nCommands: `python bench/ring_device.py extract DIR --kernel user{flags}` (in .venv-oldest), then "
             "`python bench/ring_device.py time DIR --section` on the accelerator.\n")
 
 
@@ -507,7 +752,7 @@ def main(argv=None) -> None:
         sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
         if args.kernel == "user":
             extract_user(args.out_dir, args.masks.split(","), args.cp, args.tokens, args.heads, args.dim, args.chunk,
-                         args.batch)
+                         args.batch, args.grad)
         else:
             extract(args.out_dir, args.cp, args.tokens, args.heads, args.dim, args.chunk, args.batch, args.grad,
                     args.kernel, args.dtype)
@@ -516,7 +761,7 @@ def main(argv=None) -> None:
         suite = json.load(f).get("suite")
     if suite:
         result = [time_programs(os.path.join(args.out_dir, name), args.rounds or 10) for name in suite]
-        heading, section = USER_TITLE, render_user(result)
+        heading, section = USER_GRAD_TITLE if result[0].get("grad") else USER_TITLE, render_user(result)
     else:
         result = time_programs(args.out_dir, args.rounds or 20)
         heading, section = title(result), render(result)
