@@ -35,10 +35,16 @@ class OptionError(ValueError):
 
 @dataclass
 class PassContext:
-    """What a pipeline run shares between passes: the report, and driver-wide settings."""
+    """What a pipeline run shares between passes: the report, driver-wide settings, and what a pass leaves for the
+    pass that runs right after it."""
 
     report: Report = field(default_factory=Report)
     target_mesh: Mesh | None = None
+    # What a pass found out about the module as it leaves it, for the next pass to use instead of finding it again:
+    # (that pass, {name: fact}), set by the pass as it ends. The pipeline gives it (as `handed`) only to a pass that
+    # runs right after that one, no other pass (MLIR's included) in between; any other pass is handed nothing.
+    handoff: tuple["Pass", dict] | None = None
+    handed: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from typing import ClassVar
 
 from jaxlib.mlir import ir
 
+from shardfix.ring.detect import MANUAL_HOLDERS
 from shardfix.ring.hoist import Mover
 from shardfix.report import Remark
 
@@ -22,6 +23,6 @@ class HoistPermutations(Pass):
                                   "permutations across token-wise code")
 
     def apply(self, module: ir.Operation, ctx: PassContext) -> None:
-        motion = Mover(module).run()
+        motion = Mover(module, ctx.handed.get(MANUAL_HOLDERS)).run()
         for message, loc in motion.remarks:
             ctx.report.remarks.append(Remark(self.name, message, loc))

@@ -33,7 +33,7 @@ from shardfix.ir import manual_axes_of
 from shardfix.locations import SourceLoc
 from shardfix.report import Remark, RingDecision
 from shardfix.ring.cost import Counter, Tiles, Uncountable
-from shardfix.ring.detect import RingRegion, axis_strides, module_funcs
+from shardfix.ring.detect import MANUAL_HOLDERS, RingRegion, axis_strides, module_funcs
 from shardfix.ring.dims import handed_on
 from shardfix.ring.permutation import REORDERED_ATTR, Permutations
 from shardfix.ring.positions import Layout, apply_rewrites
@@ -67,7 +67,8 @@ class RingReorder(Pass):
         if self.mode == "off":
             return
         callers: dict[str, int] = {}  # func.call ops naming each function, counted while the rings are found
-        verdicts = prove_rings(module, analyse=self.mode == "auto", callers=callers)
+        holders: set[str] = set()  # the functions whose body holds a manual computation, found by the same walk
+        verdicts = prove_rings(module, analyse=self.mode == "auto", callers=callers, holders=holders)
         groups: dict[int, list[Verdict]] = {}
         for verdict in verdicts:
             ring = verdict.ring
@@ -101,14 +102,19 @@ class RingReorder(Pass):
                                                   loc or v.ring.loc))
                 continue
             applied.extend((v, layout) for v in group)
+        copies: list[tuple[str, str]] = []
         if self.mode == "auto":
             apply_rewrites(module, [(v.rewrites, Layout(layout.strategy, layout.stripe, v.ring.cp, v.block))
-                                    for v, layout in applied if v.rewrites], callers)
+                                    for v, layout in applied if v.rewrites], callers, copies)
         with Permutations(module) as permutations:
             for v, layout in applied:
                 why = self._reorder(permutations, v, layout.strategy, layout.stripe)
                 ctx.report.rings.append(_decision(v, _name(layout.strategy, layout.stripe), True, why,
                                                   layout.figures.get(id(v))))
+        # the permutations go beside their regions, in bodies already listed; a function copied for its rewritten
+        # reads holds what its original holds
+        holders.update(copy for original, copy in copies if original in holders)
+        ctx.handoff = (self, {MANUAL_HOLDERS: frozenset(holders)})
 
     def _stripe(self, group: list[Verdict], strategy: str) -> int:
         """The stripe for a group: the one asked for, else the least common multiple of the units of tokens its

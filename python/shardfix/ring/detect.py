@@ -55,14 +55,21 @@ def module_funcs(module: ir.Operation) -> dict[str, ir.Operation]:
             for op in module.regions[0].blocks[0].operations if op.operation.name == "func.func"}
 
 
-def find_ring_regions(module: ir.Operation, callers: dict[str, int] | None = None) -> list[RingRegion]:
+def find_ring_regions(module: ir.Operation, callers: dict[str, int] | None = None,
+                      holders: set[str] | None = None) -> list[RingRegion]:
     """Every manual computation with collective_permutes in it (directly, in loops or in called functions), with
-    its ring axis; permutations shardfix inserted are not rings. `callers`, if given, is filled with the number of
-    func.call ops naming each function (the same walk of the module finds both)."""
+    its ring axis; permutations shardfix inserted are not rings. The same walk of the module fills, if given,
+    `callers` with the number of func.call ops naming each function, and `holders` with the names of the
+    functions whose body holds a manual computation among its own ops (not in a nested region)."""
     funcs = module_funcs(module)
     meshes = module_meshes(module)
     found = _Found(callers if callers is not None else {})
     module.walk(found.visitor())
+    if holders is not None:
+        for region in found.regions:
+            parent = region.parent
+            if parent.name == "func.func":
+                holders.add(ir.StringAttr(parent.attributes["sym_name"]).value)
     axis_cache: dict = {}
     regions = []
     for region in found.regions:
@@ -75,6 +82,9 @@ def find_ring_regions(module: ir.Operation, callers: dict[str, int] | None = Non
 
 
 _MANUAL = "sdy.manual_computation"
+# what ring-reorder hands on (PassContext.handoff): the names of the functions whose body holds a manual
+# computation among its own ops, as the pass leaves the module
+MANUAL_HOLDERS = "manual-holders"
 
 
 class _Found:

@@ -178,8 +178,11 @@ _IN_PLACE = frozenset({OpMotion.SAME_SHAPE, OpMotion.WHERE_IT_LIVES})
 class Mover:
     """Moves the permutations of one module as far as the rules allow."""
 
-    def __init__(self, module: ir.Operation):
+    def __init__(self, module: ir.Operation, holders: frozenset[str] | None = None):
+        """`holders`: the names of the functions whose body holds a manual computation, where known (as
+        ring-reorder leaves the module); else they are found by a walk."""
         self.module = module
+        self.holders = holders
         self.meshes: dict[str, Mesh] = module_meshes(module)
         self.motion = Motion([])
         self._said: set = set()
@@ -233,7 +236,7 @@ class Mover:
 
     def run(self) -> Motion:
         with Permutations(self.module) as self.permutations:
-            for fn in _with_manual_computations(self.module):
+            for fn in _with_manual_computations(self.module, self.holders):
                 _Body(self, fn.regions[0].blocks[0]).run()
         del self.permutations
         return self.motion
@@ -327,11 +330,15 @@ class Mover:
                                     source_loc(op.location)))
 
 
-def _with_manual_computations(module: ir.Operation) -> list[ir.Operation]:
+def _with_manual_computations(module: ir.Operation, holders: frozenset[str] | None = None) -> list[ir.Operation]:
     """The functions, in module order, whose bodies hold a manual computation (a permutation is one; a body
-    without any has nothing to move). Found by a walk that reads each body op's name and goes no deeper, which
-    costs less than listing the body's ops (a model whose every layer has its own kernel helpers has hundreds of
-    functions, none holding one)."""
+    without any has nothing to move): those named in `holders` where given, else found by a walk that reads each
+    body op's name and goes no deeper, which costs less than listing the body's ops (a model whose every layer has
+    its own kernel helpers has hundreds of functions, none holding one)."""
+    if holders is not None:
+        return [fn.operation for fn in module.regions[0].blocks[0].operations
+                if fn.operation.name == "func.func" and ir.StringAttr(fn.operation.attributes["sym_name"]).value
+                in holders and len(fn.operation.regions[0].blocks)]
     advance, skip, interrupt = ir.WalkResult.ADVANCE, ir.WalkResult.SKIP, ir.WalkResult.INTERRUPT
     found = []
     holds = [False]

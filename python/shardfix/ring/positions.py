@@ -34,14 +34,15 @@ class Layout:
 
 
 def apply_rewrites(module: ir.Operation, plans: list[tuple[list[Rewrite], Layout]],
-                   callers: dict[str, int] | None = None) -> int:
+                   callers: dict[str, int] | None = None, copies: list[tuple[str, str]] | None = None) -> int:
     """Rewrite the recorded reads of each region (its rewrites, the layout it is reordered to). Reads in the
     region's body are rewritten in place, and so are those of a private function that only this region's call
     reaches (a layer's own copy of its kernel's helpers); any other function holding reads is rewritten in a copy
     made for the calls that asked for exactly those reads, so its other callers (regions left as they are, other
     layouts, other arguments) keep the original; copies are shared between calls that ask for the same. Originals
     no call reaches any more are erased. Returns how many reads were rewritten. `callers`: how many func.call ops
-    name each function before the rewrite, if known (else the module is walked to count them)."""
+    name each function before the rewrite, if known (else the module is walked to count them). `copies`, if
+    given, receives (original, copy) for each copy made."""
     specializer = _Specializer(module, callers)
     done = 0
     for rewrites, layout in plans:
@@ -53,6 +54,8 @@ def apply_rewrites(module: ir.Operation, plans: list[tuple[list[Rewrite], Layout
             specializer.redirect(call, below, layout)
             done += len(below)
     specializer.erase_unreached()
+    if copies is not None:
+        copies.extend((key[0], name) for key, name in specializer.copies.items())
     return done
 
 

@@ -81,10 +81,11 @@ class _GroupRefusal(Exception):
         self.refusal, self.region = refusal, region
 
 
-def prove_rings(module: ir.Operation, analyse: bool = True, callers: dict[str, int] | None = None) -> list[Verdict]:
-    """A verdict per ring region (analysed only with `analyse`; otherwise just grouped). `callers`: see
+def prove_rings(module: ir.Operation, analyse: bool = True, callers: dict[str, int] | None = None,
+                holders: set[str] | None = None) -> list[Verdict]:
+    """A verdict per ring region (analysed only with `analyse`; otherwise just grouped). `callers`, `holders`: see
     find_ring_regions."""
-    regions = find_ring_regions(module, callers)
+    regions = find_ring_regions(module, callers, holders)
     funcs = module_funcs(module)
     verdicts = {id(r.region): Verdict(r) for r in regions}
     for r in regions:
