@@ -14,7 +14,7 @@ from jaxlib.mlir.dialects import stablehlo
 
 from .analysis import Engine, Refusal
 from .dims import element_type, holds
-from .loops import _const_of, _constant_step, _signed_compare, _through_identity
+from .loops import const_of, constant_step, signed_compare, through_identity
 from .reasons import type_name, type_range, wrap_behind
 from .values import Index
 
@@ -31,7 +31,7 @@ def explain(engine: Engine, op: ir.Operation, refusal: Refusal) -> Refusal:
     calls = tuple(engine.state.call_ops)
     counter = op.regions[0].blocks[0].arguments[index]
     kind = type_name(element_type(counter))
-    if not _signed_compare(compare):  # an unsigned type, or an integer compared as unsigned
+    if not signed_compare(compare):  # an unsigned type, or an integer compared as unsigned
         return Refusal(f"counts its iterations with a {kind} counter: `i < n` on unsigned integers (where 0 - 1 is "
                        "the largest) gives no trip count the analysis reads, only a signed counter's does; "
                        f"{_INT32}", op, calls)
@@ -46,8 +46,8 @@ def explain(engine: Engine, op: ir.Operation, refusal: Refusal) -> Refusal:
     body = op.regions[1].blocks[0]
     terminator = list(body.operations)[-1].operation
     passthrough = [terminator.operands[i] == body.arguments[i] for i in range(len(inits))]
-    bound = _const_of(engine, compare.operands[1], inits, op.regions[0].blocks[0], passthrough)
-    step = _constant_step(engine, op, inits, index, passthrough)
+    bound = const_of(engine, compare.operands[1], inits, op.regions[0].blocks[0], passthrough)
+    step = constant_step(engine, op, inits, index, passthrough)
     if not start.expr.is_const or bound is None or not step or step < 1:
         return refusal
     first = start.expr.const
@@ -64,11 +64,11 @@ def _counter_slot(op: ir.Operation) -> tuple[int, ir.Operation] | None:
     """(the carried slot, the compare) of a loop whose condition is `arg < n` on an integer argument the body
     changes: a counter, whether or not loops.py reads a trip count from it."""
     cond = op.regions[0].blocks[0]
-    compare = _through_identity(list(cond.operations)[-1].operation.operands[0]).owner
+    compare = through_identity(list(cond.operations)[-1].operation.operands[0]).owner
     if isinstance(compare, ir.Block) or compare.name != "stablehlo.compare" or \
             stablehlo.ComparisonDirectionAttr(compare.attributes["comparison_direction"]).value != "LT":
         return None
-    lhs = _through_identity(compare.operands[0])
+    lhs = through_identity(compare.operands[0])
     t = element_type(lhs)
     if not isinstance(lhs.owner, ir.Block) or lhs.owner != cond or not isinstance(t, ir.IntegerType) or \
             ir.IntegerType(t).width == 1:

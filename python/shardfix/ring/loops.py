@@ -130,18 +130,18 @@ class _Counter:
 _IDENTITY = ("sdy.sharding_constraint", "sdy.reshard")
 
 
-def _through_identity(value: ir.Value) -> ir.Value:
+def through_identity(value: ir.Value) -> ir.Value:
     """The value a chain of sharding constraints (which Shardy puts even on loop counters) passes on."""
     while not isinstance(value.owner, ir.Block) and value.owner.name in _IDENTITY:
         value = value.owner.operands[0]
     return value
 
 
-def _const_of(engine: Engine, value: ir.Value, inits: list, block, passthrough: list[bool]) -> int | None:
+def const_of(engine: Engine, value: ir.Value, inits: list, block, passthrough: list[bool]) -> int | None:
     """A constant: a splat constant op, or a loop argument that is passed through unchanged from a constant (one the
     body changes is only its start: `while i < n` with `n = n + 1` in the body runs more trips than the start of n
     says)."""
-    value = _through_identity(value)
+    value = through_identity(value)
     owner = value.owner
     if isinstance(owner, ir.Block):
         if owner == block:
@@ -168,22 +168,22 @@ def _counter(engine: Engine, op, inits: list, passthrough: list[bool]) -> _Count
     """The loop counter: the condition is `arg_i < n` and the body returns `arg_i + step`."""
     cond = op.regions[0].blocks[0]
     cond_ops = [o.operation for o in cond.operations]
-    ret = _through_identity(cond_ops[-1].operands[0])
+    ret = through_identity(cond_ops[-1].operands[0])
     compare = ret.owner
     if isinstance(compare, ir.Block) or compare.name != "stablehlo.compare":
         return None
     from jaxlib.mlir.dialects import stablehlo
     if stablehlo.ComparisonDirectionAttr(compare.attributes["comparison_direction"]).value != "LT":
         return None
-    lhs, rhs = (_through_identity(v) for v in compare.operands)
-    if not isinstance(lhs.owner, ir.Block) or not _signed_compare(compare):
+    lhs, rhs = (through_identity(v) for v in compare.operands)
+    if not isinstance(lhs.owner, ir.Block) or not signed_compare(compare):
         return None
     index = ir.BlockArgument(lhs).arg_number
-    bound = _const_of(engine, rhs, inits, cond, passthrough)
+    bound = const_of(engine, rhs, inits, cond, passthrough)
     init = inits[index]
     if bound is None or not isinstance(init, Index) or not init.expr.is_const or passthrough[index]:
         return None
-    step = _constant_step(engine, op, inits, index, passthrough)
+    step = constant_step(engine, op, inits, index, passthrough)
     if not step or step < 1:
         return None
     start = init.expr.const
@@ -193,7 +193,7 @@ def _counter(engine: Engine, op, inits: list, passthrough: list[bool]) -> _Count
     return _Counter(index, start, step, trips)
 
 
-def _signed_compare(compare: ir.Operation) -> bool:
+def signed_compare(compare: ir.Operation) -> bool:
     """`i < n` compares signed integers as numbers (not unsigned ones, where 0 - 1 is the largest)."""
     t = element_type(compare.operands[0])
     if not isinstance(t, ir.IntegerType) or ir.IntegerType(t).is_unsigned or ir.IntegerType(t).width == 1:
@@ -203,19 +203,19 @@ def _signed_compare(compare: ir.Operation) -> bool:
         stablehlo.ComparisonTypeAttr(compare.attributes["compare_type"]).value == "SIGNED"
 
 
-def _constant_step(engine: Engine, op, inits: list, i: int, passthrough: list[bool]) -> int | None:
+def constant_step(engine: Engine, op, inits: list, i: int, passthrough: list[bool]) -> int | None:
     """The step of carried integer i when the body returns `arg_i + constant` (and it starts as a constant)."""
     if not inits[i].expr.is_const:
         return None
     body = op.regions[1].blocks[0]
-    returned = _through_identity(list(body.operations)[-1].operation.operands[i])
+    returned = through_identity(list(body.operations)[-1].operation.operands[i])
     add = returned.owner
     if isinstance(add, ir.Block) or add.name != "stablehlo.add":
         return None
-    a, b = (_through_identity(v) for v in add.operands)
+    a, b = (through_identity(v) for v in add.operands)
     arg = body.arguments[i]
-    step = _const_of(engine, b, inits, body, passthrough) if a == arg else \
-        _const_of(engine, a, inits, body, passthrough) if b == arg else None
+    step = const_of(engine, b, inits, body, passthrough) if a == arg else \
+        const_of(engine, a, inits, body, passthrough) if b == arg else None
     return step or None
 
 
@@ -296,7 +296,7 @@ def _discover(engine: Engine, op, inits, passthrough, counter) -> _Plan:
     engine.state.loop_vars[k] = id(op)
     placeholders, owned, index_steps = [], {}, {}
     for i, init in enumerate(inits):
-        step = _constant_step(engine, op, inits, i, passthrough) if isinstance(init, Index) else None
+        step = constant_step(engine, op, inits, i, passthrough) if isinstance(init, Index) else None
         if passthrough[i]:
             placeholders.append(init)
         elif counter is not None and i == counter.index:
@@ -749,4 +749,5 @@ def _as_token_dim(update: Data, d: int, k: Var) -> Data | None:
     return update.with_(axes=axes, dims=dims)
 
 
-__all__ = ["Written", "buffer_write", "first_iteration_loop", "substitute_value", "while_loop"]
+__all__ = ["Written", "buffer_write", "const_of", "constant_step", "first_iteration_loop", "signed_compare",
+           "substitute_value", "through_identity", "while_loop"]
