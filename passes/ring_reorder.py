@@ -360,18 +360,18 @@ def _permutation_tiles(v: Verdict, tiles: Tiles) -> float:
 
 def _force_plan(ring: RingRegion) -> tuple[dict, dict]:
     """mode=force: every operand and result sharded on the ring axis alone."""
-    from shardfix.ring.prove import _classify
+    from shardfix.ring.prove import classify_sharding
     from shardfix.ring.dims import shape
     body = ring.region.regions[0].blocks[0]
     ins = {}
     for i, sharding in enumerate(ring.in_shardings()):
-        kind = _classify(sharding, ring.axis, shape(body.arguments[i]))
+        kind = classify_sharding(sharding, ring.axis, shape(body.arguments[i]))
         if kind is not None and kind[0] == "sequence":
             ins[i] = kind[1]
     terminator = list(body.operations)[-1].operation
     outs = {}
     for j, sharding in enumerate(ring.out_shardings()):
-        kind = _classify(sharding, ring.axis, shape(terminator.operands[j]))
+        kind = classify_sharding(sharding, ring.axis, shape(terminator.operands[j]))
         if kind is not None and kind[0] == "sequence":
             outs[j] = kind[1]
     return ins, outs

@@ -344,7 +344,7 @@ class Engine:
         # Arguments holding comparisons not yet read as numbers name the ops that built them, in this context: such
         # calls are analysed afresh each time.
         key = None if _sourced(args) else \
-            (callee_name, tuple((a, state.carried.get(id(a))) for a in args), _scope_key(self.scope), state.ring,
+            (callee_name, tuple((a, state.carried.get(id(a))) for a in args), scope_key(self.scope), state.ring,
              wanted, stabiliser.memo_key(args), state.strict_residuals, state.skippable)
         memo = None if key is None else state.shared.call_memo.get(key)
         if memo is not None:  # the same call analysed before: its results, and what it recorded, again
@@ -498,7 +498,8 @@ def _with_sources(value, fn):
     return Index(value.shape, map_sources(value.expr, fn)) if isinstance(value, Index) else value
 
 
-def _scope_key(scope: Scope):
+def scope_key(scope: Scope) -> tuple:
+    """What a scope's variable bounds are, as a hashable key (memo keys of analysed calls and loops)."""
     return tuple(sorted((str(v), str(lo), str(hi)) for v, (lo, hi) in scope.var_bounds.items()))
 
 
@@ -572,4 +573,5 @@ def index_to_data(engine: Engine, value: Index, op) -> Data:
 
 
 
-__all__ = ["Engine", "FnTable", "Obligation", "Refusal", "Rewrite", "RingInfo", "Shared", "State", "index_to_data"]
+__all__ = ["Engine", "FnTable", "Obligation", "Refusal", "Rewrite", "RingInfo", "Shared", "State", "index_to_data",
+           "scope_key"]

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from jaxlib.mlir import ir
 
 from . import stabiliser
-from .analysis import Engine, Refusal, _scope_key
+from .analysis import Engine, Refusal, scope_key
 from .symbolic import Node
 
 
@@ -81,7 +81,7 @@ def _key(engine: Engine, op: ir.Operation, inits: list) -> tuple | None:
     if _has_sources(inputs):
         return None
     scope = engine.scope
-    key = (op, engine.liveness, tuple((v, state.carried.get(id(v))) for v in inputs), _scope_key(scope),
+    key = (op, engine.liveness, tuple((v, state.carried.get(id(v))) for v in inputs), scope_key(scope),
            scope.dim_sizes, scope.cp, scope.mesh_axes, state.ring, tuple(state.call_ops),
            frozenset(state.rewrites.items()), tuple(state.units.items()), frozenset(state.directions),
            tuple(state.cov_alias.items()), stabiliser.memo_key(inputs))

@@ -340,7 +340,7 @@ def _tied_operands(r: RingRegion, group: list[RingRegion], verdicts: dict, resid
             continue
         owner = source.owner if isinstance(source, ir.OpResult) else None
         if source in forwarded or (owner is not None and owner == forward.region) \
-                or _classify(ins[i], r.axis, local_shapes[i]) is None:
+                or classify_sharding(ins[i], r.axis, local_shapes[i]) is None:
             continue
         raise _GroupRefusal(Refusal(f"operand {i} is a per-device value that is neither a residual of its forward "
                                     "region nor one of the forward's operands", r.region), r)
@@ -384,7 +384,7 @@ def _transposed_region(r: RingRegion, verdict: Verdict, produced: dict, members:
     seq_out: dict = {}
     for j, sharding in enumerate(r.out_shardings()):
         local = _local_shape(r, j)
-        kind = _classify(sharding, r.axis, local)
+        kind = classify_sharding(sharding, r.axis, local)
         if kind is None:
             continue
         result = r.region.results[j]
@@ -411,7 +411,7 @@ def _sequence_operands(r: RingRegion, produced: dict, rings: frozenset, block: i
     for i, sharding in enumerate(r.in_shardings()):
         if origin_across(r.region.operands[i], rings) in produced:
             continue
-        kind = _classify(sharding, r.axis, local_shapes[i])
+        kind = classify_sharding(sharding, r.axis, local_shapes[i])
         if kind is None:
             continue
         if kind[0] != "sequence":
@@ -465,7 +465,7 @@ def _prove_region(r: RingRegion, place: int, funcs, verdict: Verdict, produced: 
         elif i in seq_in:
             dims = tuple(Tok("t", 1) if d == seq_in[i] else (FREE if n > 1 else CONST) for d, n in enumerate(local))
             args.append(canonical(Data(local, dims, (("t", Axis(Aff(), Aff())),), fn)))
-        elif _classify(sharding, r.axis, local) is None:
+        elif classify_sharding(sharding, r.axis, local) is None:
             args.append(Data(local, tuple(FREE if n > 1 else CONST for n in local), (), fn))
         else:
             raise _GroupRefusal(Refusal(f"operand {i} is a per-device value over the ring axis \"{r.axis}\" "
@@ -487,7 +487,7 @@ def _prove_region(r: RingRegion, place: int, funcs, verdict: Verdict, produced: 
     return residuals
 
 
-def _classify(sharding, axis: str, local) -> tuple | None:
+def classify_sharding(sharding, axis: str, local) -> tuple | None:
     """None: replicated over the ring axis; ("sequence", dim): the ring axis alone on a dim holding more than one
     token a device; ("device", dim): anything else (a per-device value)."""
     for d, dim in enumerate(sharding.dims):
@@ -519,7 +519,7 @@ def _check_results(r: RingRegion, engine: Engine, results: list, outs, verdict: 
             if value.agg is None:
                 verdict.result_fns[j] = value.fn
                 verdict.fns = engine.fns
-        kind = _classify(sharding, r.axis, _local_shape(r, j))
+        kind = classify_sharding(sharding, r.axis, _local_shape(r, j))
         where = f"result {j}"
         if kind is None:
             if not _layout_free(engine, value):
@@ -628,4 +628,4 @@ def unit_problem(verdict: Verdict, strategy: str, stripe: int) -> tuple[str, Sou
     return None
 
 
-__all__ = ["Verdict", "prove_rings", "unit_problem"]
+__all__ = ["Verdict", "classify_sharding", "prove_rings", "unit_problem"]
