@@ -45,6 +45,8 @@ class PassContext:
     # runs right after that one, no other pass (MLIR's included) in between; any other pass is handed nothing.
     handoff: tuple["Pass", dict] | None = None
     handed: dict = field(default_factory=dict)
+    # the pass of ours the pipeline runs right after the running one (no other pass in between), if any
+    next_pass: "Pass | None" = None
 
 
 @dataclass(frozen=True)

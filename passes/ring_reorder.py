@@ -14,10 +14,13 @@ the permutation costs. The permutation's cost model: it moves at most one local 
 running, hides them behind a balanced step's tiles, so one shard moved costs at most (ideal tiles a step) /
 (shards a step sends) tiles. The layout is applied when
     critical path as written - critical path with it  >  permuted tensors * ideal tiles a step / shards a step sends
-(an upper bound: hoist-permutations then cancels most permutations between layers). A kernel without skip
-conditionals computes every tile whatever the layout, and is left alone, as is one the count finds balanced; so
-is one whose every skip decision depends on data (the count can't tell layouts apart). Only proved regions are
-counted and rewritten.
+(an upper bound: hoist-permutations then cancels most permutations between layers). Where hoist-permutations
+runs right after this pass, the groups that don't pass that test are reordered all the same when, counted on
+copies of the module run through both passes, the permutations left with them reordered cost fewer tiles (the
+same cost a tensor) than they save together: a stack of layers pays for one permutation in and one out. A kernel
+without skip conditionals computes every tile whatever the layout, and is left alone, as is one the count finds
+balanced; so is one whose every skip decision depends on data (the count can't tell layouts apart). Only proved
+regions are counted and rewritten.
 """
 
 from __future__ import annotations
@@ -34,8 +37,9 @@ from shardfix.locations import SourceLoc
 from shardfix.report import Remark, RingDecision
 from shardfix.ring.cost import Counter, Tiles, Uncountable
 from shardfix.ring.detect import MANUAL_HOLDERS, RingRegion, axis_strides, module_funcs
+from shardfix.ring.hoist import Mover
 from shardfix.ring.dims import handed_on
-from shardfix.ring.permutation import REORDERED_ATTR, Permutations
+from shardfix.ring.permutation import REORDERED_ATTR, Permutations, permutations_in
 from shardfix.ring.positions import Layout, apply_rewrites
 from shardfix.ring.prove import Verdict, prove_rings, unit_problem
 from shardfix.ring import ties
@@ -64,6 +68,11 @@ class RingReorder(Pass):
     mode: Literal["auto", "force", "off"] = "auto"
 
     def apply(self, module: ir.Operation, ctx: PassContext) -> None:
+        self._apply(module, ctx, None)
+
+    def _apply(self, module: ir.Operation, ctx: PassContext, band: bool | None) -> None:
+        """The pass; `band`: whether the groups whose layout doesn't pay for their own permutations are reordered
+        (None: where hoist-permutations runs next and trials on copies say it pays: `_band_pays`)."""
         if self.mode == "off":
             return
         callers: dict[str, int] = {}  # func.call ops naming each function, counted while the rings are found
@@ -78,13 +87,20 @@ class RingReorder(Pass):
                 continue
             groups.setdefault(verdict.group if not ring.structure else -1 - len(groups), []).append(verdict)
         chooser = _Chooser(self, module, verdicts) if self.strategy == "auto" and self.mode == "auto" else None
-        applied: list[tuple[Verdict, _Layout]] = []
-        for group in groups.values():
+        applied: list[tuple[int, Verdict, _Layout]] = []  # (group's place, ...), reordered in group order
+        left: list[tuple[int, list[RingDecision]]] = []  # (group's place, its decisions), said in group order
+        bands: list[tuple[int, list[Verdict], _Band]] = []
+        for place, group in enumerate(groups.values()):
             if chooser is not None:
                 layout = chooser.choose(group)
+                if isinstance(layout, _Band) and not any(self._problem(v, layout.layout.strategy,
+                                                                       layout.layout.stripe)[0] for v in group):
+                    bands.append((place, group, layout))
+                    continue
+                if isinstance(layout, _Band):
+                    layout = layout.why
                 if isinstance(layout, str):  # left as written, for this reason
-                    for v in group:
-                        ctx.report.rings.append(_decision(v, "auto", False, layout, chooser.figures(v)))
+                    left.append((place, [_decision(v, "auto", False, layout, chooser.figures(v)) for v in group]))
                     continue
             else:
                 strategy = "zigzag" if self.strategy == "auto" else self.strategy
@@ -93,28 +109,90 @@ class RingReorder(Pass):
             blocking = next(((v, problems[id(v)]) for v in group if problems[id(v)][0]), None)
             if blocking is not None:
                 first, (why, _) = blocking
+                decisions = []
                 for v in group:
                     reason, loc = problems[id(v)]
                     if not reason:
                         reason = (f"not provably safe: reordered together with the ring region at "
                                   f"{first.ring.loc or '?'}, which is not ({why})")
-                    ctx.report.rings.append(_told(v.ring.axis, _name(layout.strategy, layout.stripe), False, reason,
-                                                  loc or v.ring.loc))
+                    decisions.append(_told(v.ring.axis, _name(layout.strategy, layout.stripe), False, reason,
+                                           loc or v.ring.loc))
+                left.append((place, decisions))
                 continue
-            applied.extend((v, layout) for v in group)
+            applied.extend((place, v, layout) for v in group)
+        notes: dict[int, str] = {}  # id(verdict) -> what its decision adds (a band's)
+        if bands:
+            if band is None:
+                band = self._band_pays(module, ctx, bands, bool(applied), notes)
+            for place, group, b in bands:
+                if band:
+                    applied.extend((place, v, b.layout) for v in group)
+                else:
+                    left.append((place, [_decision(v, "auto", False, b.why + notes.get(id(v), ""),
+                                                   chooser.figures(v)) for v in group]))
+        for _, decisions in sorted(left, key=lambda t: t[0]):
+            ctx.report.rings.extend(decisions)
+        applied.sort(key=lambda t: t[0])  # (stable: a group's regions keep their order)
+        reordered = [(v, layout) for _, v, layout in applied]
         copies: list[tuple[str, str]] = []
         if self.mode == "auto":
             apply_rewrites(module, [(v.rewrites, Layout(layout.strategy, layout.stripe, v.ring.cp, v.block))
-                                    for v, layout in applied if v.rewrites], callers, copies)
+                                    for v, layout in reordered if v.rewrites], callers, copies)
         with Permutations(module) as permutations:
-            for v, layout in applied:
+            for v, layout in reordered:
                 why = self._reorder(permutations, v, layout.strategy, layout.stripe)
-                ctx.report.rings.append(_decision(v, _name(layout.strategy, layout.stripe), True, why,
-                                                  layout.figures.get(id(v))))
+                ctx.report.rings.append(_decision(v, _name(layout.strategy, layout.stripe), True,
+                                                  why + notes.get(id(v), ""), layout.figures.get(id(v))))
         # the permutations go beside their regions, in bodies already listed; a function copied for its rewritten
         # reads holds what its original holds
         holders.update(copy for original, copy in copies if original in holders)
         ctx.handoff = (self, {MANUAL_HOLDERS: frozenset(holders)})
+
+    def _band_pays(self, module: ir.Operation, ctx: PassContext, bands: list, others: bool, notes: dict) -> bool:
+        """Whether to reorder the groups whose layout alone doesn't pay for their permutations (`bands`): only
+        where hoist-permutations runs next (it cancels a layer's inverse permutation against the next layer's, and
+        moves those of the inputs to the program's), and only where the permutations it would leave, with the
+        bands reordered, cost fewer tiles than the bands save. Those are counted on copies of the module, each run
+        through this pass and hoist-permutations: with the bands reordered, and (where other groups are
+        reordered anyway, `others`) without. Says why in `notes` (id of verdict -> text)."""
+        if getattr(ctx.next_pass, "name", None) != "hoist-permutations":
+            return False
+        saving = sum(b.saving for _, _, b in bands)
+        per_tensor = max(b.per_tensor for _, _, b in bands)
+        n = sum(len(group) for _, group, _ in bands)
+        try:
+            with_bands = self._permutations_left(module, True)
+            without = self._permutations_left(module, False) if others else 0
+        except Exception as e:  # an estimate's trial: whatever stops it leaves the rings as written, never the pass
+            for _, group, _ in bands:
+                for v in group:
+                    notes[id(v)] = (f"; the permutations hoist-permutations would leave could not be counted "
+                                    f"({type(e).__name__}: {e})")
+            return False
+        cost = max(with_bands - without, 0) * per_tensor
+        pays = saving > cost
+        for _, group, b in bands:
+            for v in group:
+                notes[id(v)] = (
+                    f"; alone it would not pay for its own permutations ({b.why}), but hoist-permutations leaves "
+                    f"permutations that cost about {cost:.1f} tiles, against {saving} tiles saved on the critical "
+                    f"paths of the {n} ring region(s) reordered for this reason" if pays else
+                    f"; nor after hoist-permutations: reordered, the {n} ring region(s) of this program that don't "
+                    f"pay for their own permutations would save {saving} tiles and leave permutations that cost "
+                    f"about {cost:.1f}")
+        return pays
+
+    def _permutations_left(self, module: ir.Operation, band: bool) -> int:
+        """The tensors permuted in a copy of the module after this pass (bands reordered or not) and
+        hoist-permutations."""
+        copy = module.clone()
+        try:
+            trial = PassContext()
+            self._apply(copy.operation, trial, band)
+            Mover(copy.operation, trial.handoff[1][MANUAL_HOLDERS] if trial.handoff else None).run()
+            return permutations_in(copy.operation)
+        finally:
+            copy.erase()
 
     def _stripe(self, group: list[Verdict], strategy: str) -> int:
         """The stripe for a group: the one asked for, else the least common multiple of the units of tokens its
@@ -164,6 +242,18 @@ class RingReorder(Pass):
         return why
 
 
+@dataclass(frozen=True)
+class _Band:
+    """A group whose best layout shortens its critical path, but by no more tiles than its own permutations cost:
+    left as written, unless the permutations hoist-permutations leaves with every such group reordered cost less
+    (RingReorder._band_pays)."""
+
+    layout: _Layout  # the best layout, with the figures of each region in it
+    saving: int  # tiles it takes off the group's critical paths
+    per_tensor: float  # what one tensor's permutation costs, in tiles (_permutation_tiles)
+    why: str  # why the group is left as written, alone
+
+
 def _name(strategy: str, stripe: int) -> str:
     return strategy if strategy != "striped" else f"striped{{stripe={stripe}}}"
 
@@ -205,7 +295,7 @@ class _Chooser:
     def figures(self, v: Verdict) -> tuple[Tiles, Tiles] | None:
         return self._figures.get(id(v))
 
-    def choose(self, group: list[Verdict]) -> _Layout | str:
+    def choose(self, group: list[Verdict]) -> "_Layout | _Band | str":
         """The layout for the group, or why it is left as written."""
         candidates = [("zigzag", 0)] + [("striped", s) for s in _stripes(group)]
         viable = [c for c in candidates if not any(self.owner._problem(v, *c)[0] for v in group)]
@@ -245,13 +335,16 @@ class _Chooser:
         ideal = sum(t.ideal for t in before.values())
         cost = sum(_permutation_tiles(v, before[id(v)]) for v in counted)
         if was - now <= cost:
+            figures = {id(v): self._figures[id(v)] for v in counted}
             for v in counted:
                 self._figures[id(v)] = (before[id(v)], before[id(v)])
             if now >= was:
                 return (f"balanced as written: {was} tiles on the critical path (ideal {ideal:g}), and no layout "
                         "shortens it")
-            return (f"{_name(*best)} would shorten the critical path only from {was} to {now} tiles (ideal "
-                    f"{ideal:g}), not by more than the permutation costs (about {cost:.1f} tiles)")
+            return _Band(_Layout(best[0], best[1], figures), was - now,
+                         max(_permutation_tiles(v, before[id(v)], 1) for v in counted),
+                         f"{_name(*best)} would shorten the critical path only from {was} to {now} tiles (ideal "
+                         f"{ideal:g}), not by more than the permutation costs (about {cost:.1f} tiles)")
         return _Layout(best[0], best[1], {id(v): self._figures[id(v)] for v in counted})
 
     def _feeds(self, group: list[Verdict]) -> dict[int, dict[int, tuple[Verdict, int]]]:
@@ -350,10 +443,12 @@ def _stripes(group: list[Verdict]) -> list[int]:
     return [s for s in range(unit, min(blocks) // cp + 1, unit) if all(b % (cp * s) == 0 for b in blocks)]
 
 
-def _permutation_tiles(v: Verdict, tiles: Tiles) -> float:
-    """What the permutation costs, in tiles: one local shard of each permuted tensor, a shard costing what a
-    balanced step's tiles hide of the ring's own sends (ideal tiles a step / shards a device sends a step)."""
-    tensors = len(v.sequence_operands) + len(v.sequence_results)
+def _permutation_tiles(v: Verdict, tiles: Tiles, tensors: int | None = None) -> float:
+    """What the permutation costs, in tiles: one local shard of each permuted tensor (`tensors`, else the region's
+    own), a shard costing what a balanced step's tiles hide of the ring's own sends (ideal tiles a step / shards a
+    device sends a step)."""
+    if tensors is None:
+        tensors = len(v.sequence_operands) + len(v.sequence_results)
     devices = len(tiles.counts)
     return tensors * tiles.ideal * devices / max(tiles.sends, 1)
 

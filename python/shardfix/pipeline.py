@@ -132,13 +132,15 @@ def build_pass_manager(pipeline: Pipeline, ctx: ir.Context, pass_ctx: PassContex
     only_ours = verify_each and verified and all(e.ours is not None for e in pipeline.elements)
     with ctx:
         pm = passmanager.PassManager("builtin.module")
-        previous: Pass | None = None  # the element before, where it is one of ours
-        for element in pipeline.elements:
+        elements = pipeline.elements
+        for i, element in enumerate(elements):
             if element.ours is not None:
-                pm.add(_runner(element.ours, pass_ctx, verify=only_ours, follows=previous), **_pass_names(element.ours))
-                previous = element.ours
+                # the elements around it, where they are ours
+                follows = elements[i - 1].ours if i > 0 else None
+                precedes = elements[i + 1].ours if i + 1 < len(elements) else None
+                pm.add(_runner(element.ours, pass_ctx, verify=only_ours, follows=follows, precedes=precedes),
+                       **_pass_names(element.ours))
                 continue
-            previous = None
             try:
                 pm.add(element.text)
             except ValueError as e:
@@ -159,12 +161,15 @@ def _pass_names(pass_: Pass) -> dict[str, str]:
     return {"name": type(pass_).__name__, "argument": pass_.name, "description": pass_.description}
 
 
-def _runner(pass_: Pass, pass_ctx: PassContext, verify: bool = False, follows: Pass | None = None):
-    """The pass as MLIR calls it; `verify`: then the verifier, unless the pass says it changed nothing. `follows`:
-    the pass of ours that runs right before it in the pipeline, if any (what it hands on is handed to this one)."""
+def _runner(pass_: Pass, pass_ctx: PassContext, verify: bool = False, follows: Pass | None = None,
+            precedes: Pass | None = None):
+    """The pass as MLIR calls it; `verify`: then the verifier, unless the pass says it changed nothing. `follows`,
+    `precedes`: the passes of ours that run right before and right after it in the pipeline, if any (what the one
+    before hands on is handed to this one; the one after is PassContext.next_pass)."""
     def run(op, _external_pass) -> None:
         handoff, pass_ctx.handoff = pass_ctx.handoff, None
         pass_ctx.handed = handoff[1] if handoff is not None and follows is not None and handoff[0] is follows else {}
+        pass_ctx.next_pass = precedes
         report = pass_ctx.report
         before = len(report.fixes), len(report.remarks), len(report.rings)
         start = time.perf_counter()
@@ -176,7 +181,7 @@ def _runner(pass_: Pass, pass_ctx: PassContext, verify: bool = False, follows: P
         try:
             changes = pass_.apply(op, pass_ctx)
         finally:
-            pass_ctx.handed = {}
+            pass_ctx.handed, pass_ctx.next_pass = {}, None
             if collecting:
                 gc.enable()
         if verify and changes != 0:

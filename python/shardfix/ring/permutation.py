@@ -93,6 +93,20 @@ class Permutations:
         return new
 
 
+def permutations_in(module: ir.Operation) -> int:
+    """How many sequence permutations (ops marked PERMUTATION_ATTR) the module holds."""
+    count = [0]
+    advance = ir.WalkResult.ADVANCE
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "sdy.manual_computation" and PERMUTATION_ATTR in op.attributes:
+            count[0] += 1
+        return advance
+
+    module.walk(visit)
+    return count[0]
+
+
 def bound_axes(block: ir.Block) -> tuple[str, ...]:
     """The mesh axes bound by the manual computations that enclose `block` (sorted; empty at a function's top)."""
     bound: set[str] = set()
