@@ -16,12 +16,16 @@ What the audit found, on jax 0.12 and 0.10.2 alike (every result equal to jax.ji
   another order: equal to 2e-7 relative), positions from a jitted helper also called outside the region, RoPE
   tables [S, D / 2] sharded like the tokens, int8 positions doubled in int8 (wrapping: the int32 positions before
   the convert are the ones rewritten); the backward rings of the q ring, the float position ids, the in-kernel
-  RoPE and the transposed k with their forward. The defaults leave these alone (no skip: balanced as written).
+  RoPE and the transposed k with their forward (the float ids' gradient, also equal, is not compared here, to
+  keep the file fast). The defaults leave these alone (no skip: balanced as written).
 - rewritten by the defaults (zigzag): the blockwise kernels (chunk pairs skipped by lax.cond on chunk positions),
   one passing q and its accumulators instead of k and v, under jax.vmap over heads, inside lax.scan over layers,
   with check_vma=True, with the step under jax.checkpoint, two layers pooled 128 -> 64 or rolled by one token
   between them, the operand also summed cumulatively outside the region, a (cp, dp) mesh with the ring on the
-  first axis. A jitted causal body called by a proved region and by a refused one is rewritten in the first only.
+  first axis, a partially manual region (axis_names={"cp"}) on Explicit axes, a region in a branch of lax.cond
+  (the other branch's refused region left alone), the whole layer under jax.checkpoint (the forward region
+  rewritten; the one the backward recomputes refused with the backward). A jitted causal body called by a proved
+  region and by a refused one is rewritten in the first only.
 - left alone with a reason: the unguarded -inf shift, the mask multiplying the exponentials, tril offsets by
   block distance, positions spelled c * 20 + j, c * 17 + j, 2 (c n + j), reversed within a block, as a cumulative
   sum of ones or a float iota, a slice or row of a global arange addressed by the device index, a block skipped
@@ -62,15 +66,14 @@ REWRITTEN = {
     "send-first", "layout-k-transposed", "layout-out-transposed", "layout-psum-position-weights", "rope-on-the-fly",
     "packed-documents", "pooled-between-layers", "shifted-pairs-between-layers", "operand-read-outside",
     "shared-jitted-helper", "shared-body-one-refused", "sharded-rope-tables", "int8-doubled-positions",
-    "q-ring-blockwise"}
+    "q-ring-blockwise", "ring-in-cond", "remat-whole-layer", "partial-manual-explicit"}
 # Of those, the ones the defaults rewrite too (zigzag, the tile count's choice): the blockwise kernels.
 DEFAULTS = {"blockwise-chunks", "blockwise-remat", "vmap-heads", "scan-over-layers", "check-vma",
             "pooled-between-layers", "shifted-pairs-between-layers", "operand-read-outside",
-            "q-ring-blockwise"}
+            "q-ring-blockwise", "ring-in-cond", "remat-whole-layer", "partial-manual-explicit"}
 # Gradients compared: those whose backward the pass rewrites under zigzag (the others' backward rings are left
 # alone, so their gradient program is jax.jit's), and one must-refuse program.
-GRAD = ["q-ring-causal", "positions-float-data", "rope-on-the-fly", "layout-k-transposed",
-        "refuse-cond-skip-block-index"]
+GRAD = ["q-ring-causal", "rope-on-the-fly", "layout-k-transposed", "refuse-cond-skip-block-index"]
 # Rings the detector does not find (blocks sent 2 or 3 devices along): no decision, nothing rewritten.
 UNDETECTED = {"ring-shift3", "refuse-dilated-ring-shift2"}
 
@@ -201,11 +204,27 @@ def test_must_refuse_programs_are_left_alone(name):
 
 @pytest.mark.parametrize("name", ["blockwise-chunks", "vmap-heads", "scan-over-layers", "check-vma",
                                   "pooled-between-layers", "shifted-pairs-between-layers", "operand-read-outside",
-                                  "q-ring-blockwise"])
+                                  "q-ring-blockwise", "remat-whole-layer", "partial-manual-explicit"])
 def test_blockwise_programs_are_rewritten_by_the_defaults(name):
     """The programs above whose comparison is meaningful under the defaults: every ring rewritten (zigzag)."""
     low = lowered(name, False, "auto")
     assert low.rings and all(r.applied and r.strategy == "zigzag" for r in low.rings), describe(low)
+
+
+def test_ring_regions_in_the_branches_of_a_cond():
+    """The proved branch's region is rewritten, the refused branch's left alone."""
+    low = lowered("ring-in-cond", False, "auto")
+    assert sorted(r.applied for r in low.rings) == [False, True], describe(low)
+
+
+def test_gradient_of_a_layer_under_checkpoint():
+    """jax.checkpoint around the whole ring layer: the forward region is rewritten, the one the backward
+    recomputes is refused with the backward (their group), and the gradient is jax.jit's."""
+    fn, args = target("remat-whole-layer", True)
+    want = jax.jit(fn).lower(*args).compile(compiler_options=FAST)(*args)
+    low = lowered("remat-whole-layer", True, "auto")
+    assert sorted(r.applied for r in low.rings) == [False, False, True], describe(low)
+    _assert_equal("remat-whole-layer", low.compile(compiler_options=FAST)(*args), want)
 
 
 def test_one_jitted_body_in_a_proved_and_a_refused_region():

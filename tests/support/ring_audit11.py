@@ -1568,6 +1568,47 @@ def blockwise_three_cases(local_tril=False, chunk=8):
     return make
 
 
+def ring_in_cond():
+    """Two ring regions in the branches of a lax.cond on a replicated flag: the blockwise causal kernel and the
+    coordinate-scaled (refused) one."""
+    def build():
+        m = mesh()
+        a = mapped(blockwise_chunks()(8))
+        b = mapped(coordinate_temperature(8))
+
+        def f(q, k, v, flag):
+            return lax.cond(flag > 0, a, b, q, k, v)
+
+        return f, normal(m) + (jax.device_put(np.int32(1), NamedSharding(m, P())),)
+    return build
+
+
+def remat_whole_layer():
+    """The whole blockwise ring layer under jax.checkpoint (the backward recomputes the forward region)."""
+    def build():
+        attn = jax.checkpoint(mapped(blockwise_chunks()(8)))
+
+        def f(q, k, v):
+            return attn(jnp.tanh(q), k, v) * 2.0
+
+        return f, normal(mesh())
+    return build
+
+
+def partial_manual_explicit():
+    """jax.shard_map manual over cp only (axis_names={"cp"}) on Explicit dp=2 x cp=4, the blockwise kernel, dp
+    left to the partitioner."""
+    def build():
+        m = jax.make_mesh((2, 4), ("dp", "cp"))
+        f = jax.shard_map(blockwise_chunks()(4), mesh=m, in_specs=(P(None, "cp", None),) * 3,
+                          out_specs=P(None, "cp", None), axis_names={"cp"}, check_vma=False)
+        rng = np.random.default_rng(0)
+        args = tuple(jax.device_put(rng.standard_normal((B, 64, D)).astype(np.float32),
+                                    NamedSharding(m, P("dp", "cp", None))) for _ in range(3))
+        return f, args
+    return build
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The registry.
 
@@ -1613,7 +1654,7 @@ AUDIT: dict[str, Audit] = {
     "mask-modulo-12": Audit(_seq(mask_modulo()), "positions modulo 12 (not dividing a unit)"),
     "cond-skip-block-extremes": Audit(_seq(cond_skip_by_block_extremes), "lax.cond on first key > last query",
                                       grad=True),
-    "blockwise-chunks": Audit(_seq(blockwise_chunks(chunk=4)), "fori ring, Python chunk loops, lax.cond skips",
+    "blockwise-chunks": Audit(_seq(blockwise_chunks()), "fori ring, Python chunk loops, lax.cond skips",
                               grad=True),
     "blockwise-chunks-window": Audit(_seq(blockwise_chunks(window=20)), "as above with a window of 20"),
     "blockwise-remat": Audit(_seq(blockwise_chunks(remat=True)), "the blockwise step under jax.checkpoint",
@@ -1681,6 +1722,9 @@ AUDIT: dict[str, Audit] = {
     "blockwise-three-cases": Audit(_seq(blockwise_three_cases()), "lax.switch full / masked / skip by chunk positions"),
     "blockwise-three-cases-local-tril": Audit(_seq(blockwise_three_cases(local_tril=True)),
                                               "same, the diagonal tile masked by a local tril"),
+    "ring-in-cond": Audit(ring_in_cond(), "two ring regions in lax.cond branches, one refused"),
+    "remat-whole-layer": Audit(remat_whole_layer(), "the whole ring layer under jax.checkpoint", grad=True),
+    "partial-manual-explicit": Audit(partial_manual_explicit(), "axis_names={'cp'} on Explicit dp x cp"),
     # must be left alone
     "refuse-cumsum-across-devices": Audit(_seq(cumsum_across_devices), "cumulative sum over the sequence",
                                           refuse=True),
