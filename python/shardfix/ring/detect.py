@@ -205,7 +205,9 @@ def _describe(region: ir.Operation, permutes: list, meshes: dict, axis_cache: di
         axes.add(axis_cache[key])
     found = sorted(a for a in axes if a is not None)
     if len(found) != 1:
-        why = "no collective_permute forms a ring along one mesh axis" if not found else \
+        why = (f"no collective_permute forms a ring along one mesh axis: {_not_a_ring(_pairs(permutes[0]), mesh)}; "
+               "ring-reorder balances rings that pass each block to the next device along one axis (lax.ppermute "
+               "with perm [(i, (i + 1) % n) for i in range(n)], or the reverse)") if not found else \
             f"rings along several axes ({', '.join(found)})"
         return RingRegion(region, mesh_name, mesh, None, [why])
     axis = found[0]
@@ -237,6 +239,29 @@ def ring_axis_of(pairs: np.ndarray, mesh: Mesh) -> str | None:
     if len(pairs) != math.prod(shape) or len(set(pairs[:, 0].tolist())) != len(pairs):
         return None  # not every device takes part exactly once
     return mesh.axes[k][0]
+
+
+def _not_a_ring(pairs: np.ndarray, mesh: Mesh) -> str:
+    """Why a collective_permute's pairs are no ring ring_axis_of takes, in the user's terms."""
+    shape = tuple(size for _, size in mesh.axes)
+    if len(pairs) == 0:
+        return "the first sends nothing"
+    if not shape or pairs.min() < 0 or pairs.max() >= math.prod(shape):
+        return "the first names devices outside the mesh"
+    src, dst = (np.stack(np.unravel_index(pairs[:, i], shape), axis=1) for i in (0, 1))
+    moved = [mesh.axes[k][0] for k in np.nonzero((src != dst).any(axis=0))[0]]
+    if not moved:
+        return "the first sends every block to its own device"
+    if len(moved) > 1:
+        return f"the first moves blocks along several mesh axes at once ({', '.join(moved)})"
+    k = mesh.axis_index(moved[0])
+    steps = sorted(set(((dst[:, k] - src[:, k]) % shape[k]).tolist()))
+    if len(steps) > 1:
+        return f"the first sends blocks different distances along \"{moved[0]}\""
+    if steps[0] not in (1, shape[k] - 1):
+        return (f"the first sends each block {steps[0]} devices along \"{moved[0]}\" (device i to i + {steps[0]}), "
+                "not to the next one")
+    return f"in the first, not every device along \"{moved[0]}\" takes part exactly once ({len(pairs)} pairs)"
 
 
 def ring_direction(pairs: np.ndarray, ring) -> int | None:

@@ -305,7 +305,7 @@ module @jit_body attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 
 sdy.mesh @mesh = <["cp"=4]>
 
 func.func @chain(%arg0: tensor<16x8xf32>) -> tensor<16x8xf32> {
-  // expected-remark @+1 {{ring-reorder: collective_permutes without a ring: no collective_permute forms a ring along one mesh axis}}
+  // expected-remark @+1 {{ring-reorder: collective_permutes without a ring: no collective_permute forms a ring along one mesh axis: in the first, not every device along "cp" takes part exactly once (3 pairs); ring-reorder balances rings}}
   %0 = sdy.manual_computation(%arg0) in_shardings=[<@mesh, [{"cp"}, {}]>] out_shardings=[<@mesh, [{"cp"}, {}]>] manual_axes={"cp"} (%x: tensor<4x8xf32>) {
     %p = "stablehlo.collective_permute"(%x) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, source_target_pairs = dense<[[0, 1], [1, 2], [2, 3]]> : tensor<3x2xi64>}> : (tensor<4x8xf32>) -> tensor<4x8xf32>
     %y = stablehlo.add %x, %p : tensor<4x8xf32>
@@ -321,7 +321,7 @@ func.func @chain(%arg0: tensor<16x8xf32>) -> tensor<16x8xf32> {
 sdy.mesh @mesh = <["dp"=2, "cp"=4]>
 
 func.func @diagonal(%arg0: tensor<2x16xf32>) -> tensor<2x16xf32> {
-  // expected-remark @+1 {{ring-reorder: collective_permutes without a ring: no collective_permute forms a ring along one mesh axis}}
+  // expected-remark @+1 {{ring-reorder: collective_permutes without a ring: no collective_permute forms a ring along one mesh axis: the first moves blocks along several mesh axes at once (dp, cp); ring-reorder balances rings}}
   %0 = sdy.manual_computation(%arg0) in_shardings=[<@mesh, [{"dp"}, {"cp"}]>] out_shardings=[<@mesh, [{"dp"}, {"cp"}]>] manual_axes={"dp", "cp"} (%x: tensor<1x4xf32>) {
     %p = "stablehlo.collective_permute"(%x) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, source_target_pairs = dense<[[0, 5], [1, 6], [2, 7], [3, 4], [4, 1], [5, 2], [6, 3], [7, 0]]> : tensor<8x2xi64>}> : (tensor<1x4xf32>) -> tensor<1x4xf32>
     %y = stablehlo.add %x, %p : tensor<1x4xf32>

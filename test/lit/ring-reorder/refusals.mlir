@@ -547,8 +547,8 @@ func.func @rings_on_two_axes(%arg0: tensor<32x8xf32>) -> tensor<32x8xf32> {
 sdy.mesh @mesh = <["cp"=4]>
 
 func.func @not_a_ring(%arg0: tensor<16x8xf32>) -> tensor<16x8xf32> {
-  // REMARK: remark: {{.*}}refusals.mlir:[[# @LINE + 2]]:8: ring-reorder: collective_permutes without a ring: no collective_permute forms a ring along one mesh axis{{$}}
-  // expected-remark @+1 {{collective_permutes without a ring: no collective_permute forms a ring along one mesh axis}}
+  // REMARK: remark: {{.*}}refusals.mlir:[[# @LINE + 2]]:8: ring-reorder: collective_permutes without a ring: no collective_permute forms a ring along one mesh axis: the first sends each block 2 devices along "cp" (device i to i + 2), not to the next one; ring-reorder balances rings that pass each block to the next device along one axis (lax.ppermute with perm [(i, (i + 1) % n) for i in range(n)], or the reverse){{$}}
+  // expected-remark @+1 {{collective_permutes without a ring: no collective_permute forms a ring along one mesh axis: the first sends each block 2 devices along "cp" (device i to i + 2), not to the next one}}
   %0 = sdy.manual_computation(%arg0) in_shardings=[<@mesh, [{"cp"}, {}]>] out_shardings=[<@mesh, [{"cp"}, {}]>] manual_axes={"cp"} (%x: tensor<4x8xf32>) {
     %y = "stablehlo.collective_permute"(%x) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, source_target_pairs = dense<[[0, 2], [1, 3], [2, 0], [3, 1]]> : tensor<4x2xi64>}> : (tensor<4x8xf32>) -> tensor<4x8xf32>
     sdy.return %y : tensor<4x8xf32>
