@@ -57,15 +57,15 @@ def test_a_stack_of_layers_pays_for_one_permutation_in_and_one_out(x):
     np.testing.assert_allclose(np.asarray(lowered.compile()(x)), np.asarray(expected), rtol=1e-5, atol=1e-5)
 
 
-def test_the_gradient_of_the_stack_is_jits(x):
-    program = _stack(2)
+def test_the_gradient_of_a_layer_is_jits(x):
+    program = _stack(1)
 
     def loss(x):
         return jnp.sum(program(x) ** 2)
 
     fixed = autofix_shardings(jax.grad(loss), on_fix="ignore")
     decisions = fixed.lower(x).rings
-    assert len(decisions) == 4 and all(r.applied and r.strategy == "zigzag" for r in decisions)
+    assert len(decisions) == 2 and all(r.applied and r.strategy == "zigzag" for r in decisions)
     np.testing.assert_allclose(np.asarray(fixed(x)), np.asarray(jax.jit(jax.grad(loss))(x)), rtol=1e-5, atol=1e-5)
 
 
