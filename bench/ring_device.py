@@ -591,15 +591,22 @@ USER_TITLE = ("## ring-reorder on an accelerator: the layout the tile count pick
 TIE = 0.03  # two layouts whose slowest coordinates are within 3% of each other are as fast (timing noise)
 
 
-def _user_rows(result: dict) -> tuple[str, str]:
-    """(summary row, the kernel's table) of one user kernel's timings."""
-    ms, tiles, picked = result["ms"], result["tiles"], result["picked"]
+def _picked_verdict(ms: dict, picked: str, decision: str) -> tuple[dict, str, str]:
+    """(each layout's slowest coordinate, the fastest layout, whether the picked one is it: the summary's
+    words) from the ms a device of each layout."""
     slowest = {layout: max(values) for layout, values in ms.items()}
     fastest = min(slowest, key=slowest.get)
     verdict = "yes" if slowest[picked] <= slowest[fastest] * (1 + TIE) else "no"
     verdict += f" ({slowest[picked] / slowest[fastest] - 1:+.1%})"
-    if slowest[picked] > slowest[fastest] * (1 + TIE) and "permutation costs" in result["decision"]:
+    if slowest[picked] > slowest[fastest] * (1 + TIE) and "permutation costs" in decision:
         verdict += ": left alone for the permutation's cost, which these timings leave out"
+    return slowest, fastest, verdict
+
+
+def _user_rows(result: dict) -> tuple[str, str]:
+    """(summary row, the kernel's table) of one user kernel's timings."""
+    ms, tiles, picked = result["ms"], result["tiles"], result["picked"]
+    slowest, fastest, verdict = _picked_verdict(ms, picked, result["decision"])
     busiest = {layout: max(tiles[layout][0]) for layout in ms}
     measured, counted = (slowest["contiguous"] / slowest[picked], busiest["contiguous"] / busiest[picked])
     summary = (f"| {result['kernel_id']} | {picked} | {fastest} ({slowest[fastest]:.1f} ms) | {verdict} "
@@ -640,12 +647,7 @@ def _user_grad_rows(result: dict) -> tuple[str, str]:
     backward programs added up."""
     ms, each, picked = result["ms"], result["ms_each"], result["picked"]
     forward, backward, pair = result["tiles"], result["tiles_backward"], result["pair_tiles"]
-    slowest = {layout: max(values) for layout, values in ms.items()}
-    fastest = min(slowest, key=slowest.get)
-    verdict = "yes" if slowest[picked] <= slowest[fastest] * (1 + TIE) else "no"
-    verdict += f" ({slowest[picked] / slowest[fastest] - 1:+.1%})"
-    if slowest[picked] > slowest[fastest] * (1 + TIE) and "permutation costs" in result["decision"]:
-        verdict += ": left alone for the permutation's cost, which these timings leave out"
+    slowest, fastest, verdict = _picked_verdict(ms, picked, result["decision"])
     busiest = {layout: max(f + b for f, b in zip(forward[layout][0], backward[layout][0])) for layout in ms}
     critical = {layout: sum(pair[layout]["critical"]) if pair.get(layout) else None for layout in ms}
     summary = (f"| {result['kernel_id']} | {picked} | {fastest} ({slowest[fastest]:.1f} ms) | {verdict} "
