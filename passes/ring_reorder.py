@@ -25,6 +25,7 @@ regions are counted and rewritten.
 
 from __future__ import annotations
 
+import io
 import math
 from dataclasses import dataclass, replace
 from typing import ClassVar, Literal
@@ -32,7 +33,7 @@ from typing import ClassVar, Literal
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import sdy
 
-from shardfix.ir import manual_axes_of
+from shardfix.ir import manual_axes_of, new_context
 from shardfix.locations import SourceLoc
 from shardfix.report import Remark, RingDecision
 from shardfix.ring.cost import Counter, Tiles, Uncountable
@@ -184,15 +185,17 @@ class RingReorder(Pass):
 
     def _permutations_left(self, module: ir.Operation, band: bool) -> int:
         """The tensors permuted in a copy of the module after this pass (bands reordered or not) and
-        hoist-permutations."""
-        copy = module.clone()
-        try:
+        hoist-permutations. The copy lives in a context of its own: the trial leaves handles to its ops in the
+        objects it made, and a handle to an erased op in the module's context could be mistaken for a new op made
+        at the same address."""
+        written = io.BytesIO()
+        module.write_bytecode(written)
+        with new_context(module.context.allow_unregistered_dialects):
+            copy = ir.Module.parse(written.getvalue())
             trial = PassContext()
             self._apply(copy.operation, trial, band)
             Mover(copy.operation, trial.handoff[1][MANUAL_HOLDERS] if trial.handoff else None).run()
             return permutations_in(copy.operation)
-        finally:
-            copy.erase()
 
     def _stripe(self, group: list[Verdict], strategy: str) -> int:
         """The stripe for a group: the one asked for, else the least common multiple of the units of tokens its

@@ -44,6 +44,12 @@ def make_context(allow_unregistered: bool = False) -> ir.Context:
     return ctx
 
 
+def new_context(allow_unregistered: bool = False) -> ir.Context:
+    """A context like make_context's, but a new one, shared with nothing: for a scratch copy of a module whose ops'
+    Python handles must never meet another module's (make_context's docstring)."""
+    return make_context.__wrapped__(allow_unregistered)
+
+
 @functools.cache
 def _register_stablehlo_passes() -> None:
     from jaxlib.mlir.dialects import stablehlo
