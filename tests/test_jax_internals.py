@@ -301,3 +301,34 @@ def test_autodiff_ties_hooked():
     from jax._src.lax.control_flow import solves
     assert not (names | {solves.linear_solve_p.name, "call_hi_primitive"}) & _jax._STANDARD
     assert "tracing_eqns" in pe.JaxprStackFrame.__slots__
+
+
+def test_jnp_logaddexp_rule_is_known_exact_and_a_users_rule_is_not():
+    """jax.numpy.logaddexp differentiates by a custom_jvp rule defined in jax._src.lax.other (shardfix.jit._jax
+    `_exact_rule` knows it by where JAX defined it): a jaxpr's custom_jvp_call of it carries that rule, and a
+    user's custom_jvp of the same function is another. A move of either fails here."""
+    from jax._src import core
+
+    @jax.custom_jvp
+    def users(a, b):
+        return jnp.logaddexp(a, b)
+
+    users.defjvp(lambda p, t: (users(*p), t[0] * jnp.exp(p[0] - users(*p)) + t[1] * jnp.exp(p[1] - users(*p))))
+
+    def calls(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "custom_jvp_call":
+                yield eqn
+            for value in eqn.params.values():
+                for item in value if isinstance(value, (tuple, list)) else (value,):
+                    inner = getattr(item, "jaxpr", item)
+                    if isinstance(inner, core.Jaxpr):
+                        yield from calls(inner)
+
+    found = list(calls(jax.make_jaxpr(lambda a, b: jnp.logaddexp(a, b) + jax.nn.softplus(a) + users(a, b))(
+        1.0, 2.0).jaxpr))
+    known = [_jax._exact_rule(eqn.params["jvp_jaxpr_fun"]) for eqn in found]
+    # logaddexp, softplus (logaddexp(x, 0)), the user's own rule, and the logaddexp inside the user's primal
+    assert sorted(known) == [False, True, True, True], known
+    assert _jax._rule(found[0].primitive, found[0].params) is None
+    assert _jax._rule(found[0].primitive, {**found[0].params, "jvp_jaxpr_fun": None}) == "custom_jvp"

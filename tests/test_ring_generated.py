@@ -3,7 +3,7 @@ other, with or without their positions, positions from data, from axis_index or 
 carries (stepped `(src - 1) % cp` or `(src + cp - 1) % cp`), in a loop of one ring step an iteration, of two (by
 hand, or lax.scan's unroll=2) or unrolled, masks computed from positions by any arithmetic (causal, sliding window,
 a window offset by a constant, ALiBi, floor-divided chunks), order-free merges (step-0 resets, a sink logit in the
-start state, each block's (out, lse) merged by logaddexp or the sigmoid form among them), and the order-sensitive or position-reading steps that break them: a carried source stepped
+start state, each block's (out, lse) merged by logaddexp, its formula written out, or the sigmoid form among them), and the order-sensitive or position-reading steps that break them: a carried source stepped
 modulo the wrong number or two steps while the blocks travel one, a window measured from a block's first position, a
 running sum truncated to integers, a decayed merge of the blocks' outputs), some differentiated by jax.grad. Each program is either rewritten by
 ring-reorder and then computes what jax.jit of it computes (to 1e-5), or refused with the op and the line that broke
@@ -35,8 +35,9 @@ CHOICES = {
                   ["data", "axis_index", "carried", "carried_plus_cp", "axis_index_wrong_sign",
                    "carried_wrong_modulus", "carried_two_behind", "none"]),
     "travel_positions": ([True], [True, False]),
-    "merge": (["softmax", "sum", "max", "visiting_total", "reset", "lse", "lse_sigmoid_reset"],
-              ["softmax", "sum", "max", "visiting_total", "reset", "lse", "lse_sigmoid_reset", "own_plus_visiting",
+    "merge": (["softmax", "sum", "max", "visiting_total", "reset", "lse", "lse_sigmoid_reset", "lse_max_log1p"],
+              ["softmax", "sum", "max", "visiting_total", "reset", "lse", "lse_sigmoid_reset", "lse_max_log1p",
+               "own_plus_visiting",
                "concat_visiting", "visiting_rows", "reset_drops_first", "sum_truncated", "lse_decayed"]),
     "start": (["identity", "sink"], ["identity", "sink"]),
     "grad": ([False, False, False, True], [False, False, False, True]),
@@ -138,9 +139,12 @@ def build(spec):
                     o1 = o0 - jax.nn.sigmoid(lb - m0)[..., None] * (o0 - ob)
                     new = (jnp.where(s == 0, lb, m0 - jax.nn.log_sigmoid(m0 - lb)), l0, jnp.where(s == 0, ob, o1))
                 else:
-                    lse = jnp.logaddexp(m0, lb)
+                    if spec["merge"] == "lse_max_log1p":  # logaddexp's formula written out (abs: under jax.grad, a
+                        lse = jnp.maximum(m0, lb) + jnp.log1p(jnp.exp(-jnp.abs(m0 - lb)))  # tie favours lb)
+                    else:
+                        lse = jnp.logaddexp(m0, lb)
                     merged = (o0 * jnp.exp(m0 - lse)[..., None] + ob * jnp.exp(lb - lse)[..., None]
-                              if spec["merge"] == "lse" else 0.9 * o0 + 0.1 * ob)  # lse_decayed: later blocks weigh more
+                              if spec["merge"] != "lse_decayed" else 0.9 * o0 + 0.1 * ob)  # later blocks weigh more
                     new = (lse, l0, merged)
             elif spec["merge"] == "sum":
                 new = (m0, l0, o0 + jnp.tanh(scores) @ k)

@@ -9,6 +9,8 @@ Merge spellings that are order-free (the fold over blocks is a log-sum-exp, howe
   sigmoid     out' = out - sigmoid(lse_b - lse) (out - out_b); lse' = lse - log_sigmoid(lse - lse_b)
   max         m = max(lse, lse_b); lse' = m + log(e^(lse - m) + e^(lse_b - m)), out rescaled as for logaddexp
   softplus    lse' = lse + softplus(lse_b - lse), out as for sigmoid
+  max-log1p   lse' = max(lse, lse_b) + log1p(e^-|lse - lse_b|) (jnp.logaddexp's formula written out: under plain
+              jax.grad its derivative at a tie is not the function's, so its backward is refused)
 and the state started at -inf with a guard (`where(isneginf(lse), block, merged)`, ejkernel) or from the first block
 (a step-0 reset): with the logaddexp form; the sigmoid and softplus forms under a guard or reset are refused, since
 the block they take may have rows of masked keys alone (lse -1e30), which the next such merge cancels to 0. Look-alikes that are not order-free (the line marked `# refused here` is the one refused)."""
@@ -37,7 +39,7 @@ def block(q, k, v, keep):
 
 
 def merge_logaddexp(out, lse, out_b, lse_b, i):
-    lse_new = jnp.logaddexp(lse, lse_b)  # refused here under plain jax.grad (its custom_jvp)
+    lse_new = jnp.logaddexp(lse, lse_b)
     return out * jnp.exp(lse - lse_new)[..., None] + out_b * jnp.exp(lse_b - lse_new)[..., None], lse_new
 
 
@@ -49,6 +51,15 @@ def merge_sigmoid(out, lse, out_b, lse_b, i):
 def merge_max(out, lse, out_b, lse_b, i):
     m = jnp.maximum(lse, lse_b)
     lse_new = m + jnp.log(jnp.exp(lse - m) + jnp.exp(lse_b - m))
+    return out * jnp.exp(lse - lse_new)[..., None] + out_b * jnp.exp(lse_b - lse_new)[..., None], lse_new
+
+
+def merge_max_log1p(out, lse, out_b, lse_b, i):
+    """jnp.logaddexp's formula written out. The same function, so the forward is proved; but jax.grad
+    differentiates it op by op, and abs has derivative 1 at 0 where max has 1/2: where lse and lse_b tie, all of
+    the cotangent goes to lse_b, so which block is the state and which the new one decides the gradient."""
+    m = jnp.maximum(lse, lse_b)
+    lse_new = m + jnp.log1p(jnp.exp(-jnp.abs(lse - lse_b)))  # refused here under plain jax.grad
     return out * jnp.exp(lse - lse_new)[..., None] + out_b * jnp.exp(lse_b - lse_new)[..., None], lse_new
 
 
@@ -101,6 +112,7 @@ def merge_argmax(out, lse, out_b, lse_b, i):
 
 
 MERGES = {"logaddexp": merge_logaddexp, "sigmoid": merge_sigmoid, "max": merge_max, "softplus": merge_softplus,
+          "max-log1p": merge_max_log1p,
           "guarded-logaddexp": guarded(merge_logaddexp), "guarded-sigmoid": guarded(merge_softplus),
           "reset-logaddexp": reset(merge_logaddexp), "reset-sigmoid": reset(merge_sigmoid),
           "decayed": merge_decayed, "hop-weighted": merge_hop_weighted, "latest": merge_latest,
@@ -116,13 +128,13 @@ def contiguous(c, n):
 
 
 def lse_ring(cp: int, merge: str, *, skip: bool = False, init: str = "neg", loop: str = "fori", first: str = "loop",
-             positions=contiguous):
+             positions=contiguous, block=block):
     """Causal ring attention that merges per-block (out, lse). `skip`: a block wholly in the future skipped with
     lax.cond on the blocks' first and last positions (else masked, every block computed); `init`: the state's lse
     from -inf ("inf") or a finite very negative number ("neg"); `first`: "loop" (every block merged in the loop)
     or "peeled" (the own block computed before the loop, as ring-flash-attention does, the loop merging the other
     cp - 1); `loop`: "fori" or "scan"; `positions(c, n)`: the positions of block c's tokens (the layout; contiguous
-    as written). A merge that is not order-free is refused where the loop carries its state (the marked line)."""
+    as written); `block`: what computes a block's (out, lse). A merge that is not order-free is refused where the loop carries its state (the marked line)."""
     fold = MERGES[merge]
 
     def body(q, k, v):

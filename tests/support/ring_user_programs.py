@@ -485,8 +485,16 @@ def _registry() -> list[Program]:
     add("blockwise-causal-lse@cp8", blockwise("causal", merge="lse"), "rewritten", ZIGZAG, mesh="cp8")
     add("vjp-lse-logaddexp", lse("logaddexp", vjp=True), "proved", BOTH, grad=True)
     add("vjp-lse-max-log", lse("max", vjp=True), "proved", ZIGZAG, grad=True)
-    # jnp.logaddexp carries a custom_jvp: its backward differentiates a rule the forward module does not show
-    add("grad-lse-logaddexp", lse("logaddexp"), "refused", grad=True, source=ul.merge_logaddexp)
+    # Plain jax.grad of the merges: jnp.logaddexp's custom_jvp rule is its function's derivative, and max splits a
+    # tie's cotangent evenly, so the backward differentiates what the forward proof found; the same formula written
+    # out with abs (whose derivative at 0 is 1) does not, at ties (tests/test_ring_lse_autodiff.py)
+    for name, merge, options, layouts in (
+            ("logaddexp", "logaddexp", {}, BOTH), ("max-log", "max", {}, ZIGZAG),
+            ("guarded-logaddexp-inf", "guarded-logaddexp", {"init": "inf"}, ZIGZAG)):
+        add(f"grad-lse-{name}", lse(merge, **options), "proved", layouts, grad=True)
+    add("grad-blockwise-causal-lse", blockwise("causal", merge="lse"), "rewritten", BOTH, grad=True)
+    add("lse-max-log1p", lse("max-log1p"), "proved", ZIGZAG)
+    add("grad-refuse-lse-max-log1p", lse("max-log1p"), "refused", grad=True, source=ul.merge_max_log1p)
     for name, merge, options, source in (
             ("decayed", "decayed", {}, ul.merge_decayed), ("hop-weighted", "hop-weighted", {}, ul.merge_hop_weighted),
             ("argmax", "argmax", {}, ul.merge_argmax), ("latest", "latest", {}, ul.lse_ring),

@@ -677,12 +677,35 @@ _RULES = {"stop_gradient": "stop_gradient", "custom_jvp_call": "custom_jvp", "cu
 
 
 def _rule(primitive: Any, params: dict) -> str | None:
-    """How a tie names the derivative rule `primitive` is (None: a standard one, in _STANDARD)."""
+    """How a tie names the derivative rule `primitive` is (None: a standard one, in _STANDARD, or a custom_jvp call
+    of a rule `_exact_rule` knows)."""
     name = primitive.name
     if name in _STANDARD:
         return None
+    if name == "custom_jvp_call" and _exact_rule(params.get("jvp_jaxpr_fun")):
+        return None
     hijax = params.get("_prim")  # a hijax primitive (custom_root, custom_vjp under jax_custom_vjp3) names its kind
     return _RULES.get(name) or (type(hijax).__name__ if hijax is not None else name)
+
+
+# JAX's own custom_jvp rules that are the derivative of their primal wherever its arguments are finite or -inf
+# (an -inf argument gets weight exp(-inf - out) = 0, as in the derivative's limit): jax.numpy.logaddexp (and so
+# jax.nn.softplus and log_sigmoid, which call it), whose primal is smooth there and whose rule is t1 e^(x1 - out) +
+# t2 e^(x2 - out). A ring that differentiates through it differentiates the function the forward computes, so such
+# a call is no rule the module does not show. Known by where JAX defined the rule (its `fun_sourceinfo`, which the
+# rule's traced function carries as debug info), so a user's custom_jvp of the same name is still recorded.
+_exact_rules: frozenset[str] | None = None
+
+
+def _exact_rule(jvp: Any) -> bool:
+    """Whether `jvp` (a custom_jvp call's traced rule, a WrappedFun) is one of the rules above."""
+    global _exact_rules
+    if _exact_rules is None:
+        from jax._src import api_util
+        from jax._src.lax import other
+        _exact_rules = frozenset({api_util.fun_sourceinfo(other.logaddexp.jvp)})
+    where = getattr(getattr(jvp, "debug_info", None), "func_src_info", None)
+    return where is not None and where in _exact_rules
 
 
 class _Staged:
@@ -698,6 +721,7 @@ class _Linearizing:
         self.forward: _Staged | None = None
         self.tangent: _Staged | None = None
         self.rules: list[str] = []  # derivative rules met in the body the module won't show ("stop_gradient at ...")
+        self.kinks: list[str] = []  # ops differentiated in the body that _KINKED names ("abs at ...")
 
 
 class _Transposing:
@@ -751,8 +775,9 @@ def _tie_linearize(original, active, ad):
             _deriving.reset(deriving)
             _linearizing.reset(token)
         if record.forward is not None:  # what the body's linearization itself staged (a stop_gradient's primal)
-            _note_jaxprs(record.forward.eqn.params.values(), (record,), set())
-        rules = tuple(dict.fromkeys(record.rules))
+            # (primal ops: their kinks are not differentiated there)
+            _note_jaxprs(record.forward.eqn.params.values(), (record,), set(), kinks=False)
+        rules, kinks = tuple(dict.fromkeys(record.rules)), tuple(dict.fromkeys(record.kinks))
         results = list(outs)
         primals = {id(o.primal if isinstance(o, ad.LinearizeTracer) else o): j for j, o in enumerate(results)}
         tangents = {id(o.tangent): j for j, o in enumerate(results) if isinstance(o, ad.LinearizeTracer)}
@@ -760,13 +785,13 @@ def _tie_linearize(original, active, ad):
         if record.forward is not None:
             slots = tuple(primals.get(id(x)) for x in record.forward.outs)
             ok = sorted(j for j in slots if j is not None) == list(range(len(results)))
-            ties.bind(record.forward.scope, ties.Tie(ring, ties.Role.FORWARD, len(results), slots, rules=rules)
-                      if ok else None)
+            ties.bind(record.forward.scope, ties.Tie(ring, ties.Role.FORWARD, len(results), slots, rules=rules,
+                                                     kinks=kinks) if ok else None)
         if record.tangent is not None:
             slots = tuple(tangents.get(id(x)) for x in record.tangent.outs)
             ok = None not in slots and len(set(slots)) == len(slots)
-            ties.bind(record.tangent.scope, ties.Tie(ring, ties.Role.TANGENT, len(results), slots, rules=rules)
-                      if ok else None)
+            ties.bind(record.tangent.scope, ties.Tie(ring, ties.Role.TANGENT, len(results), slots, rules=rules,
+                                                     kinks=kinks) if ok else None)
         return outs
     return linearize
 
@@ -777,11 +802,25 @@ def _note(records: tuple, kind: str, source_info: Any) -> None:
         record.rules.append(f"{kind} at {where}")
 
 
-def _note_jaxprs(values, records: tuple, seen: set) -> None:
+# Standard rules whose derivative at the op's kink is not the average of the derivatives on its two sides: abs's is
+# 1 at 0 (max and min split a tie's cotangent evenly). A merge of log-sum-exps differentiated through one is not
+# differentiated as the function it computes where the kink is a tie (stabiliser.py, `_lse_invariant`).
+_KINKED = frozenset({"abs"})
+
+
+def _note_kink(records: tuple, primitive: Any, source_info: Any) -> None:
+    if primitive.name in _KINKED:
+        where = source_info_util.summarize(source_info) if source_info is not None else "unknown"
+        for record in records:
+            record.kinks.append(f"{primitive.name} at {where}")
+
+
+def _note_jaxprs(values, records: tuple, seen: set, kinks: bool = True) -> None:
     """Note every eqn of the jaxprs among `values` (params: a jaxpr, closed or not, or a tuple of them), nested ones
     included (loop and branch bodies, jit/closed_call/remat callees, custom rules' primals), whose primitive is not
     in _STANDARD: a jaxpr the body binds was traced before its linearization (and JAX caches the derivative of a
-    jaxpr it has met, so its eqns' rules may never run again)."""
+    jaxpr it has met, so its eqns' rules may never run again), and, with `kinks`, every eqn _KINKED names outside the
+    primal of a rule `_exact_rule` knows (such a jaxpr's eqns are differentiated by their standard rules)."""
     for value in values:
         for item in value if isinstance(value, (tuple, list)) else (value,):
             jaxpr = getattr(item, "jaxpr", item)  # a ClosedJaxpr's open jaxpr
@@ -792,7 +831,11 @@ def _note_jaxprs(values, records: tuple, seen: set) -> None:
                 kind = _rule(eqn.primitive, eqn.params)
                 if kind is not None:
                     _note(records, kind, eqn.source_info)
-                _note_jaxprs(eqn.params.values(), records, seen)
+                if kinks:
+                    _note_kink(records, eqn.primitive, eqn.source_info)
+                if eqn.primitive.name == "custom_jvp_call" and kind is None:
+                    continue  # a rule `_exact_rule` knows: its primal's ops are not differentiated
+                _note_jaxprs(eqn.params.values(), records, seen, kinks)
 
 
 def _rules_primitive(original):
@@ -803,6 +846,7 @@ def _rules_primitive(original):
             kind = _rule(primitive, params)
             if kind is not None:
                 _note(records, kind, source_info_util.current())
+            _note_kink(records, primitive, source_info_util.current())
             _note_jaxprs(params.values(), records, set())
         return original(trace, primitive, tracers, params)
     return process_primitive
@@ -812,7 +856,8 @@ def _rules_custom(original, kind: str):
     @functools.wraps(original)
     def process_custom(trace, *args, **kwargs):
         records = _deriving.get()
-        if records:
+        # process_custom_jvp_call(primitive, fun, jvp, tracers, ...): a rule `_exact_rule` knows is not noted
+        if records and not (kind == "custom_jvp" and len(args) > 2 and _exact_rule(args[2])):
             _note(records, kind, source_info_util.current())
         return original(trace, *args, **kwargs)
     return process_custom
@@ -890,7 +935,7 @@ def _tie_transpose(original, active, ad):
             slots = (None,) * consts + tuple(j for j, _ in nonzero) + (None,) * (len(staged.args) - len(nonzero))
             zero = frozenset(range(tangent.results)) - {j for j, _ in nonzero}
             ties.bind(staged.scope, ties.Tie(tangent.ring, ties.Role.BACKWARD, tangent.results, slots, zero,
-                                             tangent.rules) if ok else None)
+                                             tangent.rules, tangent.kinks) if ok else None)
         return result
     return transpose
 

@@ -121,7 +121,10 @@ class FnTable:
         self.idents: dict[int, set] = {}  # fn -> {(identity, the ring region whose proof noted it)}
         self.bound: dict = {}
         self.owner = None  # the ring region being proved
-        self.notes: list = []  # every (fn, identity) noted, in order (what a call's analysis noted, for its memo)
+        # logsum.py: (a maxed function, the ring region) -> the identities of the maxima of it read as numbers
+        self.lse_maxima: dict[tuple, set] = {}
+        # every (note function, fn, identity) noted, in order (what a call's analysis noted, for its memo)
+        self.notes: list = []
 
     def intern(self, key, depends: frozenset = frozenset(), read_at: tuple | None = None) -> int:
         """The function `key` describes; `read_at`: where it reads a loop variable as data, if it does (else the
@@ -349,8 +352,8 @@ class Engine:
         memo = None if key is None else state.shared.call_memo.get(key)
         if memo is not None:  # the same call analysed before: its results, and what it recorded, again
             results, rewrites, units, obligations, directions, notes = memo
-            for fn, ident in notes:  # the maxima its complete aggregates were made from, for this region
-                stabiliser.note_complete(self.fns, fn, ident)
+            for note, fn, ident in notes:  # the maxima its aggregates were made from or read, for this region
+                note(self.fns, fn, ident)
             results = [_with_sources(v, lambda src: src[:2] + (here + src[2],)) for v in results]
             for rewrite in rewrites:
                 rewrite = rewrite.under(here)

@@ -14,8 +14,10 @@ analysis does not prove. Nor would proving F's every result be enough: autodiff 
 by halving the cotangent, so a running maximum folded block by block splits ties by the order the blocks arrive in,
 which is what the reorder changes (tests/test_ring_autodiff_ties.py: a proved ring max, reordered by hand before
 jax.grad, keeps its forward and changes its gradient by 3.0 where keys repeat). Only where every maximum's cotangent
-provably cancels (an online softmax's output o / l is the same for any running shift) is the order immaterial:
-`stabiliser_invariant` checks that of the forward's proof (stabiliser.py); and B may recompute positions from the
+provably cancels (an online softmax's output o / l is the same for any running shift), or the results are a
+log-sum-exp merge's lse(C) and out(C) differentiated as the smooth function each merge step is (no abs at a tie, each
+maximum that cancels one computation, jnp.logaddexp's own rule: stabiliser._lse_invariant), is the order
+immaterial: `stabiliser_invariant` checks that of the forward's proof (stabiliser.py); and B may recompute positions from the
 forward's residuals (under jax.checkpoint it does), which nothing rewrites: recompute.py says which of B's ops do.
 Where JAX's record ties each cotangent of B to a proved result of its forward (ring/ties.py, `tied_pairs`), the
 stabiliser check passes, B computes no position and the forward none for B alone, prove._accept_autodiff rewrites
@@ -34,7 +36,7 @@ from jaxlib.mlir import ir
 from .detect import RingRegion
 from .dims import readers_across
 from .recompute import SOURCES as _SOURCES
-from .stabiliser import invariant
+from .stabiliser import invariant, merges_lse
 from .ties import Role, Tie, of_location
 
 _NAME = re.compile(r'loc\("([^"]*)"')
@@ -229,12 +231,18 @@ def stabiliser_invariant(verdict, backwards: list[RingRegion]) -> str | None:
                 f"is not the function proved here (a stop_gradient lowers to nothing, a custom_jvp / custom_vjp to "
                 f"its primal); this is conservative for now: jax.nn.softmax, logsumexp and other functions with such "
                 f"rules in a ring fail it too")
+    kinks = tuple(dict.fromkeys(forward.kinks + tuple(k for t in found for k in t.kinks)))
     for j in sorted({j for t in found for j in t.cotangents().values()}):
         fn = next((verdict.result_fns[i] for i, slot in enumerate(forward.slots)
                    if slot == j and i in verdict.result_fns), None)
         if fn is None or verdict.fns is None:
             return f"result {j} is not a function of its tokens the proof knows whole"
         why = invariant(verdict.fns, fn, verdict.ring.region)
+        if why is None and kinks and merges_lse(verdict.fns, fn):
+            why = (f"merges log-sum-exps and JAX differentiates {kinks[0]}, whose derivative at 0 is 1, not the "
+                   "average of its two sides' (a max's is): where a merge's operands tie (abs(lse - lse_blk) at 0), "
+                   "the derivative then depends on which is the running state and which the new block, which changes "
+                   "with the layout; merge with jnp.logaddexp, whose own derivative rule is exact")
         if why is not None:
             return f"result {j} {why}"
     return None

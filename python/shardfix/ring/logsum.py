@@ -32,6 +32,7 @@ from .analysis import Engine
 from .dims import shape
 from .finite import made_of, may_be_infinite
 from . import lsefloats as fl
+from . import stabiliser
 from .lseforms import (ADVICE, ZERO, Atom, Domain, Form, Kind, Mono, Value, add_lin, apply_cases, at_least_one,
                        at_most_zero, cells, const_value, exact_samples, extreme, log_of, negated, nonnegative,
                        positive, reciprocal, same_keys, times)
@@ -108,6 +109,14 @@ def _lift(engine: Engine, op, value: Data, domain: Domain | None) -> Value:
         result = const_value(Domain.LIN, (Mono(1.0, f),), 0.0)
     else:
         engine.refuse(f"combines a log-sum-exp with a partial result of another kind ({agg.op}): " + ADVICE, op)
+    # the maxima read here as numbers, for the derivative's check (stabiliser._lse_invariant)
+    if agg.op == AggOp.MAX:
+        _note_max(engine, agg.score, agg.cov, agg.ident)
+    elif agg.op == AggOp.SSUM and not agg.by_lse:
+        _note_max(engine, agg.score, agg.shift_cov, agg.ident)
+    elif agg.op == AggOp.SHIFT:
+        _note_max(engine, agg.score, agg.cov, stabiliser.pair(agg.ident, 0))
+        _note_max(engine, agg.score, agg.shift_cov, stabiliser.pair(agg.ident, 1))
     keys = fl.PLAIN
     if may_mask(engine, agg.score):
         blocks = cells(result)
@@ -117,6 +126,15 @@ def _lift(engine: Engine, op, value: Data, domain: Domain | None) -> Value:
     samples = tuple((k, math.nan if (agg.nan and fl.at_start(k) or agg.masked and k != fl.NORMAL) else x)
                     for k, x in exact_samples(result, keys))
     return dataclasses.replace(result, samples=samples)
+
+
+def _note_max(engine: Engine, score: int, cov: Coverage, ident) -> None:
+    """A maximum of `score` over `cov` read as the atom MAX(cov), for stabiliser.note_lse_max: the coverage as
+    canonical now where it is blocks alone, None where it holds a loop's unknown coverage (which may be found equal
+    to any other later)."""
+    cov = engine.canonical_cov(cov)
+    known = None if any(isinstance(p, CoverageVar) for p in cov.parts) else str(cov)
+    stabiliser.note_lse_max(engine.fns, score, (known, ident))
 
 
 def may_mask(engine: Engine, fn: int) -> bool:

@@ -154,13 +154,13 @@ class GroupMemo:
 
 def _tie_key(r: RingRegion, rings: dict[int, int]) -> tuple | None:
     """What JAX recorded while differentiating the region (ring/ties.py), which a plain-autodiff backward's verdict
-    rests on: its role, which result each slot is, the zero cotangents, the derivative rules met in the ring's body,
-    and which ring of the group it belongs to. None: nothing recorded."""
+    rests on: its role, which result each slot is, the zero cotangents, the derivative rules and kinked ops met in
+    the ring's body, and which ring of the group it belongs to. None: nothing recorded."""
     found = tie(r)
     if found is None:
         return None
     return (found.role.value, rings.setdefault(found.ring, len(rings)), found.results, found.slots,
-            tuple(sorted(found.zero)), found.rules)
+            tuple(sorted(found.zero)), found.rules, found.kinks)
 
 
 def _index(items, item) -> int:

@@ -15,7 +15,8 @@ it; a sum carried by a loop is shifted by an unknown maximum (a variable, `shift
 binds and the loop's recurrence checks (`check_slot`: the slot it is bound to is the one whose next value the
 returned sum is shifted by). Anything else loses the identity (None), which fails the check: nothing here refuses
 or changes a decision. `invariant` then reads a result's function (the fn keys) as exp(c·M)·F or c·M + F in one
-maximum M and says whether c is 0.
+maximum M and says whether c is 0. A log-sum-exp merge's lse(C) and out(C) (logsum.py reads maxima by value there)
+take `_lse_invariant` instead: the maxima it read as numbers, noted with their identities (`note_lse_max`).
 """
 
 from __future__ import annotations
@@ -116,7 +117,17 @@ def note_complete(fns, fn: int, ident) -> None:
     module's, and the fns of two rings fed alike intern alike, though made by other maxima), and logged for the call
     memo to note again where it reuses a call's analysis (analysis.Engine.call)."""
     fns.idents.setdefault(fn, set()).add((ident, fns.owner))
-    fns.notes.append((fn, ident))
+    fns.notes.append((note_complete, fn, ident))
+
+
+def note_lse_max(fns, score: int, read) -> None:
+    """A maximum of the function `score` (a block's, or a running one) that logsum.py reads as a number (an atom of
+    its exact arithmetic, where two maxima of one value cancel): `read` is (its coverage's class: the canonical
+    coverage as a string, None for one holding a loop's unknown coverage; its identity), noted for the ring region
+    being proved and logged for the call memo as note_complete is. `_lse_invariant` asks that the maxima of one
+    function read over one coverage be one computation."""
+    fns.lse_maxima.setdefault((score, fns.owner), set()).add(read)
+    fns.notes.append((note_lse_max, score, read))
 
 
 def complete_ident(fns, fn: int, owner=None):
@@ -201,9 +212,14 @@ def _compute(fns, fn: int, memo: dict, owner):
     head = key[0] if isinstance(key, tuple) and key else None
     if head in _LEAVES:
         return _INV
+    if head == "complete" and key[1] in (AggOp.LSE, AggOp.NSUM):
+        for x in key[2:4] if key[1] == AggOp.NSUM else key[3:4]:  # the values summed, the scores
+            if _form(fns, x, memo, owner) != _INV:
+                return "folds a running maximum into a log-sum-exp merge, which this check does not follow"
+        why = _lse_invariant(fns, owner)
+        return _INV if why is None else why
     if head in ("complete", "agg") and key[1] in _MERGED_LOGS:
-        # logsum.py's merges are read by value: two maxima (or lses) of one value are one number there
-        return "merges log-sum-exps, whose stabilising maxima this check does not follow"
+        return "reads a log-sum-exp merge before every block is merged into it"
     if head in ("complete", "agg") and key[1] in _SHIFTED:
         # the weights summed and the scores maxed must be free of every maximum (MAX and the rescalings have no term)
         for x in key[2:4] if key[1] in (AggOp.SSUM, AggOp.EXP) else key[3:4]:
@@ -226,6 +242,68 @@ def _compute(fns, fn: int, memo: dict, owner):
         if 0 <= x < fn and _form(fns, x, memo, owner) != _INV:
             return f"reads a running maximum through '{head}', which this check does not follow"
     return _INV
+
+
+def _lse_invariant(fns, owner) -> str | None:
+    """Whether the lse(C) or out(C) that logsum.py proved a merge computes is differentiated as that function.
+
+    logsum.py proves that every merge step computes (out(A u B), lse(A u B)) from its operands in exact arithmetic,
+    in every case of the signs it splits on, so each step is one smooth function G of its operands. JAX's derivative
+    of a step is G's wherever no split is at a tie; at a tie, max, min and abs (the only ops logsum.py splits on:
+    it refuses comparisons of lses) each take the average of their two sides' derivatives, and the two sides'
+    formulas both equal G, so that is G's derivative too; the custom rule of jnp.logaddexp is G's (the JAX side
+    records every other rule, which fails the check before this). So the derivative of the fold is the derivative of
+    out(C) and lse(C), the same in any order, provided the maxima the steps read as numbers are what the exact
+    arithmetic takes them for: a maximum enters as a number, M, and cancels (m + log sum e^(s - m) is lse whatever
+    m is), so the cotangent reaching it is zero, but only if every M cancelled is one computation: two computations
+    of one maximum (a reduce and a fold of chunk maxima, or a select and a max) cancel by value while JAX splits
+    their cotangents between tied scores each its own way. Hence: every maximum logsum.py read (`note_lse_max`) is
+    named, and those of one function over one coverage are computed by one op (or carried in one loop slot); a
+    coverage holding a loop's unknown is taken to be any (it may be found equal to another later). None where that
+    holds."""
+    for (_, by), reads in fns.lse_maxima.items():
+        if owner is not None and by != owner:
+            continue
+        classes: dict = {}
+        for known, ident in reads:
+            computation = _computation(resolve(fns, ident))
+            if computation is None:
+                return ("merges log-sum-exps through a maximum the analysis can't name (one whose computation it "
+                        "lost track of), so it can't tell whether JAX splits its cotangent between tied scores alike "
+                        "everywhere it cancels")
+            classes.setdefault(known, set()).add(computation)
+        unknown = classes.pop(None, set())
+        for computed in list(classes.values()) or [set()]:
+            if len(computed | unknown) > 1:
+                shown = "; ".join(sorted({describe(c) for c in computed | unknown})[:2])
+                return ("merges log-sum-exps in which maxima of the same scores computed by different ops may "
+                        f"cancel ({shown}): JAX splits each one's cotangent between tied scores its own way, so "
+                        "they need not cancel in the derivative; compute the maximum once and use it wherever it is "
+                        "subtracted and added back")
+    return None
+
+
+def merges_lse(fns, fn: int) -> bool:
+    """Whether the function `fn` reads the lse(C) or out(C) of a log-sum-exp merge (logsum.py)."""
+    seen, todo = set(), [fn]
+    while todo:
+        x = todo.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        key = fns.keys[x]
+        if isinstance(key, tuple) and len(key) > 1 and key[0] in ("complete", "agg") and key[1] in _MERGED_LOGS:
+            return True
+        todo.extend(y for y in _ints(key) if 0 <= y < x)
+    return False
+
+
+def _computation(ident):
+    """What computes a maximum: the op (a maximum named by the op that merged it, whatever value it held), or the
+    loop slot carrying it."""
+    if isinstance(ident, tuple) and ident and ident[0] == "max":
+        return ("max", ident[1])
+    return ident
 
 
 def _ints(key):
@@ -279,5 +357,5 @@ def _ew(fns, name: str, attrs: str, forms: list):
     return _norm("mul", ident, ca + cb if name == "multiply" else ca - cb)
 
 
-__all__ = ["check_loop", "complete_ident", "describe", "invariant", "join", "max_ident", "memo_key", "note_complete", "pair",
-           "resolve", "same", "shift_var", "slot_ident"]
+__all__ = ["check_loop", "complete_ident", "describe", "invariant", "join", "max_ident", "memo_key", "merges_lse",
+           "note_complete", "note_lse_max", "pair", "resolve", "same", "shift_var", "slot_ident"]

@@ -38,7 +38,9 @@ class Tie:
     original results whose cotangent was symbolically zero (no cotangent operand differentiates them). `rules`: the
     derivative rules JAX met in the ring's body that the module does not show (a stop_gradient lowers to nothing, a
     custom_jvp / custom_vjp function to its primal), each as "stop_gradient at file:line": where there is one, what
-    jax.grad differentiates is not the function the forward region computes."""
+    jax.grad differentiates is not the function the forward region computes. `kinks`: the ops JAX differentiated in
+    the ring's body by a standard rule that, at the op's kink, is not the average of its two sides' derivatives (abs,
+    "abs at file:line"; stabiliser.py says where that matters)."""
 
     ring: int
     role: Role
@@ -46,6 +48,7 @@ class Tie:
     slots: tuple[int | None, ...]
     zero: frozenset[int] = frozenset()
     rules: tuple[str, ...] = ()
+    kinks: tuple[str, ...] = ()
 
     def cotangents(self) -> dict[int, int]:
         """BACKWARD: operand number -> the original result it is the cotangent of."""
@@ -54,7 +57,7 @@ class Tie:
     def kept(self, used: list[bool]) -> "Tie":
         """The tie of the region left when JAX's dead-code elimination keeps the `used` slots."""
         return Tie(self.ring, self.role, self.results, tuple(s for s, u in zip(self.slots, used) if u), self.zero,
-                   self.rules)
+                   self.rules, self.kinks)
 
 
 PREFIX = "shardfix_tie"
