@@ -332,3 +332,30 @@ def test_jnp_logaddexp_rule_is_known_exact_and_a_users_rule_is_not():
     assert sorted(known) == [False, True, True, True], known
     assert _jax._rule(found[0].primitive, found[0].params) is None
     assert _jax._rule(found[0].primitive, {**found[0].params, "jvp_jaxpr_fun": None}) == "custom_jvp"
+
+
+def test_logsumexps_stop_gradient_and_abs_are_known_and_a_users_are_not():
+    """jax.nn.logsumexp (jax._src.ops.special) stops the maximum it shifts by and takes abs of the sum: shardfix.jit._jax
+    knows such ops by that function's code object among the frames that bound them; a user's are the user's."""
+    from jax._src import core
+
+    def found(fn, name):
+        out = []
+
+        def walk(jaxpr):
+            for eqn in jaxpr.eqns:
+                if eqn.primitive.name == name:
+                    out.append(_jax._bound_by_exact_function(eqn.source_info))
+                for value in eqn.params.values():
+                    for item in value if isinstance(value, (tuple, list)) else (value,):
+                        inner = getattr(item, "jaxpr", item)
+                        if isinstance(inner, core.Jaxpr):
+                            walk(inner)
+
+        walk(jax.make_jaxpr(fn)(jnp.ones((2, 3))).jaxpr)
+        return out
+
+    assert found(lambda x: jax.nn.logsumexp(x, axis=-1), "stop_gradient") == [True]
+    assert found(lambda x: jax.nn.logsumexp(x, axis=-1), "abs") == [True]
+    assert found(lambda x: jnp.abs(jax.lax.stop_gradient(x)), "stop_gradient") == [False]
+    assert found(lambda x: jnp.abs(jax.lax.stop_gradient(x)), "abs") == [False]

@@ -34,6 +34,13 @@ def block(q, k, v, keep):
     return out, m + jnp.log(l)
 
 
+def block_logsumexp(q, k, v, keep):
+    """`block` with the lse from jax.nn.logsumexp and the weights normalised by it."""
+    s = jnp.where(keep, scores(q, k), NEG)
+    lse = jax.nn.logsumexp(s, axis=-1)
+    return jnp.einsum("bqk,bkd->bqd", jnp.exp(s - lse[..., None]), v), lse
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Merges of one block (out_b, lse_b) into the state (out, lse); i: the ring step.
 

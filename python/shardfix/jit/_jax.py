@@ -708,6 +708,27 @@ def _exact_rule(jvp: Any) -> bool:
     return where is not None and where in _exact_rules
 
 
+# JAX's own functions whose stop_gradient and abs leave the derivative the function's: jax.nn.logsumexp stops
+# the maximum c it shifts by, and log(sum(exp(a - c))) + c is the same for every c, so holding c constant changes no
+# derivative; its abs is of that sum, which holds exp(0) = 1 wherever the maximum is finite (a row whose scores are
+# all -inf is refused before: logsum.py), so it is never at its kink. Known by the function's code object among the
+# frames that bound the op (the function calls no user code, so an op bound while it runs is its own).
+_exact_functions: frozenset | None = None
+
+
+def _bound_by_exact_function(source_info: Any) -> bool:
+    """Whether the op `source_info` describes was bound by one of the functions above."""
+    global _exact_functions
+    if _exact_functions is None:
+        from jax._src.ops import special
+        _exact_functions = frozenset({special.logsumexp.__code__})
+    traceback = getattr(source_info, "traceback", None)
+    if traceback is None:
+        return False
+    codes, _ = traceback.raw_frames()
+    return any(code in _exact_functions for code in codes)
+
+
 class _Staged:
     """What one staging call under a tie scope made: the scope, the eqn's operands and results, the call's args."""
 
@@ -797,6 +818,8 @@ def _tie_linearize(original, active, ad):
 
 
 def _note(records: tuple, kind: str, source_info: Any) -> None:
+    if kind == "stop_gradient" and _bound_by_exact_function(source_info):
+        return
     where = source_info_util.summarize(source_info) if source_info is not None else "unknown"
     for record in records:
         record.rules.append(f"{kind} at {where}")
@@ -809,7 +832,7 @@ _KINKED = frozenset({"abs"})
 
 
 def _note_kink(records: tuple, primitive: Any, source_info: Any) -> None:
-    if primitive.name in _KINKED:
+    if primitive.name in _KINKED and not _bound_by_exact_function(source_info):
         where = source_info_util.summarize(source_info) if source_info is not None else "unknown"
         for record in records:
             record.kinks.append(f"{primitive.name} at {where}")
