@@ -40,7 +40,7 @@ USER = ("blockwise-causal", "blockwise-causal-segments", "blockwise-window40", "
         "variant-carried-source", "variant-ppermuted-source@auto", "refuse-all-gather-into-buffer",
         "refuse-device-keyed-dropout", "refuse-sorted-keys", "refuse-positions-left-behind",
         "refuse-int-truncated-sum", "refuse-carried-source-wrong-modulus", "lse-logaddexp", "refuse-lse-sigmoid-peeled",
-        "refuse-lse-guarded-sigmoid-inf", "blockwise-causal-lse", "vjp-lse-logaddexp", "refuse-lse-decayed",
+        "refuse-lse-guarded-sigmoid-inf", "blockwise-causal-lse", "vjp-lse-logaddexp", "lse-max-log1p", "refuse-lse-decayed",
         "refuse-lse-sigmoid-sentinel-start")
 
 
@@ -87,6 +87,8 @@ def _cell(decision) -> str:
         reason = refused["reason"].split(". ")[0]
         if "without a custom_vjp" in reason:
             reason = "the backward jax.grad made, no custom_vjp (its forward proved)"
+            if "JAX differentiates abs" in decision.why:
+                reason += ": it differentiates abs, whose derivative at a tie favours one side"
         return f"refused at {refused['op']}: {reason}"
     if decision.why.startswith("not provably safe: reordered together with"):
         return "refused with the region it is reordered with"
