@@ -661,11 +661,11 @@ _deriving: _contextvars.ContextVar = _contextvars.ContextVar("shardfix_deriving"
 _STANDARD = frozenset("""
     abs acos acosh add add_any and asin asinh atan atan2 atanh cbrt ceil clamp clz complex conj convert_element_type
     bitcast_convert_type copy copy_p cos cosh div eq ne lt le gt ge erf erf_inv erfc exp exp2 expm1 floor imag
-    integer_pow is_finite log log1p logistic max min mul neg nextafter not one_minus_square or population_count pow
+    integer_pow is_finite log log1p log2 logistic max min mul neg nextafter not one_minus_square or population_count pow
     real rem round
     rsqrt select_n shift_left shift_right_arithmetic shift_right_logical sign sin sinh sqrt square sub tan tanh xor
     broadcast_in_dim concatenate dynamic_slice dynamic_update_slice gather iota pad reshape rev slice squeeze
-    transpose split scatter-add argmax argmin cumsum reduce_sum reduce_max reduce_min reduce_prod reduce_and
+    transpose split stack unstack tile scatter-add argmax argmin cumsum reduce_sum reduce_max reduce_min reduce_prod reduce_and
     reduce_or reduce_xor reduce_precision dot_general zeros_like empty empty2
     jit pjit closed_call core_call call remat2 checkpoint scan while cond shard_map
     ppermute psum pmax pmin all_gather all_gather_invariant all_to_all reduce_scatter axis_index psum_invariant
