@@ -87,8 +87,8 @@ def _cell(decision) -> str:
         reason = refused["reason"].split(". ")[0]
         if "without a custom_vjp" in reason:
             reason = "the backward jax.grad made, no custom_vjp (its forward proved)"
-            if "JAX differentiates abs" in decision.why:
-                reason += ": it differentiates abs, whose derivative at a tie favours one side"
+            if "merges log-sum-exps and JAX differentiates" in decision.why:
+                reason += ": it differentiates max, min or abs where the merge's operands may tie"
         return f"refused at {refused['op']}: {reason}"
     if decision.why.startswith("not provably safe: reordered together with"):
         return "refused with the region it is reordered with"

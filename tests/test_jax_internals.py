@@ -359,3 +359,13 @@ def test_logsumexps_stop_gradient_and_abs_are_known_and_a_users_are_not():
     assert found(lambda x: jax.nn.logsumexp(x, axis=-1), "abs") == [True]
     assert found(lambda x: jnp.abs(jax.lax.stop_gradient(x)), "stop_gradient") == [False]
     assert found(lambda x: jnp.abs(jax.lax.stop_gradient(x)), "abs") == [False]
+
+    class Converted:  # logsumexp converts its arguments: what a user's __jax_array__ binds there is the user's
+        def __init__(self, x):
+            self.x = x
+
+        def __jax_array__(self):
+            return jnp.abs(jax.lax.stop_gradient(self.x))
+
+    assert found(lambda x: jax.nn.logsumexp(x, axis=-1, b=Converted(x)), "stop_gradient") == [False, True]
+    assert found(lambda x: jax.nn.logsumexp(x, axis=-1, b=Converted(x)), "abs") == [False, True]

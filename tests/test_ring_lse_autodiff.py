@@ -4,11 +4,13 @@ proof found (stabiliser._lse_invariant), and left alone where it is not.
 
 The merge's forward proof (logsum.py) shows that every step computes (out(A u B), lse(A u B)) in exact arithmetic,
 in every case of the signs it splits on. What jax.grad computes differs from that function's derivative only at the
-splits' ties, and only where the ops splitting on one tie take different sides there: max and min give each side
-half, abs gives the positive side all (its derivative at 0 is 1). jnp.logaddexp differentiates by its own rule
-(a custom_jvp, exact), so its primal's max and abs are never differentiated; the same formula written out is
-differentiated op by op, and at a tie between the state and the new block all of the cotangent goes to the block
-that abs favours, which the layout decides. The tests hold both: the premise on the two formulas, the kernels
+splits' ties, where the ops splitting there (max, min, abs) are differentiated by their kinks' rules: max and min
+give each side half, abs gives the positive side all (its derivative at 0 is 1), and where such ops nest the halves
+multiply. jnp.logaddexp differentiates by its own rule (a custom_jvp, exact), so its primal's max and abs are never
+differentiated; the same formula written out is differentiated op by op, and at a tie between the state and the new
+block all of the cotangent goes to the block that abs favours, which the layout decides; maxima nested at one tie
+(max(max(lse, lse_blk), lse_blk)) split it 1/4 : 3/4. So a merge that differentiates max, min or abs is refused
+(conservatively where one max alone would be exact). The tests hold both: the premise on the formulas, the kernels
 reordered by hand before jax.grad on inputs where the blocks' lses tie, and what ring-reorder decides.
 """
 
@@ -32,6 +34,11 @@ def _by_hand(a, b):
     return jnp.maximum(a, b) + jnp.log1p(jnp.exp(-jnp.abs(a - b)))
 
 
+def _nested(a, b):
+    m, n = jnp.maximum(jnp.maximum(a, b), b), jnp.minimum(a, b)  # refused here under plain jax.grad
+    return m + jnp.log1p(jnp.exp(n - m))
+
+
 def test_jnp_logaddexp_is_differentiated_by_its_rule_and_the_formula_written_out_is_not():
     """At a tie, jnp.logaddexp's derivative is (1/2, 1/2), the function's; the same formula differentiated op by op
     gives all of it to the second operand (max gives 1/2 each, abs' at 0 is 1), so swapping the operands, as a
@@ -39,9 +46,12 @@ def test_jnp_logaddexp_is_differentiated_by_its_rule_and_the_formula_written_out
     assert [float(g) for g in jax.grad(jnp.logaddexp, argnums=(0, 1))(1.5, 1.5)] == [0.5, 0.5]
     assert [float(g) for g in jax.grad(_by_hand, argnums=(0, 1))(1.5, 1.5)] == [0.0, 1.0]
     assert [float(g) for g in jax.grad(lambda a, b: _by_hand(b, a), argnums=(0, 1))(1.5, 1.5)] == [1.0, 0.0]
-    # away from ties the two agree
-    np.testing.assert_allclose(jax.grad(_by_hand, argnums=(0, 1))(1.5, 0.25),
-                               jax.grad(jnp.logaddexp, argnums=(0, 1))(1.5, 0.25), rtol=1e-6)
+    # maxima nested at one tie: the halves multiply
+    assert [float(g) for g in jax.grad(_nested, argnums=(0, 1))(1.5, 1.5)] == [0.375, 0.625]
+    # away from ties they all agree
+    for f in (_by_hand, _nested):
+        np.testing.assert_allclose(jax.grad(f, argnums=(0, 1))(1.5, 0.25),
+                                   jax.grad(jnp.logaddexp, argnums=(0, 1))(1.5, 0.25), rtol=1e-6)
 
 
 def tied_qkv(mesh):
@@ -82,10 +92,21 @@ def _gradient_change_reordered_by_hand(merge: str) -> float:
     return max(float(np.abs(np.asarray(g)[:, back] - np.asarray(w)).max()) for g, w in zip(got, want))
 
 
-def test_reordered_by_hand_the_logaddexp_merge_keeps_its_gradient_at_ties_and_the_formula_written_out_does_not():
-    assert _gradient_change_reordered_by_hand("logaddexp") <= 1e-5
-    assert _gradient_change_reordered_by_hand("max") <= 1e-5
-    assert _gradient_change_reordered_by_hand("max-log1p") > 1e-2
+def _merge_nested(out, lse, out_b, lse_b, i):
+    new = _nested(lse, lse_b)
+    return out * jnp.exp(lse - new)[..., None] + out_b * jnp.exp(lse_b - new)[..., None], new
+
+
+def test_reordered_by_hand_the_logaddexp_merge_keeps_its_gradient_at_ties_and_the_formulas_written_out_do_not():
+    """The max form (one max, cancelled) keeps it too: its refusal is conservative."""
+    ul.MERGES["nested"] = _merge_nested
+    try:
+        assert _gradient_change_reordered_by_hand("logaddexp") <= 1e-5
+        assert _gradient_change_reordered_by_hand("max") <= 1e-5
+        assert _gradient_change_reordered_by_hand("max-log1p") > 1e-2
+        assert _gradient_change_reordered_by_hand("nested") > 5e-3
+    finally:
+        del ul.MERGES["nested"]
 
 
 def _grad(fn):
@@ -93,8 +114,9 @@ def _grad(fn):
 
 
 @pytest.mark.parametrize("merge, options", [
-    ("logaddexp", {}), ("max", {}), ("logaddexp", {"loop": "scan"}), ("guarded-logaddexp", {"init": "inf"}),
-    ("reset-logaddexp", {}), ("logaddexp", {"block": ul.block_logsumexp}), ("max", {"block": ul.block_logsumexp})])
+    ("logaddexp", {}), ("logaddexp", {"loop": "scan"}), ("guarded-logaddexp", {"init": "inf"}),
+    ("reset-logaddexp", {}), ("logaddexp", {"block": ul.block_logsumexp}),
+    ("guarded-logaddexp", {"init": "inf", "block": ul.block_logsumexp})])
 def test_plain_grad_of_an_lse_merge_ring_is_rewritten_and_equals_jax_jit_at_ties(merge, options):
     """Forward and backward rings both rewritten under zigzag; the gradient equals jax.jit's on tied keys. A block's
     lse from jax.nn.logsumexp too: its stop_gradient holds constant the maximum it shifts by, which the function
@@ -129,21 +151,37 @@ def test_blockwise_lse_kernel_under_plain_grad_is_rewritten_by_default_with_its_
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
 
 
-def test_the_formula_written_out_is_refused_under_plain_grad_naming_the_abs():
+def _lines(function, text: str) -> list[int]:
+    import inspect
+    lines, first = inspect.getsourcelines(function)
+    return [first + i for i, line in enumerate(lines) if text in line]
+
+
+@pytest.mark.parametrize("merge, function, names", [
+    ("max-log1p", ul.merge_max_log1p, ("max", "abs")), ("max", ul.merge_max, ("max",)),
+    ("nested", _nested, ("max", "min"))])
+def test_a_merge_differentiating_max_min_or_abs_is_refused_under_plain_grad_naming_them(merge, function, names):
+    """The formula written out, the max form (conservative) and nested maxima: the forward is proved and rewritten,
+    the backward refused naming the ops at the user's line, and the gradient is jax.jit's."""
     mesh = meshes()["explicit"]
-    grad = _grad(sharded(mesh, ul.lse_ring(CP, "max-log1p"), 3))
+    ul.MERGES["nested"] = _merge_nested
+    try:
+        grad = _grad(sharded(mesh, ul.lse_ring(CP, merge), 3))
+        fn = sharded(mesh, ul.lse_ring(CP, merge), 3)
+    finally:
+        del ul.MERGES["nested"]
     args = tied_qkv(mesh)
     low = autofix_shardings(grad, ring_reorder="zigzag", on_fix="ignore").lower(*args)
     assert len(low.rings) == 2 and not any(r.applied for r in low.rings)
-    line = next(i for i, text in enumerate(open(ul.__file__).read().splitlines(), 1)
-                if "jnp.abs(lse - lse_b)" in text)
-    assert any(f"merges log-sum-exps and JAX differentiates abs at {ul.__file__}:{line}:" in r.why
-               and "whose derivative at 0 is 1, not the average of its two sides' (a max's is)" in r.why
+    lines = _lines(function, "refused here")
+    source = function.__code__.co_filename
+    assert any(f"merges log-sum-exps and JAX differentiates {names[0]} at {source}:" in r.why
+               and all(any(f"{name} at {source}:{line}:" in r.why for line in lines) for name in names)
+               and "max(max(lse, lse_blk), lse_blk)" in r.why
                and "merge with jnp.logaddexp, whose own derivative rule is exact" in r.why
                for r in low.rings), [r.why for r in low.rings]
     np.testing.assert_array_equal(np.asarray(low.compile()(*args)[1]), np.asarray(jax.jit(grad)(*args)[1]))
     # forward alone: the same function, proved and rewritten
-    fn = sharded(mesh, ul.lse_ring(CP, "max-log1p"), 3)
     assert all(r.applied for r in autofix_shardings(fn, ring_reorder="zigzag", on_fix="ignore").lower(*args).rings)
 
 

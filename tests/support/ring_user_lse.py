@@ -10,7 +10,8 @@ Merge spellings that are order-free (the fold over blocks is a log-sum-exp, howe
   max         m = max(lse, lse_b); lse' = m + log(e^(lse - m) + e^(lse_b - m)), out rescaled as for logaddexp
   softplus    lse' = lse + softplus(lse_b - lse), out as for sigmoid
   max-log1p   lse' = max(lse, lse_b) + log1p(e^-|lse - lse_b|) (jnp.logaddexp's formula written out: under plain
-              jax.grad its derivative at a tie is not the function's, so its backward is refused)
+              jax.grad its derivative at a tie is not the function's, so its backward is refused; so is the max
+              form's, conservatively: a max differentiated at a tie is exact alone, not where maxima nest)
 and the state started at -inf with a guard (`where(isneginf(lse), block, merged)`, ejkernel) or from the first block
 (a step-0 reset): with the logaddexp form; the sigmoid and softplus forms under a guard or reset are refused, since
 the block they take may have rows of masked keys alone (lse -1e30), which the next such merge cancels to 0. Look-alikes that are not order-free (the line marked `# refused here` is the one refused)."""
@@ -56,7 +57,7 @@ def merge_sigmoid(out, lse, out_b, lse_b, i):
 
 
 def merge_max(out, lse, out_b, lse_b, i):
-    m = jnp.maximum(lse, lse_b)
+    m = jnp.maximum(lse, lse_b)  # refused here under plain jax.grad
     lse_new = m + jnp.log(jnp.exp(lse - m) + jnp.exp(lse_b - m))
     return out * jnp.exp(lse - lse_new)[..., None] + out_b * jnp.exp(lse_b - lse_new)[..., None], lse_new
 
@@ -65,7 +66,7 @@ def merge_max_log1p(out, lse, out_b, lse_b, i):
     """jnp.logaddexp's formula written out. The same function, so the forward is proved; but jax.grad
     differentiates it op by op, and abs has derivative 1 at 0 where max has 1/2: where lse and lse_b tie, all of
     the cotangent goes to lse_b, so which block is the state and which the new one decides the gradient."""
-    m = jnp.maximum(lse, lse_b)
+    m = jnp.maximum(lse, lse_b)  # refused here under plain jax.grad
     lse_new = m + jnp.log1p(jnp.exp(-jnp.abs(lse - lse_b)))  # refused here under plain jax.grad
     return out * jnp.exp(lse - lse_new)[..., None] + out_b * jnp.exp(lse_b - lse_new)[..., None], lse_new
 

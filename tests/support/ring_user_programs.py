@@ -485,13 +485,14 @@ def _registry() -> list[Program]:
     add("blockwise-causal-lse@cp8", blockwise("causal", merge="lse"), "rewritten", ZIGZAG, mesh="cp8")
     add("vjp-lse-logaddexp", lse("logaddexp", vjp=True), "proved", BOTH, grad=True)
     add("vjp-lse-max-log", lse("max", vjp=True), "proved", ZIGZAG, grad=True)
-    # Plain jax.grad of the merges: jnp.logaddexp's custom_jvp rule is its function's derivative, and max splits a
-    # tie's cotangent evenly, so the backward differentiates what the forward proof found; the same formula written
-    # out with abs (whose derivative at 0 is 1) does not, at ties (tests/test_ring_lse_autodiff.py)
+    # Plain jax.grad of the merges: jnp.logaddexp's custom_jvp rule is its function's derivative, so the backward
+    # differentiates what the forward proof found; a merge that differentiates max, min or abs at a tie need not
+    # (the formula written out, maxima nested: tests/test_ring_lse_autodiff.py), and is refused
     for name, merge, options, layouts in (
-            ("logaddexp", "logaddexp", {}, BOTH), ("max-log", "max", {}, ZIGZAG),
+            ("logaddexp", "logaddexp", {}, BOTH),
             ("guarded-logaddexp-inf", "guarded-logaddexp", {"init": "inf"}, ZIGZAG)):
         add(f"grad-lse-{name}", lse(merge, **options), "proved", layouts, grad=True)
+    add("grad-refuse-lse-max-log", lse("max"), "refused", grad=True, source=ul.merge_max)
     add("grad-blockwise-causal-lse", blockwise("causal", merge="lse"), "rewritten", BOTH, grad=True)
     add("lse-max-log1p", lse("max-log1p"), "proved", ZIGZAG)
     add("grad-refuse-lse-max-log1p", lse("max-log1p"), "refused", grad=True, source=ul.merge_max_log1p)

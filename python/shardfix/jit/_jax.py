@@ -19,6 +19,7 @@ import threading
 from typing import Any, Callable
 
 import jax
+import jaxlib
 from jax._src import config as _config
 from jax._src import core as _core
 from jax._src import pjit as _pjit
@@ -688,8 +689,8 @@ def _rule(primitive: Any, params: dict) -> str | None:
     return _RULES.get(name) or (type(hijax).__name__ if hijax is not None else name)
 
 
-# JAX's own custom_jvp rules that are the derivative of their primal wherever its arguments are finite or -inf
-# (an -inf argument gets weight exp(-inf - out) = 0, as in the derivative's limit): jax.numpy.logaddexp (and so
+# JAX's own custom_jvp rules that are the derivative of their primal wherever its arguments are finite, or one of
+# them -inf (which gets weight exp(-inf - out) = 0, as in the derivative's limit; both -inf give nan): jax.numpy.logaddexp (and so
 # jax.nn.softplus and log_sigmoid, which call it), whose primal is smooth there and whose rule is t1 e^(x1 - out) +
 # t2 e^(x2 - out). A ring that differentiates through it differentiates the function the forward computes, so such
 # a call is no rule the module does not show. Known by where JAX defined the rule (its `fun_sourceinfo`, which the
@@ -711,22 +712,34 @@ def _exact_rule(jvp: Any) -> bool:
 # JAX's own functions whose stop_gradient and abs leave the derivative the function's: jax.nn.logsumexp stops
 # the maximum c it shifts by, and log(sum(exp(a - c))) + c is the same for every c, so holding c constant changes no
 # derivative; its abs is of that sum, which holds exp(0) = 1 wherever the maximum is finite (a row whose scores are
-# all -inf is refused before: logsum.py), so it is never at its kink. Known by the function's code object among the
-# frames that bound the op (the function calls no user code, so an op bound while it runs is its own).
+# all -inf is refused before: logsum.py), so it is never at its kink. Known by the function's code object: the op
+# is that function's own where, going out from the binding, that function's frame comes before any frame outside
+# JAX, this package and the standard library (the function converts its arguments, which may run a user's
+# `__jax_array__`: an op bound there is the user's).
 _exact_functions: frozenset | None = None
+_internal_dirs: tuple[str, ...] = ()
 
 
 def _bound_by_exact_function(source_info: Any) -> bool:
     """Whether the op `source_info` describes was bound by one of the functions above."""
-    global _exact_functions
+    global _exact_functions, _internal_dirs
     if _exact_functions is None:
+        import sysconfig
         from jax._src.ops import special
         _exact_functions = frozenset({special.logsumexp.__code__})
+        _internal_dirs = tuple(os.path.join(os.path.dirname(os.path.abspath(m.__file__)), "") for m in (jax, jaxlib))
+        _internal_dirs += (os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ""),
+                           os.path.join(sysconfig.get_paths()["stdlib"], ""))
     traceback = getattr(source_info, "traceback", None)
     if traceback is None:
         return False
     codes, _ = traceback.raw_frames()
-    return any(code in _exact_functions for code in codes)
+    for code in codes:  # innermost first
+        if code in _exact_functions:
+            return True
+        if not os.path.abspath(code.co_filename).startswith(_internal_dirs):
+            return False
+    return False
 
 
 class _Staged:
@@ -825,10 +838,12 @@ def _note(records: tuple, kind: str, source_info: Any) -> None:
         record.rules.append(f"{kind} at {where}")
 
 
-# Standard rules whose derivative at the op's kink is not the average of the derivatives on its two sides: abs's is
-# 1 at 0 (max and min split a tie's cotangent evenly). A merge of log-sum-exps differentiated through one is not
-# differentiated as the function it computes where the kink is a tie (stabiliser.py, `_lse_invariant`).
-_KINKED = frozenset({"abs"})
+# Standard rules with a kink: at a tie between max's or min's operands, or at abs's 0, JAX's derivative splits the
+# cotangent evenly (max, min) or takes one side (abs's derivative at 0 is 1), and where such ops nest at one tie
+# (max(max(a, b), b)) the splits multiply. A merge of log-sum-exps differentiated through one is not differentiated
+# as the function it computes where its operands tie (stabiliser.py, `_lse_invariant`); a block's maximum is a
+# reduce_max, which the maxima check covers.
+_KINKED = frozenset({"abs", "max", "min"})
 
 
 def _note_kink(records: tuple, primitive: Any, source_info: Any) -> None:

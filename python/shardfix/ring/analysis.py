@@ -123,6 +123,7 @@ class FnTable:
         self.owner = None  # the ring region being proved
         # logsum.py: (a maxed function, the ring region) -> the identities of the maxima of it read as numbers
         self.lse_maxima: dict[tuple, set] = {}
+        self.lse_splits: dict = {}  # the ring region -> the ops whose cases logsum.py split on (note_lse_split)
         # every (note function, fn, identity) noted, in order (what a call's analysis noted, for its memo)
         self.notes: list = []
 

@@ -36,7 +36,7 @@ from jaxlib.mlir import ir
 from .detect import RingRegion
 from .dims import readers_across
 from .recompute import SOURCES as _SOURCES
-from .stabiliser import invariant, merges_lse
+from .stabiliser import invariant, merges_lse, splits_lse
 from .ties import Role, Tie, of_location
 
 _NAME = re.compile(r'loc\("([^"]*)"')
@@ -238,11 +238,13 @@ def stabiliser_invariant(verdict, backwards: list[RingRegion]) -> str | None:
         if fn is None or verdict.fns is None:
             return f"result {j} is not a function of its tokens the proof knows whole"
         why = invariant(verdict.fns, fn, verdict.ring.region)
-        if why is None and kinks and merges_lse(verdict.fns, fn):
-            why = (f"merges log-sum-exps and JAX differentiates {kinks[0]}, whose derivative at 0 is 1, not the "
-                   "average of its two sides' (a max's is): where a merge's operands tie (abs(lse - lse_blk) at 0), "
-                   "the derivative then depends on which is the running state and which the new block, which changes "
-                   "with the layout; merge with jnp.logaddexp, whose own derivative rule is exact")
+        if why is None and kinks and merges_lse(verdict.fns, fn) and splits_lse(verdict.fns, verdict.ring.region):
+            why = (f"merges log-sum-exps and JAX differentiates {'; '.join(kinks[:3])}: where a merge's operands tie, abs's "
+                   "derivative takes one side (it is 1 at 0) and max's or min's splits the cotangent evenly, "
+                   "splits that multiply where they nest (max(max(lse, lse_blk), lse_blk)), so the derivative "
+                   "need not be the merged function's and depends on which is the running state and which the new "
+                   "block, which changes with the layout; merge with jnp.logaddexp, whose own derivative rule is "
+                   "exact")
         if why is not None:
             return f"result {j} {why}"
     return None

@@ -258,6 +258,8 @@ def _arith(engine: Engine, op, kind: Algebra, domain: Domain, values: list[Data]
     if kind is Algebra.NEGATE:
         f = (lambda a: a.scaled(-1)) if log else (lambda a: negated(a, -1))
         return apply_cases(engine, op, domain, f, xs, fl.f32_all(np.negative, xs[0].samples))
+    if log and kind in (Algebra.MAXIMUM, Algebra.MINIMUM, Algebra.ABS):
+        stabiliser.note_lse_split(engine.fns, op)  # cases on the sign of a difference of lses: a kink at its tie
     if log and kind in (Algebra.MAXIMUM, Algebra.MINIMUM):
         return extreme(engine, op, xs, kind is Algebra.MAXIMUM)
     if log and kind is Algebra.ABS:

@@ -244,23 +244,40 @@ def _compute(fns, fn: int, memo: dict, owner):
     return _INV
 
 
+def note_lse_split(fns, op) -> None:
+    """logsum.py split cases on the sign of a difference of log-sum-exps at `op` (a max, min or abs of them), in
+    the proof of the ring region being proved: where JAX differentiates such an op (Tie.kinks), its derivative at
+    the tie need not be the merged function's (autodiff.stabiliser_invariant). Logged for the call memo."""
+    fns.lse_splits.setdefault(fns.owner, set()).add(op)
+    fns.notes.append((_note_split, op, None))
+
+
+def _note_split(fns, op, _) -> None:
+    note_lse_split(fns, op)
+
+
+def splits_lse(fns, owner) -> bool:
+    """Whether the proof of `owner` (None: any region's) split cases on a difference of log-sum-exps."""
+    return any(owner is None or by == owner for by in fns.lse_splits)
+
+
 def _lse_invariant(fns, owner) -> str | None:
     """Whether the lse(C) or out(C) that logsum.py proved a merge computes is differentiated as that function.
 
     logsum.py proves that every merge step computes (out(A u B), lse(A u B)) from its operands in exact arithmetic,
     in every case of the signs it splits on, so each step is one smooth function G of its operands. JAX's derivative
-    of a step is G's wherever no split is at a tie; at a tie, max, min and abs (the only ops logsum.py splits on:
-    it refuses comparisons of lses) each take the average of their two sides' derivatives, and the two sides'
-    formulas both equal G, so that is G's derivative too; the custom rule of jnp.logaddexp is G's (the JAX side
-    records every other rule, which fails the check before this). So the derivative of the fold is the derivative of
-    out(C) and lse(C), the same in any order, provided the maxima the steps read as numbers are what the exact
-    arithmetic takes them for: a maximum enters as a number, M, and cancels (m + log sum e^(s - m) is lse whatever
-    m is), so the cotangent reaching it is zero, but only if every M cancelled is one computation: two computations
-    of one maximum (a reduce and a fold of chunk maxima, or a select and a max) cancel by value while JAX splits
-    their cotangents between tied scores each its own way. Hence: every maximum logsum.py read (`note_lse_max`) is
-    named, and those of one function over one coverage are computed by one op (or carried in one loop slot); a
-    coverage holding a loop's unknown is taken to be any (it may be found equal to another later). None where that
-    holds."""
+    of a step is G's where it differentiates no op at a kink: the cases logsum.py splits on come from max, min and
+    abs alone (it refuses comparisons of lses; `note_lse_split`), and the JAX side records every such op
+    differentiated outside jnp.logaddexp's own rule (Tie.kinks): where both hold, autodiff.stabiliser_invariant
+    refuses (at a tie their splits need not add up to G's derivative). A running maximum of the scores is no split
+    but a number, checked here. So the derivative of the fold is the derivative of out(C) and lse(C), the same in any
+    order, provided the maxima the steps read as numbers (a block's reduce_max) are what the exact arithmetic takes
+    them for: a maximum enters as a number, M, and cancels (m + log sum e^(s - m) is lse whatever m is), so the
+    cotangent reaching it is zero, but only if every M cancelled is one computation: two computations of one
+    maximum cancel by value while JAX splits their cotangents between tied scores each its own way. Hence: every
+    maximum logsum.py read (`note_lse_max`) is named, and those of one function over one coverage are computed by
+    one op (or carried in one loop slot); a coverage holding a loop's unknown is taken to be any (it may be found
+    equal to another later). None where that holds."""
     for (_, by), reads in fns.lse_maxima.items():
         if owner is not None and by != owner:
             continue
@@ -358,4 +375,4 @@ def _ew(fns, name: str, attrs: str, forms: list):
 
 
 __all__ = ["check_loop", "complete_ident", "describe", "invariant", "join", "max_ident", "memo_key", "merges_lse",
-           "note_complete", "note_lse_max", "pair", "resolve", "same", "shift_var", "slot_ident"]
+           "note_complete", "note_lse_max", "note_lse_split", "splits_lse", "pair", "resolve", "same", "shift_var", "slot_ident"]
