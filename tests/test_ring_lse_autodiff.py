@@ -24,7 +24,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from shardfix import autofix_shardings
 from support import ring_user_lse as ul
-from support.ring_user_programs import meshes, qkv, sharded
+from support.ring_user_programs import meshes, qkv, sharded, zigzag_layout
 
 CP = 4
 FAST = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
@@ -62,24 +62,12 @@ def tied_qkv(mesh):
     return q, jax.device_put(k, q.sharding), v
 
 
-def _zigzag(length: int):
-    """The zigzag layout (device r holds chunks r and 2 CP - 1 - r): the tokens' order, and block c's positions."""
-    chunks = np.arange(length).reshape(2 * CP, -1)
-    order = np.concatenate([np.concatenate([chunks[r], chunks[2 * CP - 1 - r]]) for r in range(CP)])
-
-    def positions(c, n):
-        half, j = n // 2, jnp.arange(n)
-        return jnp.where(j < half, c * half + j, (2 * CP - 1 - c) * half + j - half)
-
-    return order, positions
-
-
 def _gradient_change_reordered_by_hand(merge: str) -> float:
     """max |gradient of sum(out ** 2) with the kernel run on the zigzag layout (its positions the zigzag ones),
     the gradient put back in order - jax.jit's as written|, on tied keys."""
     mesh = meshes()["explicit"]
     args = tied_qkv(mesh)
-    order, zigzag = _zigzag(args[0].shape[1])
+    order, zigzag = zigzag_layout(CP, args[0].shape[1])
     back = np.argsort(order)
 
     def loss(body):

@@ -24,7 +24,7 @@ import pytest
 
 from shardfix import autofix_shardings
 from support import ring_user_variants as uv
-from support.ring_user_programs import PROGRAMS, Program, grad_of_two_results, meshes
+from support.ring_user_programs import PROGRAMS, Program, grad_of_two_results, meshes, zigzag_layout
 
 PERMUTATION = "shardfix.sequence_permutation"
 BY_NAME = {p.name: p for p in PROGRAMS}
@@ -237,19 +237,6 @@ def test_backward_of_a_result_made_by_the_same_expression_as_a_proved_one_is_lef
             np.testing.assert_allclose(np.asarray(got), np.asarray(ref), atol=1e-5, err_msg=describe(low))
 
 
-def _zigzag(cp: int, length: int):
-    """The zigzag layout of `length` tokens over cp devices (device r holds chunks r and 2cp - 1 - r): the order of
-    the tokens, and the positions of block c's n tokens in it."""
-    chunks = np.arange(length).reshape(2 * cp, -1)
-    order = np.concatenate([np.concatenate([chunks[r], chunks[2 * cp - 1 - r]]) for r in range(cp)])
-
-    def positions(c, n):
-        half, j = n // 2, jnp.arange(n)
-        return jnp.where(j < half, c * half + j, (2 * cp - 1 - c) * half + j - half)
-
-    return order, positions
-
-
 @pytest.mark.parametrize("name", sorted(uv.TWINS))
 def test_refused_look_alike_would_compute_something_else_if_reordered(name):
     """Each accepted spelling and its refused look-alike, reordered by hand as the pass would with the proof off:
@@ -272,7 +259,7 @@ def _reordered_by_hand(makes: list, finite: bool = False) -> list[float]:
     mesh = _meshes()["explicit"]
     cp = mesh.shape["cp"]
     args = qkv(mesh)
-    order, zigzag = _zigzag(cp, args[0].shape[1])
+    order, zigzag = zigzag_layout(cp, args[0].shape[1])
     permuted = [jax.device_put(np.asarray(x)[:, order], x.sharding) for x in args]
     differences = []
     for make in makes:

@@ -119,6 +119,19 @@ def rope_table(dim: int = D):
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
+def zigzag_layout(cp: int, length: int):
+    """The zigzag layout of `length` tokens over cp devices (device r holds chunks r and 2cp - 1 - r): the order of
+    the tokens, and the positions of block c's n tokens in it (for kernels reordered by hand)."""
+    chunks = np.arange(length).reshape(2 * cp, -1)
+    order = np.concatenate([np.concatenate([chunks[r], chunks[2 * cp - 1 - r]]) for r in range(cp)])
+
+    def positions(c, n):
+        half, j = n // 2, jnp.arange(n)
+        return jnp.where(j < half, c * half + j, (2 * cp - 1 - c) * half + j - half)
+
+    return order, positions
+
+
 def spec3():
     return P("dp", "cp", None)
 
