@@ -369,7 +369,7 @@ def test_a_stop_gradient_in_a_jitted_helper_fails_the_stabiliser_check():
     rule = re.compile(r"which fails here: its derivative follows a rule the forward does not show \(stop_gradient at "
                       rf"[^ ]*test_autodiff_ties\.py:{_STOPPED_LINE}\b")
     whys = _whys(grad, _args(mesh))
-    assert any(rule.search(why) and "jax.nn.softmax, logsumexp" in why for why in whys), whys
+    assert any(rule.search(why) and "jax.nn.softmax and other functions with such rules" in why for why in whys), whys
     assert not any(INVARIANT in why for why in whys)
 
 

@@ -711,13 +711,16 @@ def _exact_rule(jvp: Any) -> bool:
 
 # JAX's own functions whose stop_gradient and abs leave the derivative the function's: jax.nn.logsumexp stops
 # the maximum c it shifts by, and log(sum(exp(a - c))) + c is the same for every c, so holding c constant changes no
-# derivative; its abs is of that sum, which holds exp(0) = 1 wherever the maximum is finite (a row whose scores are
-# all -inf is refused before: logsum.py), so it is never at its kink. Known by the function's code object: the op
+# derivative; its abs is of that sum, which holds exp(0) = 1 wherever the maximum is finite and no weight `b` is
+# given (a row whose scores are all -inf is refused before: logsum.py; with `b` its kink is where the sum is 0 and
+# the result -inf), so it is not at its kink where the result is finite. Known by the function's code object: the op
 # is that function's own where, going out from the binding, that function's frame comes before any frame outside
 # JAX, this package and the standard library (the function converts its arguments, which may run a user's
 # `__jax_array__`: an op bound there is the user's).
 _exact_functions: frozenset | None = None
 _internal_dirs: tuple[str, ...] = ()
+_standard: list[str] = []  # the standard library's directory
+_installed: list[str] = []  # where packages are installed (under the standard library's directory on some Pythons)
 
 
 def _bound_by_exact_function(source_info: Any) -> bool:
@@ -726,10 +729,12 @@ def _bound_by_exact_function(source_info: Any) -> bool:
     if _exact_functions is None:
         import sysconfig
         from jax._src.ops import special
-        _exact_functions = frozenset({special.logsumexp.__code__})
         _internal_dirs = tuple(os.path.join(os.path.dirname(os.path.abspath(m.__file__)), "") for m in (jax, jaxlib))
-        _internal_dirs += (os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ""),
-                           os.path.join(sysconfig.get_paths()["stdlib"], ""))
+        _internal_dirs += (os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ""),)
+        paths = sysconfig.get_paths()
+        _standard[:] = [os.path.join(paths["stdlib"], "")]
+        _installed[:] = [os.path.join(paths[k], "") for k in ("purelib", "platlib")]
+        _exact_functions = frozenset({special.logsumexp.__code__})  # last: set, the others are
     traceback = getattr(source_info, "traceback", None)
     if traceback is None:
         return False
@@ -737,7 +742,9 @@ def _bound_by_exact_function(source_info: Any) -> bool:
     for code in codes:  # innermost first
         if code in _exact_functions:
             return True
-        if not os.path.abspath(code.co_filename).startswith(_internal_dirs):
+        where = os.path.abspath(code.co_filename)
+        if not (where.startswith(_internal_dirs) or where.startswith(tuple(_standard))
+                and not where.startswith(tuple(_installed))):
             return False
     return False
 

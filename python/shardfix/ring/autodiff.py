@@ -229,8 +229,8 @@ def stabiliser_invariant(verdict, backwards: list[RingRegion]) -> str | None:
         shown = "; ".join(rules[:3]) + ("; ..." if len(rules) > 3 else "")
         return (f"its derivative follows a rule the forward does not show ({shown}), so what jax.grad differentiates "
                 f"is not the function proved here (a stop_gradient lowers to nothing, a custom_jvp / custom_vjp to "
-                f"its primal); this is conservative for now: jax.nn.softmax, logsumexp and other functions with such "
-                f"rules in a ring fail it too")
+                f"its primal); this is conservative for now: jax.nn.softmax and other functions with such rules in a "
+                f"ring fail it too (jnp.logaddexp and jax.nn.logsumexp do not)")
     kinks = tuple(dict.fromkeys(forward.kinks + tuple(k for t in found for k in t.kinks)))
     for j in sorted({j for t in found for j in t.cotangents().values()}):
         fn = next((verdict.result_fns[i] for i, slot in enumerate(forward.slots)

@@ -133,7 +133,8 @@ def _note_max(engine: Engine, score: int, cov: Coverage, ident) -> None:
     canonical now where it is blocks alone, None where it holds a loop's unknown coverage (which may be found equal
     to any other later)."""
     cov = engine.canonical_cov(cov)
-    known = None if any(isinstance(p, CoverageVar) for p in cov.parts) else str(cov)
+    # as logsum's atoms compare them: the parts in any order (MAX(A u B) is MAX(B u A))
+    known = None if any(isinstance(p, CoverageVar) for p in cov.parts) else tuple(sorted(map(str, cov.parts)))
     stabiliser.note_lse_max(engine.fns, score, (known, ident))
 
 

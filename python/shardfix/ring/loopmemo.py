@@ -43,7 +43,9 @@ def memoized(analyse: Callable[[Engine, ir.Operation, list], list]) -> Callable[
         if key is not None:
             found = state.loop_memo.get(key)
             if found is not None:
-                results, rewrites, units, obligations, directions, aliases = found
+                results, rewrites, units, obligations, directions, aliases, notes = found
+                for note, a, b in notes:  # what it noted of maxima (stabiliser.py), again: a call's memo around
+                    note(engine.fns, a, b)  # this loop records it from the notes
                 for k, v in rewrites:
                     state.rewrites[k] = v
                 for k, v in units:
@@ -54,12 +56,13 @@ def memoized(analyse: Callable[[Engine, ir.Operation, list], list]) -> Callable[
                     state.cov_alias[k] = v
                 return list(results)
         before = (dict(state.rewrites), dict(state.units), len(state.obligations), set(state.directions),
-                  dict(state.cov_alias))
+                  dict(state.cov_alias), len(engine.fns.notes))
         results = analyse(engine, op, inits)
         if key is not None:
             state.loop_memo[key] = (tuple(results), _changed(before[0], state.rewrites),
                                      _changed(before[1], state.units), tuple(state.obligations[before[2]:]),
-                                     frozenset(state.directions - before[3]), _changed(before[4], state.cov_alias))
+                                     frozenset(state.directions - before[3]), _changed(before[4], state.cov_alias),
+                                     tuple(engine.fns.notes[before[5]:]))
         return results
 
     return run

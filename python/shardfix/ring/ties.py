@@ -38,9 +38,10 @@ class Tie:
     original results whose cotangent was symbolically zero (no cotangent operand differentiates them). `rules`: the
     derivative rules JAX met in the ring's body that the module does not show (a stop_gradient lowers to nothing, a
     custom_jvp / custom_vjp function to its primal), each as "stop_gradient at file:line": where there is one, what
-    jax.grad differentiates is not the function the forward region computes. `kinks`: the ops JAX differentiated in
-    the ring's body by a standard rule that, at the op's kink, is not the average of its two sides' derivatives (abs,
-    "abs at file:line"; stabiliser.py says where that matters)."""
+    jax.grad differentiates is not the function the forward region computes. `kinks`: the ops with a kink (max, min,
+    abs) JAX differentiated in the ring's body by their standard rules ("abs at file:line"): at a tie max and min
+    halve the cotangent and abs takes one side, which stabiliser.py and autodiff.py refuse where a log-sum-exp merge
+    splits cases on such an op."""
 
     ring: int
     role: Role
