@@ -21,8 +21,7 @@ from jax import lax
 
 from shardfix import autofix_shardings
 from support import ring_user_kernels as uk
-from support.ring_user_programs import meshes, rope_table, sharded, qkv, replicated
-from test_ring_user_programs import _zigzag
+from support.ring_user_programs import meshes, rope_table, sharded, qkv, replicated, zigzag_layout
 
 CP = 4
 
@@ -97,7 +96,7 @@ def test_a_residual_handing_the_backward_positions_is_refused_and_the_refusal_is
     assert [r.applied for r in low.rings] == [True, True], [r.why for r in low.rings]
 
     # the twins, reordered by hand: tokens in the zigzag layout, every position the forward reads the zigzag one
-    order, zigzag = _zigzag(CP, args[0].shape[1])
+    order, zigzag = zigzag_layout(CP, args[0].shape[1])
     permuted = [jax.device_put(np.asarray(x)[:, order], x.sharding) for x in args[:3]] + list(args[3:])
     want = jax.jit(_grad(_rope_ring(), (0, 1, 2, 3, 4)))(*args)
     gaps = []
