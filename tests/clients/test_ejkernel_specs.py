@@ -5,7 +5,6 @@ test-only dependency of the oldest leg (it needs jax~=0.10); conftest collects t
 import itertools
 
 import jax
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
@@ -79,6 +78,6 @@ def _without(entry, names):
 
 
 def test_enough_examples_were_compared():
-    if not generated:
-        pytest.fail("test_equals_ejkernel did not run first")
+    if not generated:  # run apart from it (another worker ran it): compare them here
+        test_equals_ejkernel()
     assert len(generated) >= 2000, len(generated)
