@@ -239,7 +239,8 @@ def stabiliser_invariant(verdict, backwards: list[RingRegion]) -> str | None:
             return f"result {j} is not a function of its tokens the proof knows whole"
         why = invariant(verdict.fns, fn, verdict.ring.region)
         if why is None and kinks and merges_lse(verdict.fns, fn) and splits_lse(verdict.fns, verdict.ring.region):
-            why = (f"merges log-sum-exps and JAX differentiates {'; '.join(kinks[:3])}: where a merge's operands tie, abs's "
+            named = "; ".join(kinks[:3])
+            why = (f"merges log-sum-exps and JAX differentiates {named}: where a merge's operands tie, abs's "
                    "derivative takes one side (it is 1 at 0) and max's or min's splits the cotangent evenly, "
                    "splits that multiply where they nest (max(max(lse, lse_blk), lse_blk)), so the derivative "
                    "need not be the merged function's and depends on which is the running state and which the new "

@@ -123,8 +123,8 @@ def note_complete(fns, fn: int, ident) -> None:
 def note_lse_max(fns, score: int, read) -> None:
     """A maximum of the function `score` (a block's, or a running one) that logsum.py reads as a number (an atom of
     its exact arithmetic, where two maxima of one value cancel): `read` is (its coverage's class: the canonical
-    coverage's parts as sorted strings, None for one holding a loop's unknown coverage; its identity), noted for the ring region
-    being proved and logged for the call memo as note_complete is. `_lse_invariant` asks that the maxima of one
+    coverage's parts as sorted strings, None for one holding a loop's unknown coverage; its identity), noted for
+    the ring region being proved and logged for the call memo as note_complete is. `_lse_invariant` asks that the maxima of one
     function read over one coverage be one computation."""
     fns.lse_maxima.setdefault((score, fns.owner), set()).add(read)
     fns.notes.append((note_lse_max, score, read))
@@ -375,4 +375,5 @@ def _ew(fns, name: str, attrs: str, forms: list):
 
 
 __all__ = ["check_loop", "complete_ident", "describe", "invariant", "join", "max_ident", "memo_key", "merges_lse",
-           "note_complete", "note_lse_max", "note_lse_split", "splits_lse", "pair", "resolve", "same", "shift_var", "slot_ident"]
+           "note_complete", "note_lse_max", "note_lse_split", "splits_lse", "pair", "resolve", "same", "shift_var",
+           "slot_ident"]
