@@ -312,7 +312,7 @@ def test_the_stabiliser_check_reads_lse_and_softmax_forms_of_one_maximum():
 
     def complete(op, term, ident):
         fn = fns.intern(("complete", op, term, scores, len(fns.keys)))  # one fn per maximum, as two folds give
-        stabiliser.note_complete(fns, fn, ident)
+        stabiliser.note_complete(fns, fn, (ident, None))
         return fn
 
     def ew(name, *args):
@@ -335,6 +335,54 @@ def test_the_stabiliser_check_reads_lse_and_softmax_forms_of_one_maximum():
     fns.bound[("shift-of", "loop", 2, scores)] = None
     assert "can't name" in stabiliser.invariant(fns, ew("divide", acc, lost))
 
+
+
+def test_one_function_made_by_a_maximum_per_chunk_of_tokens():
+    """A function computed once per query chunk, each chunk with its own running maximum (a blockwise kernel's
+    Python loop over chunks), names the map from each chunk's tokens to its maximum: acc / l and m + log(l) with
+    the same map are free of every maximum; a map that pairs a chunk with another's maximum, two maxima of
+    overlapping tokens (as two folds of the same rows give), tokens of other blocks or not known name none."""
+    from shardfix.ring import stabiliser
+    from shardfix.ring.analysis import FnTable
+    from shardfix.ring.values import AggOp
+
+    fns = FnTable()
+    scores, weight = fns.intern(("operand", 0, 0, None)), fns.intern(("operand", 0, 1, None))
+    one = fns.intern(("const", repr(1.0)))
+
+    def complete(op, term, *reads):
+        fn = fns.intern(("complete", op, term, scores, len(fns.keys)))
+        for read in reads:
+            stabiliser.note_complete(fns, fn, read)
+        return fn
+
+    def ew(name, *args):
+        return fns.intern(("ew", f"stablehlo.{name}", "", args))
+
+    a, b, c = (("slot", "loop", i, scores) for i in range(3))
+    first, second, third = (0, 0, 7), (0, 8, 15), (0, 16, 23)
+    chunks = ((a, first), (b, second))
+    m, acc = complete(AggOp.MAX, 0, *chunks), complete(AggOp.SSUM, weight, *chunks)
+    l = complete(AggOp.SSUM, one, *chunks)
+    assert stabiliser.complete_ident(fns, l) == ("by-tokens", frozenset(chunks))
+    assert stabiliser.invariant(fns, ew("divide", acc, l)) is None
+    assert stabiliser.invariant(fns, ew("add", m, ew("log", l))) is None
+    assert "(1 times it)" in stabiliser.invariant(fns, m)
+    crossed = complete(AggOp.SSUM, one, (a, second), (b, first))
+    assert "two different running maxima" in stabiliser.invariant(fns, ew("divide", acc, crossed))
+    fewer = complete(AggOp.SSUM, one, (a, first))
+    assert "two different running maxima" in stabiliser.invariant(fns, ew("divide", acc, fewer))
+    # a span reaching over a later one of another maximum, past the one between them
+    nested = complete(AggOp.SSUM, one, (a, (0, 0, 20)), (a, (0, 2, 4)), (b, (0, 8, 10)))
+    overlapping = complete(AggOp.SSUM, one, (a, first), (b, (0, 7, 15)))
+    elsewhere = complete(AggOp.SSUM, one, (a, first), (b, (1, 8, 15)))
+    unknown = complete(AggOp.SSUM, one, (a, first), (b, None))
+    for made in (nested, overlapping, elsewhere, unknown):
+        assert stabiliser.complete_ident(fns, made) is None
+        assert "can't name" in stabiliser.invariant(fns, ew("divide", made, made))
+    # one maximum noted twice over the same tokens, beside a third chunk's: still a map
+    again = complete(AggOp.SSUM, one, (a, first), (a, first), (c, third))
+    assert stabiliser.complete_ident(fns, again) == ("by-tokens", frozenset({(a, first), (c, third)}))
 
 @jax.jit
 def _stopped_weights(s, m):

@@ -174,7 +174,7 @@ def try_complete(engine: Engine, value: Data) -> Data:
     fn = engine.fns.intern(("complete", agg.op, agg.term, agg.score) + (() if agg.start is None else (agg.start,)),
                            engine.fns.depends(agg.term) | engine.fns.depends(agg.score))
     if agg.op in (AggOp.MAX, AggOp.MIN, AggOp.SSUM, AggOp.SHIFT):
-        stabiliser.note_complete(engine.fns, fn, agg.ident)
+        stabiliser.note_complete(engine.fns, fn, (agg.ident, home_tokens(value)))
     axes = value.axes
     if agg.home is None:
         axes = ()
@@ -291,6 +291,22 @@ def start_value(engine: Engine, value: Data, agg_value: Data) -> bool:
         return True
     return all(r == CONST or (r == FREE and d < len(agg_value.dims) and agg_value.dims[d] == FREE)
                for d, r in enumerate(value.dims))
+
+
+def home_tokens(value: Data) -> tuple | None:
+    """The tokens an aggregate's rows hold, as (the block's hop, the least local token, the greatest), where its
+    home axis starts at a known token and no dim is stacked (then each element holds other tokens); else None."""
+    axis = home_axis(value)
+    if axis is None or not axis.offset.is_const or value.elements or \
+            any(isinstance(r, Stack) for r in value.dims):
+        return None
+    home = value.agg.home
+    strides = [(n, r.stride) for n, r in zip(value.shape, value.dims) if isinstance(r, Tok) and r.axis == home]
+    if not strides:
+        return None
+    lo = axis.offset.const + sum((n - 1) * min(stride, 0) for n, stride in strides)
+    hi = axis.offset.const + sum((n - 1) * max(stride, 0) for n, stride in strides)
+    return axis.hop, lo, hi
 
 
 def home_axis(value: Data) -> Axis | None:
@@ -486,19 +502,23 @@ def _maximum(engine: Engine, op, values: list[Data]) -> Data:
             number = engine.fns.constant(q.fn)
             if p.agg.finite or number is None or not math.isfinite(number):
                 # a start of input data (a sink logit) may be -inf itself
-                return p.with_(agg=dataclasses.replace(p.agg, ident=stabiliser.max_ident(op, p.fn)))
-            return _new_max(engine, op, p, dataclasses.replace(p.agg, finite=True))
+                return p.with_(agg=dataclasses.replace(p.agg, ident=stabiliser.max_ident(
+                    op, p.fn, stabiliser.resolve(engine.fns, p.agg.ident), q.fn)))
+            return _new_max(engine, op, p, dataclasses.replace(p.agg, finite=True), p, q)
     if a.agg is None or b.agg is None or a.agg.op != AggOp.MAX or b.agg.op != AggOp.MAX or a.agg.score != b.agg.score:
         engine.refuse("takes the maximum of different aggregates", op)
     aligned(engine, op, a, b)
     merged = Agg(AggOp.MAX, a.agg.home, a.agg.term, union_cov(engine, op, a.agg.cov, b.agg.cov), a.agg.score,
                  finite=a.agg.finite or b.agg.finite)
-    return _new_max(engine, op, a, merged)
+    return _new_max(engine, op, a, merged, a, b)
 
 
-def _new_max(engine: Engine, op, value: Data, agg: Agg) -> Data:
-    """`value` with aggregate `agg`, a maximum `op` computes: another maximum than its operands (stabiliser.py)."""
-    return with_agg(engine, value, dataclasses.replace(agg, ident=stabiliser.max_ident(op, agg_fn(engine, agg))))
+def _new_max(engine: Engine, op, value: Data, agg: Agg, *operands: Data) -> Data:
+    """`value` with aggregate `agg`, a maximum `op` computes from `operands`: another maximum than its operands,
+    named with theirs (stabiliser.max_ident; an operand that is no aggregate, a floor, by its function)."""
+    history = tuple(stabiliser.resolve(engine.fns, x.agg.ident) if x.agg is not None else x.fn for x in operands)
+    return with_agg(engine, value, dataclasses.replace(
+        agg, ident=stabiliser.max_ident(op, agg_fn(engine, agg), *history)))
 
 
 def _subtract(engine: Engine, op, values: list[Data]) -> Data:

@@ -126,6 +126,7 @@ class FnTable:
         self.lse_splits: dict = {}  # the ring region -> the ops whose cases logsum.py split on (note_lse_split)
         # every (note function, fn, identity) noted, in order (what a call's analysis noted, for its memo)
         self.notes: list = []
+        self.undo: list = []  # (table, key, item) each note added, in order (stabiliser.rollback)
 
     def intern(self, key, depends: frozenset = frozenset(), read_at: tuple | None = None) -> int:
         """The function `key` describes; `read_at`: where it reads a loop variable as data, if it does (else the

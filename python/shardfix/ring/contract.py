@@ -39,7 +39,12 @@ def concatenate(engine: Engine, op, values: list[Data], dim: int, out) -> Data:
                               axes=tuple((k, a) for k, a in v.axes if k in keys)))
     merged_roles, axes = unify(engine, op, others, others[0].shape)
     merged_roles = list(merged_roles)
-    if all(r in (CONST, FREE) for r in roles):
+    # copies of one value that is the same all along the dim (a state's start, cut into chunks and put back): the
+    # same value, longer
+    copies = all(r == CONST for r in roles) and all(v.agg is None and v.fn == values[0].fn for v in values)
+    if copies:
+        merged_roles[dim] = CONST
+    elif all(r in (CONST, FREE) for r in roles):
         merged_roles[dim] = FREE if out[dim] > 1 else CONST
     elif all(isinstance(r, Tok) for r in roles):
         # consecutive runs of one block, in order, make a longer run of it
@@ -56,10 +61,14 @@ def concatenate(engine: Engine, op, values: list[Data], dim: int, out) -> Data:
         # other dims of the same axis (none expected for a run) are left as unified
     else:
         engine.refuse("concatenates token data with other data along the token dim", op)
-    fn = ew_fn(engine, op.name, str(dim), values)
+    fn = values[0].fn if copies else ew_fn(engine, op.name, str(dim), values)
     agg = values[0].agg
     result = canonical(Data(tuple(out), tuple(merged_roles), tuple(axes.items()), fn))
     if agg is not None:
+        # one maximum (or shift) for every piece, or none the result can name (stabiliser.py): the pieces' states
+        # may have been folded each its own way
+        if len({stabiliser.resolve(engine.fns, v.agg.ident) for v in values}) != 1:
+            agg = replace(agg, ident=None)
         home = agg.home
         result = with_agg(engine, result, replace(agg, home=_rehome(result, values[0], home)))
     return result
@@ -319,7 +328,8 @@ def all_reduce(engine: Engine, op):
             engine.refuse("all-reduces an aggregate whose extent is still unknown", op)
         merged = Agg(agg.op, None, agg.term, everyone, agg.score)
         if agg.op in (AggOp.MAX, AggOp.MIN):  # the devices' maximum, another than each one's
-            merged = replace(merged, ident=stabiliser.max_ident(op, agg_fn(engine, merged)))
+            merged = replace(merged, ident=stabiliser.max_ident(op, agg_fn(engine, merged),
+                                                                stabiliser.resolve(engine.fns, agg.ident)))
         done = try_complete(engine, with_agg(engine, value, merged))
         if done.agg is not None:
             engine.refuse("all-reduces an aggregate that does not cover every token of its own block", op)

@@ -281,12 +281,13 @@ class _Plan:
 
 def _snapshot(state):
     return (dict(state.rewrites), dict(state.units), list(state.obligations), set(state.unknown_vars),
-            set(state.directions), dict(state.cov_alias))
+            set(state.directions), dict(state.cov_alias), stabiliser.mark(state.fns))
 
 
 def _restore(state, saved) -> None:
     (state.rewrites, state.units, state.obligations[:], state.unknown_vars, state.directions,
-     state.cov_alias) = saved
+     state.cov_alias, notes) = saved
+    stabiliser.rollback(state.fns, notes)
 
 
 def _discover(engine: Engine, op, inits, passthrough, counter) -> _Plan:

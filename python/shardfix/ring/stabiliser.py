@@ -10,13 +10,17 @@ value-semantic, can't tell them apart) but not the same function of the blocks' 
 sends them opposite, nonzero cotangents.
 
 So each aggregate carries the identity of its maximum (values.Agg.ident): a maximum is named by the op that merged
-it (with its value, so one op of a function called on other data is another maximum) or by the loop slot carrying
-it; a sum carried by a loop is shifted by an unknown maximum (a variable, `shift_var`) that the first rescaling
-binds and the loop's recurrence checks (`check_slot`: the slot it is bound to is the one whose next value the
-returned sum is shifted by). Anything else loses the identity (None), which fails the check: nothing here refuses
-or changes a decision. `invariant` then reads a result's function (the fn keys) as exp(c·M)·F or c·M + F in one
-maximum M and says whether c is 0. A log-sum-exp merge's lse(C) and out(C) (logsum.py reads maxima by value there)
-take `_lse_invariant` instead: the maxima it read as numbers, noted with their identities (`note_lse_max`).
+it, with its value and the identities of what it merged (`max_ident`: one op of a function called on other data,
+or on maxima merged in another order, is another maximum), or by the loop slot carrying it; a sum carried by a
+loop is shifted by an unknown maximum (a variable, `shift_var`) that the first rescaling binds and the loop's
+recurrence checks (`check_loop`: the slot it is bound to is the one whose next value the returned sum is shifted
+by). A loop's first pass names maxima by provisional values; what it noted is rolled back (`mark`, `rollback`).
+Anything else loses the identity (None), which fails the check: nothing here refuses or changes a decision.
+`invariant` then reads a result's function (the fn keys) as exp(c·M)·F or c·M + F in one maximum M and says whether
+c is 0; a function computed once per chunk of rows, each chunk's state with its own maximum, names the map from
+each chunk's tokens to its maximum (`complete_ident`). A log-sum-exp merge's lse(C) and out(C) (logsum.py reads
+maxima by value there) take `_lse_invariant` instead: the maxima it read as numbers, noted with their identities
+(`note_lse_max`).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from .values import AggOp, Data
 
 _LEAVES = frozenset({"operand", "const", "iota", "index", "positional"})
 _MERGED_LOGS = frozenset({AggOp.LSE, AggOp.NSUM, AggOp.LOGSUM})
+_BY_TOKENS = "by-tokens"  # complete_ident's map from tokens to maxima
 _SHIFTED = frozenset({AggOp.MAX, AggOp.MIN, AggOp.SSUM, AggOp.SHIFT, AggOp.DIFF, AggOp.MDIFF, AggOp.EXP})
 
 
@@ -34,10 +39,14 @@ _SHIFTED = frozenset({AggOp.MAX, AggOp.MIN, AggOp.SSUM, AggOp.SHIFT, AggOp.DIFF,
 # Identities.
 
 
-def max_ident(op, agg_fn: int) -> tuple:
-    """A maximum merged (or reduced, or floored) by `op`, holding the value `agg_fn` (the op object keeps the
-    identity from naming another op once this one is gone)."""
-    return ("max", op, agg_fn)
+def max_ident(op, agg_fn: int, *history) -> tuple:
+    """A maximum merged (or reduced, or floored) by `op`, holding the value `agg_fn`, from the maxima `history`
+    (the identities of the maxima it merged, in operand order; none for a block's own maximum, a reduction of
+    scores). The op object keeps the identity from naming another op once this one is gone. Two computations are
+    one only where their every merge is: the same op (a jitted helper's is one op for every call) with the same
+    value is another computation where what it merged was (two folds whose last merge is one helper call, after
+    the blocks before it were merged in other orders, split ties their own ways)."""
+    return ("max", op, agg_fn) + history
 
 
 def slot_ident(op, i: int, score: int) -> tuple:
@@ -70,14 +79,22 @@ def same(fns, a, b):
         return a
     for var, other in ((a, b), (b, a)):
         if _is_var(var):
-            fns.bound[var] = other
+            _bind(fns, var, other)
             return other
     return None
 
 
+def _bind(fns, var, ident) -> None:
+    """An unknown shift bound to a maximum (None: lost), logged as notes are (a memo replaying a loop's or a call's
+    analysis binds it again)."""
+    fns.bound[var] = ident
+    fns.notes.append((_bind, var, ident))
+
+
 def pair(ident, at: int):
     """One end (0: from, 1: to) of a rescaling's identity."""
-    return ident[at] if isinstance(ident, tuple) and len(ident) == 2 and ident[0] not in ("max", "slot") else None
+    return ident[at] if isinstance(ident, tuple) and len(ident) == 2 and ident[0] not in ("max", "slot", _BY_TOKENS) \
+        else None
 
 
 def check_loop(fns, op, inits: list, placeholders: list, returned: list) -> None:
@@ -87,7 +104,7 @@ def check_loop(fns, op, inits: list, placeholders: list, returned: list) -> None
     for i, ph in enumerate(placeholders):
         if isinstance(ph, Data) and ph.agg is not None and _is_var(ph.agg.ident) and isinstance(returned[i], Data) \
                 and returned[i].agg is not None and not _holds(fns, ph.agg.ident, i, inits, placeholders, returned):
-            fns.bound[ph.agg.ident] = None
+            _bind(fns, ph.agg.ident, None)
 
 
 def _holds(fns, var, i: int, inits: list, placeholders: list, returned: list) -> bool:
@@ -111,30 +128,82 @@ def _empty(fns, value) -> bool:
     return isinstance(value, Data) and value.agg is None and fns.constant(value.fn) == 0.0
 
 
-def note_complete(fns, fn: int, ident) -> None:
-    """The identity of a complete aggregate `fn` names (complete fns are interned by value, so one fn may be made
-    from several maxima: then it names none), noted for the ring region being proved (`fns.owner`: the table is the
-    module's, and the fns of two rings fed alike intern alike, though made by other maxima), and logged for the call
-    memo to note again where it reuses a call's analysis (analysis.Engine.call)."""
-    fns.idents.setdefault(fn, set()).add((ident, fns.owner))
-    fns.notes.append((note_complete, fn, ident))
+def note_complete(fns, fn: int, read: tuple) -> None:
+    """The identity of a complete aggregate `fn` names, with the tokens its rows hold (`read`: (identity, tokens);
+    tokens as algebra.home_tokens gives them, None where not known), noted for the ring region being proved
+    (`fns.owner`: the table is the module's, and the fns of two rings fed alike intern alike, though made by other
+    maxima), and logged for the call memo to note again where it reuses a call's analysis (analysis.Engine.call).
+    Complete fns are interned by value, so one fn may be made from several maxima: `complete_ident`."""
+    ident, tokens = read
+    _add(fns, fns.idents, fn, (ident, fns.owner, tokens))
+    fns.notes.append((note_complete, fn, read))
 
 
 def note_lse_max(fns, score: int, read) -> None:
     """A maximum of the function `score` (a block's, or a running one) that logsum.py reads as a number (an atom of
     its exact arithmetic, where two maxima of one value cancel): `read` is (its coverage's class: the canonical
     coverage's parts as sorted strings, None for one holding a loop's unknown coverage; its identity), noted for
-    the ring region being proved and logged for the call memo as note_complete is. `_lse_invariant` asks that the maxima of one
-    function read over one coverage be one computation."""
-    fns.lse_maxima.setdefault((score, fns.owner), set()).add(read)
+    the ring region being proved and logged for the call memo as note_complete is. `_lse_invariant` asks that the
+    maxima of one function read over one coverage be one computation."""
+    _add(fns, fns.lse_maxima, (score, fns.owner), read)
     fns.notes.append((note_lse_max, score, read))
 
 
+def _add(fns, table: dict, key, item) -> None:
+    held = table.setdefault(key, set())
+    if item not in held:
+        held.add(item)
+        fns.undo.append((table, key, item))
+
+
+def mark(fns) -> tuple:
+    """Where the notes stand, for `rollback`: a loop's first pass (loops._discover) runs its body on provisional
+    values, whose maxima are named by what the pass takes the carried ones to be; the pass after it names them as
+    every iteration computes them, and only its notes and bindings hold."""
+    return len(fns.notes), len(fns.undo), dict(fns.bound)
+
+
+def rollback(fns, marked: tuple) -> None:
+    """The notes and bindings as they were at `mark`."""
+    notes, undo, bound = marked
+    del fns.notes[notes:]
+    while len(fns.undo) > undo:
+        table, key, item = fns.undo.pop()
+        table[key].discard(item)
+    fns.bound.clear()
+    fns.bound.update(bound)
+
+
 def complete_ident(fns, fn: int, owner=None):
-    """The one maximum the complete aggregate `fn` was made from in the proof of ring region `owner` (None: in any
-    region's), None if several (or lost)."""
-    found = {resolve(fns, ident) for ident, by in fns.idents.get(fn, ()) if owner is None or by == owner}
-    return found.pop() if len(found) == 1 else None
+    """The maximum the complete aggregate `fn` was made from in the proof of ring region `owner` (None: in any
+    region's): the one maximum every computation of it names; or, where its computations (one per maximum) hold
+    disjoint tokens of one block (a query chunk each, a running maximum each), the map from each one's tokens to its
+    maximum, as (_BY_TOKENS, frozenset of (maximum, (hop, first, last))); None if neither (or lost).
+
+    The map names the maximum of every read of `fn`: each computation is noted with the tokens its rows hold, a value
+    keeps its tokens whatever moves it, and the analysis combines values elementwise only where they hold the same
+    tokens (algebra.unify), so a token's value of `fn` comes from the one computation holding that token, shifted by
+    its maximum. Two functions with equal maps are shifted by the same maximum at every token, as two with one
+    maximum are."""
+    reads = {(resolve(fns, ident), tokens) for ident, by, tokens in fns.idents.get(fn, ())
+             if owner is None or by == owner}
+    found = {ident for ident, _ in reads}
+    if len(found) == 1:
+        return found.pop()
+    if not found or None in found or any(tokens is None for _, tokens in reads):
+        return None
+    if len({tokens[0] for _, tokens in reads}) != 1:
+        return None  # tokens of other blocks: not compared
+    # in order of their first tokens, each span must start after every span of another maximum has ended: the two
+    # furthest-reaching maxima so far (of the spans before it) say so
+    reach: list = []  # [(maximum, its furthest last token)], at most two, the furthest first
+    for ident, (_, first, last) in sorted(reads, key=lambda read: read[1][1:]):
+        if any(other != ident and first <= end for other, end in reach):
+            return None  # two maxima of the same tokens
+        ends = dict(reach)
+        ends[ident] = max(last, ends.get(ident, last))
+        reach = sorted(ends.items(), key=lambda item: -item[1])[:2]
+    return _BY_TOKENS, frozenset(reads)
 
 
 def join(fns, op, per_branch: list[list], out: list) -> list:
@@ -165,6 +234,9 @@ def memo_key(values) -> tuple:
 
 
 def describe(ident) -> str:
+    if isinstance(ident, tuple) and ident and ident[0] == _BY_TOKENS:
+        return "the running maxima of its rows' chunks (" + "; ".join(
+            sorted(f"tokens {first}..{last}: {describe(one)}" for one, (_, first, last) in ident[1])) + ")"
     if isinstance(ident, tuple) and ident and ident[0] == "slot":
         return f"the running maximum carried in slot {ident[2]} of the loop at {_where(ident[1])}"
     if isinstance(ident, tuple) and ident and ident[0] == "max":
@@ -228,7 +300,7 @@ def _compute(fns, fn: int, memo: dict, owner):
         if head == "agg":
             return "reads a running sum or maximum before every block is merged into it"
         ident = complete_ident(fns, fn, owner)
-        if ident is None or pair(ident, 0) is not None:
+        if ident is None or any(pair(one, 0) is not None for one in _members(ident)):
             return "depends on a running maximum the analysis can't name (a sum not shifted by one maximum at every " \
                    "step, or two maxima of the same scores that one function holds)"
         if key[1] in (AggOp.MAX, AggOp.MIN):
@@ -248,7 +320,7 @@ def note_lse_split(fns, op) -> None:
     """logsum.py split cases on the sign of a difference of log-sum-exps at `op` (a max, min or abs of them), in
     the proof of the ring region being proved: where JAX differentiates such an op (Tie.kinks), its derivative at
     the tie need not be the merged function's (autodiff.stabiliser_invariant). Logged for the call memo."""
-    fns.lse_splits.setdefault(fns.owner, set()).add(op)
+    _add(fns, fns.lse_splits, fns.owner, op)
     fns.notes.append((_note_split, op, None))
 
 
@@ -315,11 +387,18 @@ def merges_lse(fns, fn: int) -> bool:
     return False
 
 
+def _members(ident) -> list:
+    """The maxima an identity names: those of a map by tokens, else itself."""
+    if isinstance(ident, tuple) and ident and ident[0] == _BY_TOKENS:
+        return [one for one, _ in ident[1]]
+    return [ident]
+
+
 def _computation(ident):
-    """What computes a maximum: the op (a maximum named by the op that merged it, whatever value it held), or the
-    loop slot carrying it."""
+    """What computes a maximum: the op that merged it and what it merged (whatever value it held), or the loop slot
+    carrying it."""
     if isinstance(ident, tuple) and ident and ident[0] == "max":
-        return ("max", ident[1])
+        return ident[:2] + ident[3:]
     return ident
 
 
@@ -339,6 +418,13 @@ def _ew(fns, name: str, attrs: str, forms: list):
         return _INV
     if name == "convert" and not attrs.startswith(("i", "ui")):
         return forms[0]  # float <-> float: the same value
+    if name == "concatenate":
+        # pieces of one form (a chunk of rows each, shifted by its own maximum where the form names them by tokens:
+        # the pieces keep their tokens) put side by side: that form
+        if all(f == forms[0] for f in forms):
+            return forms[0]
+        ident = next(f[1] for f in forms if f != _INV)
+        return f"concatenates values that depend on {describe(ident)} in different ways"
     if name == "negate":
         kind, ident, c = forms[0]
         return _norm(kind, ident, -c) if kind == "add" else forms[0]
@@ -374,6 +460,6 @@ def _ew(fns, name: str, attrs: str, forms: list):
     return _norm("mul", ident, ca + cb if name == "multiply" else ca - cb)
 
 
-__all__ = ["check_loop", "complete_ident", "describe", "invariant", "join", "max_ident", "memo_key", "merges_lse",
-           "note_complete", "note_lse_max", "note_lse_split", "splits_lse", "pair", "resolve", "same", "shift_var",
-           "slot_ident"]
+__all__ = ["check_loop", "complete_ident", "describe", "invariant", "join", "mark", "max_ident", "memo_key",
+           "merges_lse", "note_complete", "note_lse_max", "note_lse_split", "pair", "resolve", "rollback", "same",
+           "shift_var", "slot_ident", "splits_lse"]
