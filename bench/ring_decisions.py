@@ -33,15 +33,15 @@ REFUSED = re.compile(r"not provably safe: (?P<op>'[^']+')(?: at \S+(?: \(in \S+\
 Build = Callable[[jax.sharding.Mesh, bool], tuple[Callable, tuple]]
 
 # The programs of tests/support/ring_user_programs.py shown, one per kind of mask and structure.
-USER = ("blockwise-causal", "blockwise-causal-segments", "blockwise-window40", "blockwise-window8",
-        "blockwise-alibi", "blockwise-prefix20", "blockwise-chunked16", "blockwise-sinks", "fori-causal",
-        "fori-causal-rope-table", "fori-causal-prefill-offset", "fori-causal-softmax-aux", "fori-bidirectional",
-        "nested-blockwise-causal", "project-scan-vjp", "vjp-causal", "variant-full-init", "variant-full-init-window20",
-        "variant-carried-source", "variant-ppermuted-source@auto", "refuse-all-gather-into-buffer",
-        "refuse-device-keyed-dropout", "refuse-sorted-keys", "refuse-positions-left-behind",
-        "refuse-int-truncated-sum", "refuse-carried-source-wrong-modulus", "lse-logaddexp", "refuse-lse-sigmoid-peeled",
-        "refuse-lse-guarded-sigmoid-inf", "blockwise-causal-lse", "vjp-lse-logaddexp", "lse-max-log1p", "refuse-lse-decayed",
-        "refuse-lse-sigmoid-sentinel-start")
+USER = ("blockwise-causal", "blockwise-python-causal", "blockwise-causal-segments", "blockwise-window40",
+        "blockwise-window8", "blockwise-alibi", "blockwise-prefix20", "blockwise-chunked16", "blockwise-sinks",
+        "fori-causal", "fori-causal-rope-table", "fori-causal-prefill-offset", "fori-causal-softmax-aux",
+        "fori-bidirectional", "nested-blockwise-causal", "project-scan-vjp", "vjp-causal", "variant-full-init",
+        "variant-full-init-window20", "variant-carried-source", "variant-ppermuted-source@auto",
+        "refuse-all-gather-into-buffer", "refuse-device-keyed-dropout", "refuse-sorted-keys",
+        "refuse-positions-left-behind", "refuse-int-truncated-sum", "refuse-carried-source-wrong-modulus",
+        "lse-logaddexp", "refuse-lse-sigmoid-peeled", "refuse-lse-guarded-sigmoid-inf", "blockwise-causal-lse",
+        "vjp-lse-logaddexp", "lse-max-log1p", "refuse-lse-decayed", "refuse-lse-sigmoid-sentinel-start")
 
 
 def _ejkernel(mesh, variant: str, grad: bool):

@@ -74,7 +74,7 @@ DEFAULTS = {"blockwise-chunks", "blockwise-remat", "vmap-heads", "scan-over-laye
 # Gradients compared: those whose backward the pass rewrites under zigzag (the others' backward rings are left
 # alone, so their gradient program is jax.jit's), and one must-refuse program.
 GRAD = ["q-ring-causal", "rope-on-the-fly", "layout-k-transposed", "stacked-kv", "lse-carry", "lax-max-normalised",
-        "refuse-cond-skip-block-index"]
+        "blockwise-chunks", "refuse-cond-skip-block-index"]
 # Rings the detector does not find (blocks sent 2 or 3 devices along): no decision, nothing rewritten.
 UNDETECTED = {"ring-shift3", "refuse-dilated-ring-shift2"}
 

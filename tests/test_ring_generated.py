@@ -3,11 +3,13 @@ other, with or without their positions, positions from data, from axis_index or 
 carries (stepped `(src - 1) % cp` or `(src + cp - 1) % cp`), in a loop of one ring step an iteration, of two (by
 hand, or lax.scan's unroll=2) or unrolled, masks computed from positions by any arithmetic (causal, sliding window,
 a window offset by a constant, ALiBi, floor-divided chunks), order-free merges (step-0 resets, a sink logit in the
-start state, each block's (out, lse) merged by logaddexp, its formula written out, or the sigmoid form among them), and the order-sensitive or position-reading steps that break them: a carried source stepped
-modulo the wrong number or two steps while the blocks travel one, a window measured from a block's first position, a
-running sum truncated to integers, a decayed merge of the blocks' outputs), some differentiated by jax.grad. Each program is either rewritten by
-ring-reorder and then computes what jax.jit of it computes (to 1e-5), or refused with the op and the line that broke
-a rule; never rewritten into something else."""
+start state, each block's (out, lse) merged by logaddexp, its formula written out, or the sigmoid form among them),
+the state kept for all rows or per half of them (a running maximum per half), and the order-sensitive or
+position-reading steps that break them: a carried source stepped modulo the wrong number or two steps while the
+blocks travel one, a window measured from a block's first position, a running sum truncated to integers, a decayed
+merge of the blocks' outputs, a result that reads the running maximum itself), some differentiated by jax.grad. Each
+program is either rewritten by ring-reorder and then computes what jax.jit of it computes (to 1e-5), or refused with
+the op and the line that broke a rule; never rewritten into something else."""
 
 import re
 
@@ -17,12 +19,14 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from shardfix import autofix_shardings
 from shardfix.jit.lowering import patch_lowered
 
 MESH = jax.make_mesh((2, 4), ("dp", "cp"))
 LOCATED = re.compile(r"'(stablehlo|func|sdy)\.[a-z_]+' at \S+test_ring_generated\.py:\d+ ")
 CP, L, D = 4, 8, 4
 SEQ = P("dp", "cp")
+HALVES = (slice(0, L // 2), slice(L // 2, L))
 NEG = -1e30
 # XLA's cheapest CPU code: the programs are tiny, compiling them is the time
 FAST = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
@@ -49,6 +53,12 @@ CHOICES = {
     "pre": (["none", "tanh", "weights"], ["none", "tanh", "weights", "cumsum", "reverse"]),
     "post": (["none", "scale", "psum_loss"], ["none", "scale", "cumsum", "psum_loss"]),
     "skip": (["none", "by_positions"], ["none", "by_positions", "by_coordinates"]),
+    # the state kept for all rows at once, or per half of the rows (a blockwise kernel's Python loop over q
+    # chunks: a running maximum per chunk), the halves' outputs concatenated
+    "rows": (["whole", "halves"], ["whole", "halves"]),
+    # the result: o / l (the softmax's, free of the running maximum: a backward jax.grad made may be rewritten) or
+    # a mix that reads the maximum itself (its gradient splits ties by the blocks' order: the backward is refused)
+    "finish": (["mixed", "normalised", "normalised"], ["mixed", "normalised"]),
 }
 
 
@@ -84,20 +94,18 @@ def build(spec):
         elif spec["pre"] == "weights":
             q = q @ w
         q_pos = pos if spec["positions"] in ("data", "none") else jnp.broadcast_to(positions_of(me), pos.shape)
+        q_all, q_pos_all = q, q_pos
         m = jnp.full(q.shape[:2], NEG, q.dtype) + q[..., 0] * 0
         acc = (m, m * 0, q * 0)
         if spec["start"] == "sink" and spec["merge"] in ("softmax", "reset"):  # a sink logit folded into the start
             acc = (m * 0 + jnp.tanh(w[0, 0]), m * 0 + 1.0, q * 0)
         k, k_pos = x, pos
+        if spec["rows"] == "halves":
+            acc = tuple(tuple(part[:, rows] for part in acc) for rows in HALVES)
 
-        def step(s, carry):
-            acc, k, k_pos, src = carry
-            if spec["positions"].startswith("axis_index"):
-                kp = jnp.broadcast_to(positions_of(source(me, s)), pos.shape)
-            elif spec["positions"].startswith("carried"):  # the source coordinate carried by the loop (ejkernel)
-                kp = jnp.broadcast_to(positions_of(src), pos.shape)
-            else:
-                kp = k_pos
+        def merge(acc, rows, k, kp, s):
+            """The step's merge of the visiting block into the state of the rows `rows` of q."""
+            q, q_pos = q_all[:, rows], q_pos_all[:, rows]
             scores = jnp.einsum("bqd,bkd->bqk", q, k)
             qp, kp2 = q_pos[:, :, None], kp[:, None, :]
             if spec["positions"] == "none" or spec["mask"] in ("none", "local_index", "coordinate_bias"):
@@ -117,7 +125,7 @@ def build(spec):
             if spec["mask"] == "coordinate_bias":  # how far the block's device is: ring coordinates, not positions
                 scores = scores + (me - (me - direction * s) % cp).astype(scores.dtype)
             elif spec["mask"] == "local_index":
-                scores = jnp.where(jnp.arange(L)[:, None] >= jnp.arange(L)[None, :], scores, NEG)
+                scores = jnp.where(jnp.arange(L)[rows][:, None] >= jnp.arange(L)[None, :], scores, NEG)
             m0, l0, o0 = acc
             if spec["merge"] == "softmax":
                 m1 = jnp.max(scores, axis=-1)
@@ -157,18 +165,31 @@ def build(spec):
             elif spec["merge"] == "visiting_total":  # every block's total reaches every token: order-free
                 new = (m0, l0, o0 + jnp.sum(k, axis=1, keepdims=True))
             elif spec["merge"] == "own_plus_visiting":  # a ring all-reduce: tokens added to other devices' ones
-                new = (m0, l0, o0 + k)
+                new = (m0, l0, o0 + k[:, rows])
             elif spec["merge"] == "visiting_rows":  # own tokens times the visiting block's rows: a contracted ring
-                new = (m0, l0, o0 + jnp.einsum("bqk,bkd->bqd", jnp.tanh(q @ q.transpose(0, 2, 1)), k))
+                new = (m0, l0, o0 + jnp.einsum("bqk,bkd->bqd", jnp.tanh(q @ x.transpose(0, 2, 1)), k))
             else:
-                new = (m0, l0, jnp.concatenate([o0[:, L // 2:], k[:, :L // 2]], axis=1))
+                new = (m0, l0, jnp.concatenate([o0[:, o0.shape[1] // 2:], k[:, :o0.shape[1] - o0.shape[1] // 2]],
+                                               axis=1))
             if spec["skip"] == "by_positions" and spec["positions"] != "none":
                 live = jnp.max(q_pos) >= jnp.min(kp)
-                acc = jax.lax.cond(live, lambda: new, lambda: acc)
-            elif spec["skip"] == "by_coordinates":
-                acc = jax.lax.cond((me - direction * s) % cp <= me, lambda: new, lambda: acc)
+                return jax.lax.cond(live, lambda: new, lambda: acc)
+            if spec["skip"] == "by_coordinates":
+                return jax.lax.cond((me - direction * s) % cp <= me, lambda: new, lambda: acc)
+            return new
+
+        def step(s, carry):
+            acc, k, k_pos, src = carry
+            if spec["positions"].startswith("axis_index"):
+                kp = jnp.broadcast_to(positions_of(source(me, s)), pos.shape)
+            elif spec["positions"].startswith("carried"):  # the source coordinate carried by the loop (ejkernel)
+                kp = jnp.broadcast_to(positions_of(src), pos.shape)
             else:
-                acc = new
+                kp = k_pos
+            if spec["rows"] == "halves":
+                acc = tuple(merge(a, rows, k, kp, s) for a, rows in zip(acc, HALVES))
+            else:
+                acc = merge(acc, slice(None), k, kp, s)
             k = jax.lax.ppermute(k, "cp", ring)
             if spec["travel_positions"]:
                 k_pos = jax.lax.ppermute(k_pos, "cp", ring)
@@ -196,8 +217,16 @@ def build(spec):
         else:
             for s in range(steps):
                 carry = step(s, carry)
-        (m, l, o), _, _, _ = carry
-        out = o / (l[..., None] + 1.0) + m[..., None] * 1e-3
+        acc = carry[0]
+        if spec["rows"] == "halves":
+            acc = tuple(jnp.concatenate(parts, axis=1) for parts in zip(*acc))
+        m, l, o = acc
+        if spec["finish"] == "normalised" and spec["merge"] in ("softmax", "reset", "reset_drops_first"):
+            out = o / l[..., None]
+        elif spec["finish"] == "normalised" and spec["merge"].startswith("lse"):
+            out = o  # each block's output normalised, merged by the weights of their lses
+        else:
+            out = o / (l[..., None] + 1.0) + m[..., None] * 1e-3
         if spec["post"] == "scale":
             out = out * 2.0
         elif spec["post"] == "cumsum":
@@ -224,21 +253,31 @@ def _inputs():
 
 
 ARGS = _inputs()
-SEEN = {"rewritten": 0, "refused": 0}
+SEEN = {"rewritten": 0, "refused": 0, "rewritten backward": 0}
+PERMUTATION = "shardfix.sequence_permutation"
 
 
 @settings(max_examples=200, deadline=None, derandomize=True, database=None)
 @given(programs())
 def test_generated_ring_bodies_are_rewritten_correctly_or_refused(spec):
-    lowered = jax.jit(build(spec)).lower(*ARGS)
-    patched, report = patch_lowered(lowered, "ring-reorder{strategy=zigzag}")
-    for r in report.rings:  # a ring refused names the op that broke a rule, at the line of this file that made it
+    fn = build(spec)
+    lowered = jax.jit(fn).lower(*ARGS)
+    if spec["grad"]:
+        # through the decorator, which records what JAX did while differentiating (a plain-autodiff backward is
+        # rewritten only on that record)
+        patched = autofix_shardings(fn, ring_reorder="zigzag", on_fix="ignore").lower(*ARGS)
+        rings = patched.rings
+    else:
+        patched, report = patch_lowered(lowered, "ring-reorder{strategy=zigzag}")
+        rings = report.rings
+    for r in rings:  # a ring refused names the op that broke a rule, at the line of this file that made it
         if not r.applied:
             assert LOCATED.search(r.why) and r.location.startswith(__file__ + ":"), (r.why, r.location, spec)
-    if not any(r.applied for r in report.rings):
-        assert patched is lowered
+    if not any(r.applied for r in rings):
+        assert PERMUTATION not in patched.as_text() if spec["grad"] else patched is lowered
         SEEN["refused"] += 1
         return
+    SEEN["rewritten backward"] += spec["grad"] and all(r.applied for r in rings)
     # rewritten, all of it or a forward whose backward is refused (its results the same in every layout)
     SEEN["rewritten"] += 1
     expected = lowered.compile(compiler_options=FAST)(*ARGS)
@@ -248,7 +287,8 @@ def test_generated_ring_bodies_are_rewritten_correctly_or_refused(spec):
 
 
 def test_generator_covers_both_outcomes():
-    """The generated programs exercise both sides: many are rewritten, many refused."""
+    """The generated programs exercise both sides: many are rewritten (some plain-autodiff backwards among them),
+    many refused."""
     if sum(SEEN.values()) < 200:  # run on its own: generate them here
         test_generated_ring_bodies_are_rewritten_correctly_or_refused()
-    assert SEEN["rewritten"] >= 20 and SEEN["refused"] >= 20, SEEN
+    assert SEEN["rewritten"] >= 20 and SEEN["refused"] >= 20 and SEEN["rewritten backward"] >= 3, SEEN

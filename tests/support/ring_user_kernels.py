@@ -355,6 +355,49 @@ def blockwise_ring(cp: int, chunk: int, mask, live, *, merge: str = "online", se
     return body
 
 
+def blockwise_python_ring(cp: int, chunk: int, mask, live, *, merge: str = "online"):
+    """blockwise_ring with its chunk loops written as Python loops: inside a lax.fori_loop over ring steps, each q
+    chunk keeps its own state (its own running maximum) in a tuple, every kv chunk folded into it under
+    lax.cond(live(first q position, first k position, chunk)); the chunks' outputs concatenated at the end."""
+    fold = MERGES[merge]
+    neg = -jnp.inf if merge == "guarded" else NEG
+
+    def body(q, k, v):
+        n = q.shape[1]
+        per = n // chunk
+        me = lax.axis_index("cp")
+
+        def piece(x, a):
+            return x[:, a * chunk:(a + 1) * chunk]
+
+        def ring_step(i, carry):
+            states, k, v = carry
+            source = (me - i) % cp
+            out = []
+            for a, acc in enumerate(states):
+                qf = me * n + a * chunk
+                for b in range(per):
+                    kf = source * n + b * chunk
+                    q_pos, k_pos = qf + jnp.arange(chunk), kf + jnp.arange(chunk)
+
+                    def run(acc, qa=piece(q, a), kb=piece(k, b), vb=piece(v, b), q_pos=q_pos, k_pos=k_pos):
+                        s = scores(qa, kb)
+                        keep, bias = mask(q_pos[:, None], k_pos[None, :])
+                        if bias is not None:
+                            s = s + bias
+                        return fold(acc, jnp.where(keep, s, neg), vb, i)
+
+                    acc = lax.cond(live(qf, kf, chunk), run, lambda acc: acc, acc)
+                out.append(acc)
+            return tuple(out), lax.ppermute(k, "cp", ring(cp)), lax.ppermute(v, "cp", ring(cp))
+
+        states = tuple(init_state(piece(q, a), merge) for a in range(per))
+        states, _, _ = lax.fori_loop(0, cp, ring_step, (states, k, v))
+        return jnp.concatenate([finish(acc, merge) for acc in states], axis=1)
+
+    return body
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # custom_vjp: the backward recomputes each block from the forward's log-sum-exp; dk and dv travel with k and v.
 

@@ -199,6 +199,16 @@ def blockwise(mask: str, chunk: int = 4, merge: str = "online", seg: bool = Fals
     return build
 
 
+
+def blockwise_python(mask: str, chunk: int = 8, merge: str = "online"):
+    """A builder for uk.blockwise_python_ring (Python loops over the chunks, a running maximum per q chunk)."""
+
+    def build(mesh):
+        kernel = uk.blockwise_python_ring(mesh.shape["cp"], chunk, uk.MASKS[mask], uk.LIVE[mask], merge=merge)
+        return sharded(mesh, kernel, 3), qkv(mesh)
+
+    return build
+
 def refusal(make, positions: bool = False):
     """A builder for a body of ring_user_refusals (`positions`: it also takes q and k position ids as data)."""
 
@@ -375,6 +385,7 @@ def _registry() -> list[Program]:
     add("blockwise-causal-segments", blockwise("causal", seg=True), "rewritten", BOTH)
     add("blockwise-causal-guarded", blockwise("causal", merge="guarded"), "rewritten", ZIGZAG)
     add("blockwise-causal-chunk8", blockwise("causal", chunk=8), "rewritten", ZIGZAG)
+    add("blockwise-python-causal", blockwise_python("causal"), "rewritten", ZIGZAG)
 
     # Other meshes: Auto axes; cp = 8.
     add("fori-causal@auto", one_block("causal"), "proved", ZIGZAG, mesh="auto")
@@ -434,9 +445,13 @@ def _registry() -> list[Program]:
             ("fori-causal@cp8", one_block("causal"), "cp8"),
             ("nested-blockwise-causal", nested(blockwise("causal")), "explicit"),
             ("nested-fori-causal@auto", nested(one_block("causal")), "auto"),
-            ("partial-blockwise-causal", partial_manual(blockwise("causal")), "explicit")):
+            ("partial-blockwise-causal", partial_manual(blockwise("causal")), "explicit"),
+            # the chunk loops written in Python: one running maximum per q chunk, each its own tokens' (the
+            # maxima differ by chunk, and each chunk's output is free of its own: stabiliser.complete_ident)
+            ("blockwise-python-causal", blockwise_python("causal"), "explicit"),
+            ("blockwise-python-causal-guarded", blockwise_python("causal", merge="guarded"), "explicit")):
         both = name in ("fori-causal", "blockwise-causal", "blockwise-causal@auto", "nested-fori-causal@auto")
-        pays = name.startswith(("blockwise-causal", "nested-blockwise", "partial-blockwise"))
+        pays = name.startswith(("blockwise-causal", "nested-blockwise", "partial-blockwise", "blockwise-python"))
         add(f"grad-{name}", build, "rewritten" if pays else "proved", BOTH if both else ZIGZAG, grad=True, mesh=mesh)
 
     add("grad-nested-vjp-causal@auto", nested(vjp("causal")), "proved", ZIGZAG, grad=True, mesh="auto")
