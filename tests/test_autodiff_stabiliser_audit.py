@@ -180,7 +180,37 @@ def _partial_states_concatenated(q, k, v, chunk=4):
     return (acc * c[..., None] + uk.apply(p, vs[-1])) / (l * c + p.sum(-1))[..., None]
 
 
+def _max_by_halves(m0, s):
+    h = s.shape[-1] // 2
+    return jnp.maximum(jnp.maximum(m0, jnp.max(s[..., :h], -1)), jnp.max(s[..., h:], -1))
+
+
+@jax.jit
+def _flagged_ring(q, k, v, flag):
+    """One fori online-softmax ring (one loop op for every call) whose maximum folds each block whole, or its two
+    halves in turn where `flag` is set."""
+    def step(_, carry):
+        m0, l, o, k, v = carry
+        s = uk.scores(q, k)
+        m = jax.lax.cond(flag > 0, _max_by_halves, lambda m0, s: jnp.maximum(m0, jnp.max(s, -1)), m0, s)
+        p, c = jnp.exp(s - m[..., None]), jnp.exp(m0 - m)
+        return (m, l * c + p.sum(-1), o * c[..., None] + uk.apply(p, v),
+                jax.lax.ppermute(k, "cp", uk.ring(CP)), jax.lax.ppermute(v, "cp", uk.ring(CP)))
+
+    m, l = uk.row_stats(q, uk.NEG)
+    return jax.lax.fori_loop(0, CP, step, (m, l, jnp.zeros_like(q), k, v))[:3]
+
+
+def _one_loop_two_runs(q, k, v):
+    """The ring helper called with either flag, each call's acc over the other's l: one loop op analysed on two
+    inputs carries two maxima, which split ties their own ways."""
+    _, la, oa = _flagged_ring(q, k, v, jnp.int32(0))
+    _, lb, ob = _flagged_ring(q, k, v, jnp.int32(1))
+    return oa / lb[..., None] + 2.0 * ob / la[..., None]
+
+
 KERNELS = {
+    "one-loop-two-runs": _one_loop_two_runs,
     "last-merge-shared": _last_merge_shared,
     "partial-states-concatenated": _partial_states_concatenated,
     "chunks-same-order": _chunked((0, 1, 2, 3)),
@@ -259,6 +289,8 @@ def test_where_the_check_passes_the_gradient_ignores_block_order(name):
     ("last-merge-shared", "combines values shifted by two different running maxima (the maximum "
                           "'stablehlo.maximum' at"),
     ("partial-states-concatenated", "depends on a running maximum the analysis can't name"),
+    ("one-loop-two-runs", "depends on a running maximum the analysis can't name (a sum not shifted by one "
+                          "maximum at every step, or two maxima of the same scores that one function holds)"),
     # per chunk of queries: acc by one maximum of each chunk, l by the other
     ("chunks-other-order", "combines values shifted by two different running maxima (the maximum "
                            "'stablehlo.maximum' at"),

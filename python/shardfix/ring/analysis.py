@@ -120,7 +120,7 @@ class FnTable:
         # unknown shift of a loop-carried sum was bound to (None: lost)
         self.idents: dict[int, set] = {}  # fn -> {(identity, the ring region whose proof noted it)}
         self.bound: dict = {}
-        self.owner = None  # the ring region being proved
+        self.owner = None  # the analysis under way: (the ring region being proved, its number)
         # logsum.py: (a maxed function, the ring region) -> the identities of the maxima of it read as numbers
         self.lse_maxima: dict[tuple, set] = {}
         self.lse_splits: dict = {}  # the ring region -> the ops whose cases logsum.py split on (note_lse_split)
@@ -207,6 +207,7 @@ class State:
     carried: dict = field(default_factory=dict)  # id of a loop-carried placeholder -> (loop op, index)
     cov_alias: dict = field(default_factory=dict)  # coverage unknowns assumed equal (checked when solved)
     loop_vars: dict = field(default_factory=dict)  # a loop's iteration variable -> id of the loop op
+    loop_runs: dict = field(default_factory=dict)  # id of a loop op -> the number of its analysis under way
     loop_memo: dict = field(default_factory=dict)  # the loops analysed, by their inputs (loopmemo.py)
     # the blocks a loop's (out, lse) merge state starts from, computed before the loop (lsefloats' "pre@" cases)
     started: set = field(default_factory=set)

@@ -237,8 +237,8 @@ def stabiliser_invariant(verdict, backwards: list[RingRegion]) -> str | None:
                    if slot == j and i in verdict.result_fns), None)
         if fn is None or verdict.fns is None:
             return f"result {j} is not a function of its tokens the proof knows whole"
-        why = invariant(verdict.fns, fn, verdict.ring.region)
-        if why is None and kinks and merges_lse(verdict.fns, fn) and splits_lse(verdict.fns, verdict.ring.region):
+        why = invariant(verdict.fns, fn, verdict.owner)
+        if why is None and kinks and merges_lse(verdict.fns, fn) and splits_lse(verdict.fns, verdict.owner):
             named = "; ".join(kinks[:3])
             why = (f"merges log-sum-exps and JAX differentiates {named}: where a merge's operands tie, abs's "
                    "derivative takes one side (it is 1 at 0) and max's or min's splits the cotangent evenly, "

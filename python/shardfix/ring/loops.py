@@ -10,6 +10,7 @@ about the unknowns are checked against the solution, and the loop's results are 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 
 from jaxlib.mlir import ir
@@ -241,6 +242,7 @@ def _while_loop(engine: Engine, op, inits: list):
         # over 4 ring steps unrolled by 3 runs its first three in one trip, a step-0 reset included); slots only
         # residuals read stay uninterpreted
         return engine.run_block(body, inits, opaque=dead)
+    engine.state.loop_runs[id(op)] = next(_RUNS)  # the names of the maxima this analysis carries
     saved = _snapshot(engine.state)
     try:
         plan = _discover(engine, op, inits, passthrough, counter)
@@ -258,6 +260,7 @@ def _while_loop(engine: Engine, op, inits: list):
 
 # analysed once per distinct input, where a loop around it runs it again (loopmemo.py)
 while_loop = memoized(_while_loop)
+_RUNS = itertools.count()  # analyses of loops, each naming the maxima it carries (stabiliser.slot_ident)
 
 
 class _MoreFree(Exception):
@@ -439,18 +442,19 @@ def _carried(engine: Engine, op, i: int, value: Data, coverage) -> Data:
         agg = replace(agg, cov=agg.cov.union(Coverage((cv,))),
                       shift_cov=agg.shift_cov.union(Coverage((sv,)))
                       if agg.op in (AggOp.SSUM, AggOp.SHIFT, AggOp.MDIFF) else agg.shift_cov,
-                      ident=_slot_ident(op, i, agg))
+                      ident=_slot_ident(engine, op, i, agg))
         value = value.with_(agg=agg, fn=agg_fn(engine, agg))
     return _register(engine, op, i, value)
 
 
-def _slot_ident(op, i: int, agg):
+def _slot_ident(engine: Engine, op, i: int, agg):
     """The maximum a carried aggregate is (a running max: the slot's) or is shifted by (a sum: unknown until the
-    body rescales it, checked by _solve), stabiliser.py."""
+    body rescales it, checked by _solve), stabiliser.py; named for this analysis of the loop (`_while_loop`)."""
+    run = engine.state.loop_runs[id(op)]
     if agg.op in (AggOp.MAX, AggOp.MIN):
-        return stabiliser.slot_ident(op, i, agg.score)
+        return stabiliser.slot_ident(op, i, agg.score, run)
     if agg.op == AggOp.SSUM:
-        return stabiliser.shift_var(op, i, agg.score)
+        return stabiliser.shift_var(op, i, agg.score, run)
     return None
 
 

@@ -73,6 +73,12 @@ class Verdict:
     # what stabiliser.invariant reads
     result_fns: dict[int, int] = field(default_factory=dict)
     fns: object = None
+    # what the analysis noted its maxima for (stabiliser.py): the region and which analysis of it (a group is
+    # analysed again whole to accept a plain-autodiff backward, and each analysis names the maxima it carries)
+    owner: object = None
+
+
+_ANALYSES = itertools.count()
 
 
 class _GroupRefusal(Exception):
@@ -448,7 +454,8 @@ def _prove_region(r: RingRegion, place: int, funcs, verdict: Verdict, produced: 
     # `whole`: residuals are interpreted only where they read positions the results' proof computes (rewritten
     # there, as any read of them); one that computes positions of its own refuses
     state = State(_ring_info(r, block), funcs, shared, strict_residuals=whole)
-    state.fns.owner = r.region  # the maxima its aggregates are made from are noted for it (stabiliser.py)
+    # the maxima its aggregates are made from are noted for this analysis of it (stabiliser.py)
+    verdict.owner = state.fns.owner = (r.region, next(_ANALYSES))
     # results only JAX's transposes read (residuals) need no proof: interpret what the others depend on
     residuals = {j for j, result in enumerate(r.region.results)
                  if all(reader in backwards for reader in readers_across(result, shared.rings))} if backwards else set()

@@ -49,14 +49,17 @@ def max_ident(op, agg_fn: int, *history) -> tuple:
     return ("max", op, agg_fn) + history
 
 
-def slot_ident(op, i: int, score: int) -> tuple:
-    """The maximum loop `op` carries in slot i (at any one iteration, and at the exit)."""
-    return ("slot", op, i, score)
+def slot_ident(op, i: int, score: int, run: int) -> tuple:
+    """The maximum loop `op` carries in slot i (at any one iteration, and at the exit), in its analysis `run`: one
+    loop op analysed on other inputs (a jitted helper's loop, called twice) carries other maxima, which may tie
+    their own ways; a memo that takes an analysis again takes its names with it."""
+    return ("slot", op, i, score, run)
 
 
-def shift_var(op, i: int, score: int) -> tuple:
-    """The maximum the sum loop `op` carries in slot i is shifted by: unknown until the body rescales it."""
-    return ("shift-of", op, i, score)
+def shift_var(op, i: int, score: int, run: int) -> tuple:
+    """The maximum the sum loop `op` carries in slot i is shifted by, in its analysis `run`: unknown until the body
+    rescales it."""
+    return ("shift-of", op, i, score, run)
 
 
 def _is_var(ident) -> bool:
@@ -175,8 +178,8 @@ def rollback(fns, marked: tuple) -> None:
 
 
 def complete_ident(fns, fn: int, owner=None):
-    """The maximum the complete aggregate `fn` was made from in the proof of ring region `owner` (None: in any
-    region's): the one maximum every computation of it names; or, where its computations (one per maximum) hold
+    """The maximum the complete aggregate `fn` was made from in the analysis `owner` (prove.Verdict.owner; None:
+    in any): the one maximum every computation of it names; or, where its computations (one per maximum) hold
     disjoint tokens of one block (a query chunk each, a running maximum each), the map from each one's tokens to its
     maximum, as (_BY_TOKENS, frozenset of (maximum, (hop, first, last))); None if neither (or lost).
 
@@ -257,7 +260,8 @@ _INV = ("inv",)
 
 def invariant(fns, fn: int, owner=None) -> str | None:
     """None where the function `fn` is the same for every value of every running maximum it reads; else why not.
-    `owner`: the ring region whose proof made `fn` (see complete_ident)."""
+    `owner`: the analysis that made `fn` (prove.Verdict.owner: a ring region and which analysis of it; see
+    complete_ident)."""
     found = _form(fns, fn, {}, owner)
     if isinstance(found, str):
         return found
