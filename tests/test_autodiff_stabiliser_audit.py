@@ -95,15 +95,21 @@ def _fold(m, s):
     return jnp.maximum(m, jnp.max(s, -1))
 
 
+def _ring_blocks(k, v):
+    """Every block of k and of v, in the order the ring brings them (the own block first)."""
+    ks, vs = [k], [v]
+    for _ in range(CP - 1):
+        ks.append(jax.lax.ppermute(ks[-1], "cp", uk.ring(CP)))
+        vs.append(jax.lax.ppermute(vs[-1], "cp", uk.ring(CP)))
+    return ks, vs
+
+
 def _unrolled(order):
     """An unrolled ring: acc shifted by the maximum folded over the blocks in arrival order, l by the one folded in
     `order`, both through one jitted helper (one callee op): equal data in equal order is one maximum, another order
     is another."""
     def body(q, k, v):
-        ks, vs = [k], [v]
-        for _ in range(CP - 1):
-            ks.append(jax.lax.ppermute(ks[-1], "cp", uk.ring(CP)))
-            vs.append(jax.lax.ppermute(vs[-1], "cp", uk.ring(CP)))
+        ks, vs = _ring_blocks(k, v)
         ss = [uk.scores(q, kb) for kb in ks]
         m1 = m2 = uk.row_stats(q, uk.NEG)[0]
         for j in range(CP):
@@ -118,10 +124,7 @@ def _chunked(order, chunk=4):
     each chunk folds its own maxima, and the chunks' outputs are concatenated. Each chunk's output is free of its
     own maximum where acc and l are shifted by one; the chunks' maxima differ, each of its own tokens."""
     def body(q, k, v):
-        ks, vs = [k], [v]
-        for _ in range(CP - 1):
-            ks.append(jax.lax.ppermute(ks[-1], "cp", uk.ring(CP)))
-            vs.append(jax.lax.ppermute(vs[-1], "cp", uk.ring(CP)))
+        ks, vs = _ring_blocks(k, v)
         out = []
         for a in range(q.shape[1] // chunk):
             qa = q[:, a * chunk:(a + 1) * chunk]
@@ -139,10 +142,7 @@ def _last_merge_shared(q, k, v):
     """acc shifted by the maximum folded block by block through the jitted `_fold`; l by one whose first three
     blocks are merged as a tree, its last merge through the same `_fold` call site's op with the same value: one op
     and one value, two computations (they split ties their own ways), named apart by what each merged."""
-    ks, vs = [k], [v]
-    for _ in range(CP - 1):
-        ks.append(jax.lax.ppermute(ks[-1], "cp", uk.ring(CP)))
-        vs.append(jax.lax.ppermute(vs[-1], "cp", uk.ring(CP)))
+    ks, vs = _ring_blocks(k, v)
     ss = [uk.scores(q, kb) for kb in ks]
     m0 = m1 = uk.row_stats(q, uk.NEG)[0]
     for s in ss:
@@ -157,10 +157,7 @@ def _partial_states_concatenated(q, k, v, chunk=4):
     """Per q chunk the first three blocks folded, chunk 1's l shifted by a maximum folded in another order than its
     acc's; the chunks' partial states concatenated and the last block merged into all rows at once: the pieces'
     maxima differ, so the concatenated state names none."""
-    ks, vs = [k], [v]
-    for _ in range(CP - 1):
-        ks.append(jax.lax.ppermute(ks[-1], "cp", uk.ring(CP)))
-        vs.append(jax.lax.ppermute(vs[-1], "cp", uk.ring(CP)))
+    ks, vs = _ring_blocks(k, v)
     maxima, accs, sums = [], [], []
     for a in range(q.shape[1] // chunk):
         qa = q[:, a * chunk:(a + 1) * chunk]
