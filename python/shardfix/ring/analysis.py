@@ -118,12 +118,12 @@ class FnTable:
         self.wrapped: dict[int, object] = {}  # fn -> reasons.Wrap: an integer op read as data, its type too narrow
         # stabiliser.py: complete aggregate fn -> the identities of the maxima it was made from, and what each
         # unknown shift of a loop-carried sum was bound to (None: lost)
-        self.idents: dict[int, set] = {}  # fn -> {(identity, the ring region whose proof noted it)}
+        self.idents: dict[int, set] = {}  # fn -> {(identity, the analysis that noted it, its rows' tokens)}
         self.bound: dict = {}
         self.owner = None  # the analysis under way: (the ring region being proved, its number)
-        # logsum.py: (a maxed function, the ring region) -> the identities of the maxima of it read as numbers
+        # logsum.py: (a maxed function, the analysis) -> the identities of the maxima of it read as numbers
         self.lse_maxima: dict[tuple, set] = {}
-        self.lse_splits: dict = {}  # the ring region -> the ops whose cases logsum.py split on (note_lse_split)
+        self.lse_splits: dict = {}  # the analysis -> the ops whose cases logsum.py split on (note_lse_split)
         # every (note function, fn, identity) noted, in order (what a call's analysis noted, for its memo)
         self.notes: list = []
         self.undo: list = []  # (table, key, item) each note added, in order (stabiliser.rollback)

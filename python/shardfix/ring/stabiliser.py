@@ -133,10 +133,10 @@ def _empty(fns, value) -> bool:
 
 def note_complete(fns, fn: int, read: tuple) -> None:
     """The identity of a complete aggregate `fn` names, with the tokens its rows hold (`read`: (identity, tokens);
-    tokens as algebra.home_tokens gives them, None where not known), noted for the ring region being proved
-    (`fns.owner`: the table is the module's, and the fns of two rings fed alike intern alike, though made by other
-    maxima), and logged for the call memo to note again where it reuses a call's analysis (analysis.Engine.call).
-    Complete fns are interned by value, so one fn may be made from several maxima: `complete_ident`."""
+    tokens as algebra.home_tokens gives them, None where not known), noted for the analysis under way (`fns.owner`:
+    the table is the module's, and the fns of two rings fed alike intern alike, though made by other maxima), and
+    logged for the call memo to note again where it reuses a call's analysis (analysis.Engine.call). Complete fns
+    are interned by value, so one fn may be made from several maxima: `complete_ident`."""
     ident, tokens = read
     _add(fns, fns.idents, fn, (ident, fns.owner, tokens))
     fns.notes.append((note_complete, fn, read))
