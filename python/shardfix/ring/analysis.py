@@ -126,7 +126,8 @@ class FnTable:
         self.lse_splits: dict = {}  # the analysis -> the ops whose cases logsum.py split on (note_lse_split)
         # every (note function, fn, identity) noted, in order (what a call's analysis noted, for its memo)
         self.notes: list = []
-        self.undo: list = []  # (table, key, item) each note added, in order (stabiliser.rollback)
+        # (table, key, item) each note added, (bound, shift, its binding before) each binding; in order (rollback)
+        self.undo: list = []
 
     def intern(self, key, depends: frozenset = frozenset(), read_at: tuple | None = None) -> int:
         """The function `key` describes; `read_at`: where it reads a loop variable as data, if it does (else the

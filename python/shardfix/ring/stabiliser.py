@@ -62,6 +62,9 @@ def shift_var(op, i: int, score: int, run: int) -> tuple:
     return ("shift-of", op, i, score, run)
 
 
+_UNBOUND = object()  # in the undo log: a shift that had no binding before
+
+
 def _is_var(ident) -> bool:
     return isinstance(ident, tuple) and bool(ident) and ident[0] == "shift-of"
 
@@ -89,7 +92,8 @@ def same(fns, a, b):
 
 def _bind(fns, var, ident) -> None:
     """An unknown shift bound to a maximum (None: lost), logged as notes are (a memo replaying a loop's or a call's
-    analysis binds it again)."""
+    analysis binds it again). Its earlier binding is logged for `rollback`."""
+    fns.undo.append((fns.bound, var, fns.bound.get(var, _UNBOUND)))
     fns.bound[var] = ident
     fns.notes.append((_bind, var, ident))
 
@@ -162,19 +166,23 @@ def _add(fns, table: dict, key, item) -> None:
 def mark(fns) -> tuple:
     """Where the notes stand, for `rollback`: a loop's first pass (loops._discover) runs its body on provisional
     values, whose maxima are named by what the pass takes the carried ones to be; the pass after it names them as
-    every iteration computes them, and only its notes and bindings hold."""
-    return len(fns.notes), len(fns.undo), dict(fns.bound)
+    every iteration computes them, and only its notes and bindings hold. Constant in the notes and bindings made so
+    far: what `rollback` undoes is logged as it is made."""
+    return len(fns.notes), len(fns.undo)
 
 
 def rollback(fns, marked: tuple) -> None:
     """The notes and bindings as they were at `mark`."""
-    notes, undo, bound = marked
+    notes, undo = marked
     del fns.notes[notes:]
     while len(fns.undo) > undo:
         table, key, item = fns.undo.pop()
-        table[key].discard(item)
-    fns.bound.clear()
-    fns.bound.update(bound)
+        if table is not fns.bound:
+            table[key].discard(item)
+        elif item is _UNBOUND:
+            del table[key]
+        else:
+            table[key] = item  # the binding it replaced
 
 
 def complete_ident(fns, fn: int, owner=None):
