@@ -73,6 +73,21 @@ def _fori(step, result="o"):
     return body
 
 
+def _keyed_scale(q, k, v):
+    """An online softmax whose ring loop also carries a PRNG key, split at every step, whose last draw scales the
+    output: the same on every device and in every layout. Key ops have derivative rules of their own (random_seed,
+    random_wrap, random_bits, ...), but they take no value autodiff differentiates."""
+    def loop(_, carry):
+        m, l, o, k, v, key = carry
+        key, _ = jax.random.split(key)
+        m, l, o = _merge()(q, k, v, m, l, o)
+        return (m, l, o) + tuple(jax.lax.ppermute(t, "cp", uk.ring(CP)) for t in (k, v)) + (key,)
+
+    start = uk.row_stats(q, uk.NEG) + (jnp.zeros_like(q), k, v, jax.random.key(0))
+    m, l, o, _, _, key = jax.lax.fori_loop(0, CP, loop, start)
+    return o / l[..., None] * (1.0 + jax.random.uniform(key))
+
+
 def _ring_stats_body(q, k, v):
     def loop(_, carry):
         m, l, o, k, v = carry
@@ -213,6 +228,7 @@ KERNELS = {
     "chunks-same-order": _chunked((0, 1, 2, 3)),
     "chunks-other-order": _chunked((0, 2, 1, 3)),
     "online": _fori(_merge()),
+    "keyed-scale": _keyed_scale,
     "lse": _fori(_merge(), "lse"),
     "unrolled-same-order": _unrolled((0, 1, 2, 3)),
     "sink": _fori(_merge(), "sink"),
@@ -268,13 +284,15 @@ def _passes(whys: list[str]) -> bool:
     return any(INVARIANT in why or why.startswith(REWRITTEN) for why in whys)
 
 
-@pytest.mark.parametrize("name", ["online", "lse", "unrolled-same-order", "chunks-same-order"])
+@pytest.mark.parametrize("name", ["online", "lse", "unrolled-same-order", "chunks-same-order", "keyed-scale"])
 def test_where_the_check_passes_the_gradient_ignores_block_order(name):
     """o = acc / l and lse = m + log l, acc and l shifted by one running maximum (two folds of equal data in equal
     order through one jitted helper are one maximum: the same function, split alike at ties), or per chunk of
-    queries by that chunk's."""
+    queries by that chunk's; a PRNG key split beside them (its ops' rules differentiate nothing)."""
     whys, diff, top = _audit(name)
     assert _passes(whys), whys
+    if name == "keyed-scale":
+        assert all(why.startswith(REWRITTEN) for why in whys), whys
     assert diff <= 1e-6 * max(top, 1.0), (diff, top)
 
 

@@ -190,3 +190,43 @@ def test_a_merge_selected_by_an_unsigned_difference_is_named_at_the_difference()
         "computes integers in -2..1 in uint32, which holds only 0..4294967295: the result may wrap, and a wrapped "
         "number is no longer the position, chunk index or count it stands for; compute it in int32 (or a type that "
         "holds those values)")
+
+
+def _keyed(bits: str):
+    """The causal ring with a PRNG key split at each step beside it; its last draw scales the output (the same on
+    every device: a number keyed by replicated values), or a score's bits read in 16-bit halves."""
+    def body(q, k, v):
+        me = lax.axis_index("cp")
+
+        def step(i, carry):
+            *carry, key = carry
+            state, k, v = _step(q, me, i, carry)
+            if bits == "halves":
+                halves = lax.bitcast_convert_type(state[0], jnp.uint16)  # bits in halves
+                state = (state[0] + 0 * halves.sum(-1).astype(state[0].dtype),) + state[1:]
+            return state, k, v, jax.random.split(key)[0]
+
+        state, _, _, key = lax.fori_loop(0, CP, step, (ruk.init_state(q, "online"), k, v, jax.random.key(7)))
+        return ruk.finish(state, "online") * (1.0 + jax.random.uniform(key))
+    return body
+
+
+def test_a_number_drawn_from_a_replicated_key_is_the_same_in_every_layout():
+    """jax.random.uniform makes its float from the key's uint32 bits (shift, or, bitcast_convert): a value the
+    same on every device, which the reorder leaves as it is (zigzag asked: the ring computes every tile)."""
+    fn = jax.shard_map(_keyed("whole"), mesh=MESH, in_specs=(SPEC,) * 3, out_specs=SPEC, check_vma=False)
+    rng = np.random.default_rng(0)
+    args = [jax.device_put(rng.standard_normal((B, 32, D)).astype(np.float32), jax.NamedSharding(MESH, SPEC))
+            for _ in range(3)]
+    fixed = autofix_shardings(fn, ring_reorder="zigzag", on_fix="ignore")
+    (ring,) = fixed.lower(*args).rings
+    assert ring.applied, ring.why
+    with jax.set_mesh(MESH):
+        np.testing.assert_allclose(np.asarray(fixed(*args)), np.asarray(jax.jit(fn)(*args)), atol=1e-5, rtol=1e-5)
+
+
+def test_bits_read_at_another_width_are_named_at_the_bitcast():
+    assert _why(_keyed("halves")) == _refusal(
+        "stablehlo.bitcast_convert", "bits in halves",
+        "reinterprets the bits of each element as elements of another width, which adds or removes a dim: bitcast "
+        "to a type of the same width")

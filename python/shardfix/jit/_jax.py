@@ -873,6 +873,8 @@ def _note_jaxprs(values, records: tuple, seen: set, kinks: bool = True) -> None:
                 continue
             seen.add(id(jaxpr))
             for eqn in jaxpr.eqns:
+                if _constant(getattr(v, "aval", None) for v in eqn.invars):
+                    continue  # nothing it computes is differentiated, its nested jaxprs included
                 kind = _rule(eqn.primitive, eqn.params)
                 if kind is not None:
                     _note(records, kind, eqn.source_info)
@@ -883,11 +885,23 @@ def _note_jaxprs(values, records: tuple, seen: set, kinks: bool = True) -> None:
                 _note_jaxprs(eqn.params.values(), records, seen, kinks)
 
 
+def _constant(avals) -> bool:
+    """Whether a primitive with operands of these types is constant in every value autodiff differentiates: none is
+    of an inexact type (integers, booleans, PRNG keys; none at all). A JVP is linear in its operands' tangents,
+    which are all zero there, so whatever the primitive's rule (random_bits, a key's split or fold_in), its result's
+    tangent is zero, as the derivative of what it lowers to is."""
+    for aval in avals:
+        dtype = getattr(aval, "dtype", None)
+        if dtype is None or jax.dtypes.issubdtype(dtype, jax.numpy.inexact):
+            return False
+    return True
+
+
 def _rules_primitive(original):
     @functools.wraps(original)
     def process_primitive(trace, primitive, tracers, params, /):
         records = _deriving.get()
-        if records:
+        if records and not _constant(jax.typeof(t) for t in tracers):
             kind = _rule(primitive, params)
             if kind is not None:
                 _note(records, kind, source_info_util.current())

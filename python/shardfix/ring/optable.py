@@ -164,6 +164,9 @@ def _entries() -> dict[str, OpInfo]:
             motion=Motion.ELEMENTWISE if short in ("select", "clamp") else Motion.SAME_SHAPE,
             index=short in index, carries_nan=short == "convert", unit=short in unit,
             order_free=short in order_free, algebra=algebra.get(short, Algebra.NONE), fold=fold.get(short))
+    # Reinterpreting each element's bits (random numbers: uint32 bits made float32): elementwise where the widths
+    # agree; where they differ, a dim of the widths' ratio is added or removed, which the analysis refuses.
+    put("stablehlo.bitcast_convert", ew)
     for short in ("erf", "erf_inv", "lgamma", "digamma", "tan"):
         put(f"chlo.{short}", ew, motion=Motion.SAME_SHAPE)
 

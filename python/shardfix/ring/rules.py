@@ -203,6 +203,9 @@ def partition_id(engine: Engine, op):
 _DIRECTIONS = {"LT": "lt", "LE": "le", "GT": "gt", "GE": "ge", "EQ": "eq", "NE": "ne"}
 @rule(Transfer.ELEMENTWISE)
 def elementwise(engine: Engine, op):
+    if op.name == "stablehlo.bitcast_convert" and shape(op.operands[0]) != shape(op.results[0]):
+        engine.refuse("reinterprets the bits of each element as elements of another width, which adds or removes a "
+                      "dim: bitcast to a type of the same width", op)
     ins = _ins(engine, op)
     result = op.results[0]
     wrap = None
