@@ -12,8 +12,8 @@ step-synchronised critical path, and the permutation's cost is left out.
 
 Two steps, because the kernel's client and the accelerator may sit in different environments:
 
-    python bench/ring_device.py extract OUT_DIR [--kernel ejkernel|liu|user] [--grad] [--cp 8] [--tokens 8192]
-            [--heads 8] [--dim 128] [--chunk 1024] [--masks causal,alibi,...]
+    python bench/ring_device.py extract OUT_DIR [--kernel ejkernel|liu|user|user-python] [--grad] [--cp 8]
+            [--tokens 8192] [--heads 8] [--dim 128] [--chunk 1024] [--masks causal,alibi,...]
         (ejkernel's causal ring attention (in .venv-oldest: it needs jax~=0.10) or Liu et al.'s RingAttention
         (PyPI ringattention), lowered on cp simulated CPU devices as written and through @autofix_shardings;
         writes one module per layout and coordinate, and manifest.json. `user`: the blockwise kernels of
@@ -25,7 +25,9 @@ Two steps, because the kernel's client and the accelerator may sit in different 
         every chunk pair, which its skips read), and the manifest says which forward result feeds which, so that
         the timing runs the backward on what the forward at the same coordinate computed, never on made-up
         indices. Forced layouts go through the decorator: the ties of a ring to its backward are recorded while
-        it traces, and a module from jax.jit's text lacks them)
+        it traces, and a module from jax.jit's text lacks them. `user-python`: the same with the kernels of
+        ring_user_kernels.blockwise_python_ring, their chunk loops written as Python loops inside a lax.fori_loop
+        over ring steps; its sections are headed apart from `user`'s)
     python bench/ring_device.py time OUT_DIR [--rounds 20 (10 for user)] [--section]
         (where the accelerator is: jax, jaxlib, numpy and this repository's python/ on PYTHONPATH; compiles and
         times every program on jax.devices()[0]; prints the table, with --section writes it to bench/RESULTS.md;
@@ -45,7 +47,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KERNELS = {"ejkernel": "ejkernel's causal ring attention", "liu": "Liu et al.'s causal RingAttention",
-           "user": "the blockwise kernels users write, each mask kind"}
+           "user": "the blockwise kernels users write, each mask kind",
+           "user-python": "the blockwise kernels users write, chunk loops as Python loops"}
 TITLE = "## ring-reorder on an accelerator: each ring device's program of {}, timed alone"
 PERMUTATION_ATTR = "shardfix.sequence_permutation"
 
@@ -229,6 +232,16 @@ def extract(out_dir: str, cp: int, tokens: int, heads: int, dim: int, chunk: int
 # The blockwise kernels users write (tests/support/ring_user_kernels.blockwise_ring: a lax.cond skips each (q chunk,
 # kv chunk) pair its mask hides), with each mask kind scaled to the block n of tokens a device and the chunk.
 USER = ("causal", "alibi", "window", "sinks", "prefix", "chunked", "short-window")
+# Their builders in tests/support/ring_user_kernels.py: {name: (the --kernel that extracts it, what the manifest's
+# kernel and the section's title add to "the blockwise kernels users write", how its loops run)}.
+USER_BUILDERS = {
+    "blockwise_ring": ("user", "", ("lax.scan over ring steps and over q and kv chunks, a chunk pair skipped by "
+                                    "lax.cond when its mask hides it whole")),
+    "blockwise_python_ring": ("user-python", " with Python chunk loops",
+                              ("lax.fori_loop over ring steps, Python loops over the q and kv chunks inside it, "
+                               "each q chunk with a running state of its own, a chunk pair skipped by lax.cond when "
+                               "its mask hides it whole")),
+}
 
 
 def _user_mask(name: str, n: int, chunk: int):
@@ -362,12 +375,14 @@ def _file_name(layout: str, suffix: str = "") -> str:
 
 
 def extract_user(out_dir: str, names: list[str], cp: int, tokens: int, heads: int, dim: int, chunk: int,
-                 batch: int, grad: bool = False) -> None:
+                 batch: int, grad: bool = False, builder: str = "blockwise_ring") -> None:
     """For each user kernel, a directory of programs: as written, the layout ring-reorder's defaults pick, and
     every other layout it can be forced to; each program takes the ring coordinate as its last argument. With
     `grad`, jax.grad of sum(kernel ** 2) (plain autodiff: a forward ring region, then a backward one that reads the
     forward's residuals): each layout a forward program and a backward program, the backward's residual arguments
-    fed from the forward's results at timing (manifest "feeds")."""
+    fed from the forward's results at timing (manifest "feeds"). `builder`: which of USER_BUILDERS makes the
+    kernels (ring_user_kernels.blockwise_ring, or blockwise_python_ring with its chunk loops as Python loops); the
+    manifests name it."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding
@@ -382,7 +397,7 @@ def extract_user(out_dir: str, names: list[str], cp: int, tokens: int, heads: in
                                  sharding=NamedSharding(mesh, P("dp", "cp", None)))] * 3
     for name in names:
         mask, live, described = _user_mask(name, tokens, chunk)
-        program = sharded(mesh, uk.blockwise_ring(cp, chunk, mask, live), 3)
+        program = sharded(mesh, getattr(uk, builder)(cp, chunk, mask, live), 3)
         if grad:
             forward = program
 
@@ -438,7 +453,8 @@ def extract_user(out_dir: str, names: list[str], cp: int, tokens: int, heads: in
                                     "ideal": [c["ideal"] for c in counted],
                                     "from": "counted here on this layout's module"}
         kind = "jax.grad of sum(attention ** 2), plain autodiff (forward and backward rings)" if grad else "forward"
-        manifest = {"kernel": f"blockwise ring attention as users write it: {described}, {kind}", "kernel_id": name,
+        manifest = {"kernel": f"blockwise ring attention{USER_BUILDERS[builder][1]} as users write it: {described}, "
+                              f"{kind}", "kernel_id": name, "builder": builder,
                     "cp": cp, "tokens_per_device": tokens, "heads": heads, "dim": dim, "chunk": chunk,
                     "batch": batch, "dtype": "float32", "grad": grad, "coordinate_argument": True,
                     "picked": picked, "decision": "; ".join(
@@ -453,7 +469,7 @@ def extract_user(out_dir: str, names: list[str], cp: int, tokens: int, heads: in
               {k: (max(v[0]), v[1]) for k, v in backward.items()} if grad else "",
               {k: (v["critical"], v["from"]) for k, v in pair.items()} if grad else "", flush=True)
     with open(os.path.join(out_dir, "manifest.json"), "w") as f:
-        json.dump({"suite": list(names), "grad": grad}, f)
+        json.dump({"suite": list(names), "grad": grad, "builder": builder}, f)
 
 
 def _decision_text(r) -> str:
@@ -587,7 +603,7 @@ def render(result: dict) -> str:
 
 
 USER_TITLE = ("## ring-reorder on an accelerator: the layout the tile count picks, for the blockwise kernels users "
-              "write (forward)")
+              "write{} (forward)")
 TIE = 0.03  # two layouts whose slowest coordinates are within 3% of each other are as fast (timing noise)
 
 
@@ -627,7 +643,19 @@ def _user_rows(result: dict) -> tuple[str, str]:
 
 
 USER_GRAD_TITLE = ("## ring-reorder on an accelerator: the layout the tile count picks, for the blockwise kernels "
-                   "users write (jax.grad: forward and backward rings, plain autodiff)")
+                   "users write{} (jax.grad: forward and backward rings, plain autodiff)")
+
+
+def _builder(result: dict) -> str:
+    """The builder of a user kernel's results (blockwise_ring where its manifest, from before there were two, names
+    none)."""
+    return result.get("builder", "blockwise_ring")
+
+
+def user_title(result: dict) -> str:
+    """The section heading of a user suite's results: its builder's (blockwise_ring's as it always was), forward or
+    gradient."""
+    return (USER_GRAD_TITLE if result.get("grad") else USER_TITLE).format(USER_BUILDERS[_builder(result)][1])
 
 
 def _pair_text(pair: dict | None) -> str:
@@ -680,6 +708,10 @@ def _user_grad_rows(result: dict) -> tuple[str, str]:
 def render_user(results: list[dict]) -> str:
     first = results[0]
     grad = bool(first.get("grad"))
+    builder = _builder(first)
+    if any(_builder(r) != builder for r in results):
+        raise ValueError(f"one suite, several builders: {sorted({_builder(r) for r in results})}")
+    kernel, _, loops = USER_BUILDERS[builder]
     summaries, tables = zip(*((_user_grad_rows if grad else _user_rows)(r) for r in results))
     if grad:
         what = ("jax.grad of sum(attention ** 2) with respect to q, k and v, plain autodiff (no custom_vjp): a "
@@ -712,17 +744,16 @@ def render_user(results: list[dict]) -> str:
                f"the busiest device's).")
         header = ("| kernel | picked (defaults) | fastest measured (slowest coordinate) | picked is the fastest "
                   "| contiguous / picked: measured | by tiles (busiest device) |\n|---|---|---|---|---:|---:|\n")
-    return (f"{USER_GRAD_TITLE if grad else USER_TITLE}\n\n"
+    return (f"{user_title(first)}\n\n"
             f"Device: {first['device']} ({first['timed_with']}; modules lowered with {first['lowered_with']}). "
-            f"tests/support/ring_user_kernels.blockwise_ring (lax.scan over ring steps and over q and kv chunks, a "
-            f"chunk pair skipped by lax.cond when its mask hides it whole), {what}each mask kind: cp={first['cp']}, "
+            f"tests/support/ring_user_kernels.{builder} ({loops}), {what}each mask kind: cp={first['cp']}, "
             f"{first['tokens_per_device']} tokens a device, {first['batch'] * first['heads']} heads of "
             f"{first['dim']} (in the kernel's batch), chunk {first['chunk']}, float32. {how} The "
             f"slowest coordinate is the critical path of a ring whose steps don't wait on one another; a picked "
             f"layout within {TIE:.0%} of the fastest counts as the fastest.\n\n"
             + header + "\n".join(summaries) + "\n\n" + "\n\n".join(tables)
-            + f"\n\nCommands: `python bench/ring_device.py extract DIR --kernel user{flags}` (in .venv-oldest), then "
-            "`python bench/ring_device.py time DIR --section` on the accelerator.\n")
+            + f"\n\nCommands: `python bench/ring_device.py extract DIR --kernel {kernel}{flags}` (in .venv-oldest), "
+            "then `python bench/ring_device.py time DIR --section` on the accelerator.\n")
 
 
 def _extract_flags(result: dict) -> str:
@@ -741,7 +772,7 @@ def main(argv=None) -> None:
     ex.add_argument("--grad", action="store_true", help="jax.grad of the attention: forward and backward rings")
     ex.add_argument("--kernel", choices=sorted(KERNELS), default="ejkernel")
     ex.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
-    ex.add_argument("--masks", default=",".join(USER), help=f"--kernel user: which of {', '.join(USER)}")
+    ex.add_argument("--masks", default=",".join(USER), help=f"--kernel user, user-python: which of {', '.join(USER)}")
     tm = sub.add_parser("time", help="compile and time each coordinate's program on jax.devices()[0]")
     tm.add_argument("out_dir")
     tm.add_argument("--rounds", type=int, help="runs timed a program (a suite: 10 unless given)")
@@ -752,9 +783,10 @@ def main(argv=None) -> None:
         os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={args.cp}")
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
         sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
-        if args.kernel == "user":
+        users = {kernel: builder for builder, (kernel, _, _) in USER_BUILDERS.items()}
+        if args.kernel in users:
             extract_user(args.out_dir, args.masks.split(","), args.cp, args.tokens, args.heads, args.dim, args.chunk,
-                         args.batch, args.grad)
+                         args.batch, args.grad, users[args.kernel])
         else:
             extract(args.out_dir, args.cp, args.tokens, args.heads, args.dim, args.chunk, args.batch, args.grad,
                     args.kernel, args.dtype)
@@ -763,7 +795,7 @@ def main(argv=None) -> None:
         suite = json.load(f).get("suite")
     if suite:
         result = [time_programs(os.path.join(args.out_dir, name), args.rounds or 10) for name in suite]
-        heading, section = USER_GRAD_TITLE if result[0].get("grad") else USER_TITLE, render_user(result)
+        heading, section = user_title(result[0]), render_user(result)
     else:
         result = time_programs(args.out_dir, args.rounds or 20)
         heading, section = title(result), render(result)
