@@ -1,12 +1,17 @@
-"""Strict residuals (prove._accept_autodiff proves a plain-autodiff pair's forward with `whole=True`): a residual
-may not hand the backward positions the forward computed, since the rewrite changes where the forward reads
-positions, not the values it hands on, and the backward would then use the old layout's.
+"""Strict residuals (prove._accept_autodiff proves a plain-autodiff pair's forward with `whole=True`): positions
+the forward hands the backward as a residual are read where the forward returns them, and rewritten as any read of
+positions is, so the backward meets the new layout's positions, as the forward's results do. What stays refused: a
+backward that computes positions of its own (obligation (d)), and an op that only residuals depend on computing
+positions (Engine._skip: the proof never interprets it, so nothing rewrites it).
 
-A ring with RoPE whose cos/sin tables are differentiated is such a program: the forward gathers the tables' rows
-at its tokens' positions (rewritten by the reorder), and JAX hands those positions to the backward as a residual
-to scatter the tables' cotangents at. Differentiated in q, k, v only, the same ring is rewritten; differentiated
-in the tables too, it is refused, and the hand-reordered twin shows why: with the forward reordered and the
-tables' cotangents scattered at the positions of the old layout, the tables' gradient is not jax.jit's."""
+A ring with RoPE whose cos/sin tables are differentiated hands the backward positions: the forward gathers the
+tables' rows at its tokens' positions (rewritten by the reorder), and JAX hands those positions to the backward as
+a residual to scatter the tables' cotangents at. The hand-reordered twin shows what the rewrite must do: with the
+forward reordered and the tables' cotangents scattered at the positions of the new layout, the tables' gradient is
+jax.jit's; at the positions of the old layout it is not. Its backward also recomputes the key positions of each
+ring step in its loop, so the program is refused for that; differentiated in q, k, v only, it is rewritten. The
+bidirectional ring of tests/support/ring_user_variants.py hands its backward the masks of the merges outside its
+loop, rewritten so (grad-bidirectional-ring-causal@cp8 in the programs' registry: equal to jax.jit)."""
 
 from __future__ import annotations
 
@@ -24,6 +29,11 @@ from support import ring_user_kernels as uk
 from support.ring_user_programs import meshes, rope_table, sharded, qkv, replicated, zigzag_layout
 
 CP = 4
+
+
+def _line(text: str) -> int:
+    """The line of this file that holds `text`."""
+    return next(i for i, held in enumerate(open(__file__), 1) if text in held)
 
 
 def _contiguous(c, n):
@@ -79,18 +89,17 @@ def _grad(body, wrt, order=slice(None)):
     return jax.grad(loss, argnums=wrt)
 
 
-def test_a_residual_handing_the_backward_positions_is_refused_and_the_refusal_is_needed():
+def test_positions_handed_to_the_backward_are_rewritten_and_must_be():
     _, args = _program()
     whys = [r.why for r in autofix_shardings(_grad(_rope_ring(), (0, 1, 2, 3, 4)), ring_reorder="zigzag",
                                              on_fix="ignore").lower(*args).rings]
     assert len(whys) == 2 and all(whys), whys
     line = next(i for i, text in enumerate(open(__file__), 1) if text.rstrip().endswith("# strict: handed on"))
-    # which result the residual is: JAX 0.12 hands it as the forward's second, 0.10 as its first
-    strict = re.compile(re.escape(f"it is not rewritten with its forward ('stablehlo.broadcast_in_dim' at "
-                                  f"{__file__}:{line} result ") + r"\d+" +
-                        re.escape(" hands the backward positions (or a device index) it has not read, which the "
-                                  "rewrite would leave in the old layout)"))
-    assert all(strict.search(why) for why in whys), whys
+    # the residual positions are rewritten; what refuses the pair is the backward's own positions of each step
+    recomputed = (f"it recomputes positions, or values from them, at {__file__}:{line} (scatter) (from "
+                  f"{__file__}:{_line('return c * n')} (iota), {__file__}:{_line('me = lax.axis_index')} "
+                  "(partition_id)), which are not rewritten like the forward's")
+    assert all(recomputed in why and "hands the backward positions" not in why for why in whys), whys
     # without the tables' gradient, nothing hands positions on: the same ring is rewritten, forward and backward
     low = autofix_shardings(_grad(_rope_ring(), (0, 1, 2)), ring_reorder="zigzag", on_fix="ignore").lower(*args)
     assert [r.applied for r in low.rings] == [True, True], [r.why for r in low.rings]

@@ -495,6 +495,9 @@ def _registry() -> list[Program]:
         add(f"refuse-{make.__name__.replace('_', '-')}", refusal(make), "refused", source=make)
     # k, v sent both ways around the ring (two blocks a step, the opposite one after the loop)
     add("bidirectional-ring-causal@cp8", refusal(uv.bidirectional), "proved", BOTH, mesh="cp8")
+    # plain autodiff: the masks of the merges outside the loop (the own block's, the opposite one's) are residuals
+    # of positions, rewritten where the forward returns them
+    add("grad-bidirectional-ring-causal@cp8", refusal(uv.bidirectional), "proved", BOTH, grad=True, mesh="cp8")
     add("refuse-bidirectional-forgets-opposite", refusal(uv.bidirectional_forgets_opposite), "refused",
         source=uv.bidirectional)
     # Flash-attention style merges of each block's (out, lse) (ring_user_lse): order-free however spelled, proved

@@ -516,9 +516,16 @@ def _check_results(r: RingRegion, engine: Engine, results: list, outs, verdict: 
         result = r.region.results[j]
         if j in residuals:  # read by transposed regions only, in the layout this region makes them
             if engine.state.strict_residuals and isinstance(value, Index) and not value.expr.is_const:
-                # positions handed on unread: the rewrite changes their reads, not them
-                _refuse_result(r, j, f"result {j} hands the backward positions (or a device index) it has not read, "
-                               "which the rewrite would leave in the old layout")
+                # positions handed on to the backward (the mask a jnp.where saves): returning them reads them, so
+                # they are rewritten as any read of them is (where they are computed from the ring coordinate, or
+                # here), and the backward meets the new layout's positions, as the forward's results do
+                terminator = list(r.region.regions[0].blocks[0].operations)[-1].operation
+                try:
+                    engine.resolve(value, terminator, j)
+                except Refusal as refusal:
+                    raise _GroupRefusal(refusal, r) from None
+                verdict.rewrites = list(engine.state.rewrites.values())
+                verdict.units = dict(engine.state.units)
             produced[result] = value
             continue
         if isinstance(value, Data):
