@@ -230,3 +230,38 @@ def test_bits_read_at_another_width_are_named_at_the_bitcast():
         "stablehlo.bitcast_convert", "bits in halves",
         "reinterprets the bits of each element as elements of another width, which adds or removes a dim: bitcast "
         "to a type of the same width")
+
+
+def _three_cases(q, k, v):
+    """Flash-attention style: each block attended in full (all keys before every query), masked (the device's
+    own) or skipped (after every query), by a lax.switch on its position."""
+    me = lax.axis_index("cp")
+    n = q.shape[1]
+    q_pos = me * n + jnp.arange(n)
+
+    def step(i, carry):
+        state, k, v = carry
+        source = (me - i) % CP
+        k_pos = source * n + jnp.arange(n)
+
+        def full(state):
+            return ruk.merge_online(state, ruk.scores(q, k), v, i)
+
+        def masked(state):
+            return ruk.merge_online(state, jnp.where(q_pos[:, None] >= k_pos[None, :], ruk.scores(q, k), ruk.NEG),
+                                    v, i)
+
+        case = jnp.where(source < me, 0, jnp.where(source == me, 1, 2))
+        state = lax.switch(case, [full, masked, lambda s: s], state)  # three ways
+        return (state,) + tuple(lax.ppermute(t, "cp", ruk.ring(CP)) for t in (k, v))
+
+    state, _, _ = lax.fori_loop(0, CP, step, (ruk.init_state(q, "online"), k, v))
+    return ruk.finish(state, "online")
+
+
+def test_a_switch_between_ways_of_folding_a_block_says_what_is_proved_instead():
+    assert _why(_three_cases) == _refusal(
+        "stablehlo.case", "three ways",
+        "chooses among 3 branches that compute different values (a lax.switch): what the analysis proves is a branch "
+        "that skips a block beside one that folds it in, not several ways of folding it; fold every block one way (a "
+        "tile whose keys are all kept is the masked tile with nothing masked) under lax.cond(skip, ...)")

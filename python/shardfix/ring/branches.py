@@ -37,7 +37,10 @@ def branches(engine: Engine, op):
     if all(b == per_branch[0] for b in per_branch[1:]):
         return stabiliser.join(engine.fns, op, per_branch, per_branch[0])
     if len(regions) != 2:
-        engine.refuse("branches several ways to different values", op)
+        engine.refuse(f"chooses among {len(regions)} branches that compute different values (a lax.switch): "
+                      "what the analysis proves is a branch that skips a block beside one that folds it in, not "
+                      "several ways of folding it; fold every block one way (a tile whose keys are all kept is the "
+                      "masked tile with nothing masked) under lax.cond(skip, ...)", op)
     return stabiliser.join(engine.fns, op, per_branch, _skip_join(engine, op, selector, per_branch))
 
 
