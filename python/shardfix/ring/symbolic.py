@@ -78,12 +78,14 @@ class Other:
 class Node:
     """A non-affine value: op is one of the names below, args are Affs (or ints for constants). `src` remembers the
     op that built the node and which of its operands each argument came from, so that a coordinate-based position
-    read by a comparison can be rewritten where it is read."""
+    read by a comparison can be rewritten where it is read. It is part of the node's identity: the same comparison
+    computed by two ops is two values of the program, of which the rewrite changes only those read (a where between
+    two copies of one mask is not one of them, whatever the copies compute)."""
 
     op: str  # lt le gt ge eq ne and or not xor select trem div max min fmod opaque gpos
     args: tuple
     # (op, operand of each arg, the func.call ops the op was reached through)
-    src: tuple | None = field(default=None, compare=False, hash=False)
+    src: tuple | None = None
 
     def __str__(self) -> str:
         return f"{self.op}({', '.join(map(str, self.args))})"
@@ -196,6 +198,8 @@ class Aff:
 
 
 def _atom_key(atom) -> str:
+    if isinstance(atom, Node) and atom.src is not None:  # one order for copies of one node made by other ops
+        return f"Node:{atom}@{hash(atom.src):x}"
     return f"{type(atom).__name__}:{atom}"
 
 
@@ -544,10 +548,18 @@ def _and_implied(args: list, scope) -> Aff:
     kept = list(args)
     for x in args:
         for y in args:
-            if x is not y and _implies(y, x) and x in kept and y in kept:
+            if x is not y and _implies(y, x) and x in kept and y in kept and not _reads_coordinates(x):
                 kept.remove(x)
                 break
     return kept[0] if len(kept) == 1 else Aff.of(Node("and", tuple(kept)))
+
+
+def _reads_coordinates(value: Aff) -> bool:
+    """Whether `value` is a comparison whose op reads ring coordinates itself: the rewrite changes that op's
+    operands, so dropping it (as implied by another) would leave it in the old layout in the program."""
+    cmp = _as_cmp(value)
+    return cmp is not None and any(isinstance(arg, Aff) and any(isinstance(a, (Coord, Pid, PidDiv))
+                                                                 for a in arg.atoms()) for arg in cmp.args)
 
 
 def _as_cmp(value: Aff):
