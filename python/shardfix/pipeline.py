@@ -20,6 +20,7 @@ from shardfix.passes import OptionError, Pass, PassContext, PassError
 
 from ._log import logger
 from .ir import LoadError, diagnostics_of
+from .ir.context import register_jax_passes
 from .locations import SourceLoc
 from .refusal import explain
 from .report import Diagnostic
@@ -141,6 +142,7 @@ def build_pass_manager(pipeline: Pipeline, ctx: ir.Context, pass_ctx: PassContex
                 pm.add(_runner(element.ours, pass_ctx, verify=only_ours, follows=follows, precedes=precedes),
                        **_pass_names(element.ours))
                 continue
+            register_jax_passes()
             try:
                 pm.add(element.text)
             except ValueError as e:

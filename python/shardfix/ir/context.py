@@ -18,9 +18,9 @@ def make_context(allow_unregistered: bool = False) -> ir.Context:
 
     It is shardfix's own (never JAX's shared one) and single-threaded: MLIR's verifier and parser can deadlock in
     JAX's thread pool, and shardfix's passes run in Python anyway. It is built from jaxlib's MLIR modules alone, as
-    JAX builds its own; importing JAX registers the passes a pipeline may name (sdy-propagation-pipeline, ...).
+    JAX builds its own, without importing JAX (a second a process): `register_jax_passes` does, for a pipeline
+    that names a pass JAX registers (sdy-propagation-pipeline, ...).
     """
-    import jax  # noqa: F401
     from jaxlib.mlir._mlir_libs import _jax_mlir_ext
     from jaxlib.mlir.dialects import chlo, mhlo, sdy, stablehlo
 
@@ -48,6 +48,13 @@ def new_context(allow_unregistered: bool = False) -> ir.Context:
     """A context like make_context's, but a new one, shared with nothing: for a scratch copy of a module whose ops'
     Python handles must never meet another module's (make_context's docstring)."""
     return make_context.__wrapped__(allow_unregistered)
+
+
+@functools.cache
+def register_jax_passes() -> None:
+    """The MLIR passes JAX registers as it is imported (Shardy's sdy-propagation-pipeline, ...), for a pipeline
+    that names one."""
+    import jax  # noqa: F401
 
 
 @functools.cache
