@@ -1,7 +1,8 @@
 # Each target builds its virtual environment from nothing on first use.
 #   make test          the suite on the newest JAX the machine's newest Python (3.12+) allows (requirements.txt)
-#   make test-oldest   the suite on the oldest supported JAX, 0.10.2, on Python 3.11 (requirements-oldest.txt),
-#                      with the clients pinned to that JAX (ejkernel)
+#   make test-oldest   the whole suite on the oldest supported JAX, 0.10.2, on Python 3.11 (requirements-oldest.txt),
+#                      with the clients pinned to that JAX (ejkernel), the exhaustive sweeps included
+#   make test-exhaustive  the exhaustive sweeps `make test` leaves out (tests/conftest.py: EXHAUSTIVE), newest JAX
 #   make test-install  `python -m build` (sdist and wheel), each installed (not editable) into a fresh environment
 #                      that has the newest JAX: JAX is kept, and the installed package, shardfix-opt and the lit
 #                      suite work (.ci/install-check)
@@ -22,11 +23,13 @@ STAMP := $(VENV)/.installed
 # pytest-xdist workers (each its own process with its own 8 simulated devices; the tests share no state): two keep
 # a 2-core machine busy while one test waits on XLA's compiler and another runs the passes' Python
 WORKERS ?= 2
+# which tests pytest runs (a -m expression; empty: all): make test leaves out the exhaustive sweeps
+MARKERS ?= not exhaustive
 
 export XLA_FLAGS := --xla_force_host_platform_device_count=8
 export JAX_PLATFORMS := cpu
 
-.PHONY: demo ring-demo _ring-demo test test-oldest test-install print-python pytest lit bench bench-ring _bench-ring clean
+.PHONY: demo ring-demo _ring-demo test test-oldest test-exhaustive test-install print-python pytest lit bench bench-ring _bench-ring clean
 
 $(STAMP): pyproject.toml $(REQUIREMENTS)
 	rm -rf $(VENV)
@@ -50,7 +53,10 @@ _ring-demo: $(STAMP)
 test: pytest lit
 
 test-oldest:
-	$(MAKE) test PYTHON=$(OLDEST_PYTHON) VENV=.venv-oldest REQUIREMENTS=requirements-oldest.txt
+	$(MAKE) test PYTHON=$(OLDEST_PYTHON) VENV=.venv-oldest REQUIREMENTS=requirements-oldest.txt MARKERS=
+
+test-exhaustive:
+	$(MAKE) pytest MARKERS=exhaustive
 
 test-install:
 	PYTHON=$(PYTHON) .ci/install-check
@@ -59,7 +65,7 @@ print-python:
 	@echo $(PYTHON)
 
 pytest: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(WORKERS) tests
+	$(BIN)/python -m pytest -q -n $(WORKERS) -m "$(MARKERS)" tests
 
 lit: $(STAMP)
 	$(BIN)/lit -sv test/lit --param venv=$(VENV)

@@ -1,4 +1,5 @@
 import os
+import re
 import tempfile
 
 # Eight simulated CPU devices, set before JAX is first imported.
@@ -19,6 +20,53 @@ def _version(text: str) -> tuple[int, ...]:
 # Clients pinned to an older JAX (ejkernel needs jax~=0.10) are tested on that JAX only (make test-oldest), where
 # they must be installed: on JAX 0.10 their tests are collected and an import failure fails loudly.
 collect_ignore_glob = [] if _version(jax.__version__) < (0, 11) else ["clients/test_ejkernel*.py"]
+
+
+# Sweeps that repeat a check `make test` runs, over more cases: the same programs under more layouts, meshes and
+# strategies, larger corpora and generated draws, the frameworks' whole setup matrices, the audits' kernel lists.
+# `make test` leaves them out (-m "not exhaustive": under 15 minutes on a 2-core machine); `make test-exhaustive`
+# runs them alone, `make test-oldest` runs everything, and CI (.ci/run) runs all three. Regular expressions
+# searched in node ids.
+EXHAUSTIVE = tuple(re.compile(pattern) for pattern in (
+    # the user-programs and published kernels: every result compared under the defaults; here under each layout
+    # asked for, and every decision under a layout asked for
+    r"test_ring_user_programs\.py::test_results_equal_jax_jit\[.*-(zigzag|striped)\]",
+    r"test_ring_user_programs\.py::test_decision_for_the_layout_asked",
+    r"test_ring_published\.py::test_results_equal_jax_jit\[.*-(zigzag|striped)\]",
+    r"test_ring_published\.py::test_decision_for_a_forced_layout",
+    r"test_ring_kernels\.py::test_forward_and_gradients_reordered_and_exact\[.*-(zigzag|striped)\]",
+    r"test_ring_audit11\.py::test_forward_results_equal_jax_jit\[.*-(asked|left)-",
+    # hypothesis's draws of ring bodies; the mutants of Shardy's corpus in MLIR's generic form
+    r"test_ring_generated\.py::",
+    r"test_mutants\.py::.*generic",
+    # the audits' kernel lists (the plain-autodiff acceptance, its derivative rules and the stabiliser check keep
+    # their own tests in the default run), and two past audits (hoisting across layers and custom_vjp backwards;
+    # loops that run once and the per-op table)
+    r"test_autodiff_accept_audit\.py::",
+    r"test_autodiff_ties_audit2\.py::",
+    r"test_autodiff_stabiliser_audit\.py::test_(where_the_gradient_follows|a_derivative_rule)",
+    r"test_ring_audit5\.py::",
+    r"test_ring_audit7\.py::",
+    # the frameworks: one setup of each through the decorator, the plugin's eager flow under Flax NNX (Linen's and
+    # Equinox's here), Flax's language model on Explicit axes
+    r"test_linen_training\.py::test_the_functional_form_through_the_decorator\[(?!data_model-explicit)",
+    r"test_linen_training\.py::test_the_guides_eager_flow_under_the_plugin",
+    r"test_nnx_training\.py::test_the_functional_form_through_the_decorator\[(?!data_model-auto)",
+    r"test_eqx_training\.py::test_the_example_through_the_decorator\[(?!data_model-explicit)",
+    r"test_eqx_training\.py::test_the_example_under_the_plugin",
+    r"test_flax_lm\.py::.*\[auto\]",
+))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "exhaustive: a sweep over more cases of a check the default run makes "
+                                       "(tests/conftest.py: EXHAUSTIVE)")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if any(pattern.search(item.nodeid) for pattern in EXHAUSTIVE):
+            item.add_marker(pytest.mark.exhaustive)
 
 
 @pytest.fixture(scope="session")
