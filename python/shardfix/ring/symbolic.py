@@ -628,8 +628,14 @@ def _floor_div_fixup(cond: Aff, a: Aff, b: Aff, scope) -> Aff | None:
     conj = cond.terms[0][0] if len(cond.terms) == 1 and not cond.const and cond.terms[0][1] == 1 else None
     if not isinstance(conj, Node) or conj.op != "and" or len(conj.args) != 2:
         return None
+    # compared as values, whichever ops computed them: for x >= 0 the condition is false in any layout, so the ops
+    # it drops may read the old layout's positions
     expected = {compare("eq", x, Aff(), scope), compare("ne", remainder(x, d, scope), Aff(), scope)}
-    return b if set(conj.args) == expected else None
+    return b if {_unsourced(arg) for arg in conj.args} == {_unsourced(e) for e in expected} else None
+
+
+def _unsourced(expr: Aff) -> Aff:
+    return map_sources(expr, lambda _: None)
 
 
 def gpos(value: Aff, unit: int) -> Aff:
