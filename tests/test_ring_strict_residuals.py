@@ -16,7 +16,6 @@ loop, rewritten so (grad-bidirectional-ring-causal@cp8 in the programs' registry
 from __future__ import annotations
 
 import functools
-import re
 
 import jax
 import jax.numpy as jnp
