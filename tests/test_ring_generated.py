@@ -4,12 +4,13 @@ carries (stepped `(src - 1) % cp` or `(src + cp - 1) % cp`), in a loop of one ri
 hand, or lax.scan's unroll=2) or unrolled, masks computed from positions by any arithmetic (causal, sliding window,
 a window offset by a constant, ALiBi, floor-divided chunks), order-free merges (step-0 resets, a sink logit in the
 start state, each block's (out, lse) merged by logaddexp, its formula written out, or the sigmoid form among them),
-the state kept for all rows or per half of them (a running maximum per half), and the order-sensitive or
-position-reading steps that break them: a carried source stepped modulo the wrong number or two steps while the
-blocks travel one, a window measured from a block's first position, a running sum truncated to integers, a decayed
-merge of the blocks' outputs, a result that reads the running maximum itself), some differentiated by jax.grad. Each
-program is either rewritten by ring-reorder and then computes what jax.jit of it computes (to 1e-5), or refused with
-the op and the line that broke a rule; never rewritten into something else."""
+the state kept for all rows, per half of them (a running maximum per half) or updated in place two rows at a time,
+and the order-sensitive or position-reading steps that break them: a carried source stepped modulo the wrong number
+or two steps while the blocks travel one, a window measured from a block's first position, a running sum truncated
+to integers, a decayed merge of the blocks' outputs, a result that reads the running maximum itself, rows updated in
+place from the state of the rows before them), some differentiated by jax.grad. Each program is either rewritten by
+ring-reorder and then computes what jax.jit of it computes (to 1e-5), or refused with the op and the line that broke
+a rule; never rewritten into something else."""
 
 import re
 
@@ -55,7 +56,9 @@ CHOICES = {
     "skip": (["none", "by_positions"], ["none", "by_positions", "by_coordinates"]),
     # the state kept for all rows at once, or per half of the rows (a blockwise kernel's Python loop over q
     # chunks: a running maximum per chunk), the halves' outputs concatenated
-    "rows": (["whole", "halves"], ["whole", "halves"]),
+    # or updated in place two rows at a time by a fori_loop (dynamic_slice, dynamic_update_slice into the state),
+    # or so with each pair of rows merged into the state of the pair before it (a recurrence along the block)
+    "rows": (["whole", "halves", "in_place"], ["whole", "halves", "in_place", "in_place_from_previous"]),
     # the result: o / l (the softmax's, free of the running maximum: a backward jax.grad made may be rewritten) or
     # a mix that reads the maximum itself (its gradient splits ties by the blocks' order: the backward is refused)
     "finish": (["mixed", "normalised", "normalised"], ["mixed", "normalised"]),
@@ -104,8 +107,13 @@ def build(spec):
             acc = tuple(tuple(part[:, rows] for part in acc) for rows in HALVES)
 
         def merge(acc, rows, k, kp, s):
-            """The step's merge of the visiting block into the state of the rows `rows` of q."""
-            q, q_pos = q_all[:, rows], q_pos_all[:, rows]
+            """The step's merge of the visiting block into the state of the rows `rows` of q (a slice, or the
+            index of a pair of rows, traced)."""
+            if isinstance(rows, slice):
+                q, q_pos, local = q_all[:, rows], q_pos_all[:, rows], jnp.arange(L)[rows]
+            else:
+                q, q_pos = (jax.lax.dynamic_slice_in_dim(t, rows * 2, 2, axis=1) for t in (q_all, q_pos_all))
+                local = jax.lax.dynamic_slice_in_dim(jnp.arange(L), rows * 2, 2)
             scores = jnp.einsum("bqd,bkd->bqk", q, k)
             qp, kp2 = q_pos[:, :, None], kp[:, None, :]
             if spec["positions"] == "none" or spec["mask"] in ("none", "local_index", "coordinate_bias"):
@@ -125,7 +133,7 @@ def build(spec):
             if spec["mask"] == "coordinate_bias":  # how far the block's device is: ring coordinates, not positions
                 scores = scores + (me - (me - direction * s) % cp).astype(scores.dtype)
             elif spec["mask"] == "local_index":
-                scores = jnp.where(jnp.arange(L)[rows][:, None] >= jnp.arange(L)[None, :], scores, NEG)
+                scores = jnp.where(local[:, None] >= jnp.arange(L)[None, :], scores, NEG)
             m0, l0, o0 = acc
             if spec["merge"] == "softmax":
                 m1 = jnp.max(scores, axis=-1)
@@ -188,6 +196,12 @@ def build(spec):
                 kp = k_pos
             if spec["rows"] == "halves":
                 acc = tuple(merge(a, rows, k, kp, s) for a, rows in zip(acc, HALVES))
+            elif spec["rows"].startswith("in_place"):
+                def pair(a, acc):
+                    read = a * 2 if spec["rows"] == "in_place" else jnp.maximum(a - 1, 0) * 2
+                    new = merge(tuple(jax.lax.dynamic_slice_in_dim(t, read, 2, axis=1) for t in acc), a, k, kp, s)
+                    return tuple(jax.lax.dynamic_update_slice_in_dim(t, u, a * 2, axis=1) for t, u in zip(acc, new))
+                acc = jax.lax.fori_loop(0, L // 2, pair, acc)
             else:
                 acc = merge(acc, slice(None), k, kp, s)
             k = jax.lax.ppermute(k, "cp", ring)

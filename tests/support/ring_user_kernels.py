@@ -5,6 +5,8 @@ jax.shard_map over a ring axis "cp", on q, k, v [batch, n, dim] (or [batch, n, h
   online-softmax merges, in a fori_loop, a lax.scan or an unrolled loop.
 - `blockwise_ring`: Liu et al.'s shape: lax.scan over ring steps, lax.scan over q chunks and kv chunks, a chunk
   pair skipped with lax.cond when the mask hides it whole (decided by the chunks' global positions).
+- `rows_ring`: one block a ring step, the queries taken a few rows at a time by a fori_loop that updates the
+  running state in place (dynamic_slice / dynamic_update_slice).
 - `vjp_ring`: a custom_vjp kernel with any mask: the backward recomputes each block from the forward's lse.
 """
 
@@ -282,6 +284,43 @@ def one_block_ring(cp: int, mask, *, loop: str = "fori", merge: str = "online", 
             for i in range(cp):
                 carry = step(i, carry)
         return finish(carry[0], merge, sink)
+
+    return body
+
+
+def rows_ring(cp: int, rows: int, mask, *, merge: str = "online"):
+    """Body f(q, k, v) over [b, n, d]: lax.fori_loop over ring steps; inside a step, a lax.fori_loop over the
+    queries `rows` at a time that slices them out (lax.dynamic_slice_in_dim) and updates the running state in
+    place (lax.dynamic_update_slice_in_dim into the carried buffers), as hand-written kernels do."""
+    fold = MERGES[merge]
+    perm = ring(cp)
+
+    def body(q, k, v):
+        n = q.shape[1]
+        me = lax.axis_index("cp")
+
+        def step(i, carry):
+            acc, k, v = carry
+            k_pos = (((me - i) % cp) * n + jnp.arange(n))[None, :]
+
+            def row(a, acc):
+                qa = lax.dynamic_slice_in_dim(q, a * rows, rows, axis=1)
+                q_pos = (me * n + a * rows + jnp.arange(rows))[:, None]
+                s = scores(qa, k)
+                keep, bias = mask(q_pos, k_pos)
+                if bias is not None:
+                    s = s + bias
+                if keep is not None:
+                    s = jnp.where(keep, s, NEG)
+                part = tuple(lax.dynamic_slice_in_dim(x, a * rows, rows, axis=1) for x in acc)
+                part = fold(part, s, v, i)
+                return tuple(lax.dynamic_update_slice_in_dim(x, y, a * rows, axis=1) for x, y in zip(acc, part))
+
+            acc = lax.fori_loop(0, n // rows, row, acc)
+            return acc, lax.ppermute(k, "cp", perm), lax.ppermute(v, "cp", perm)
+
+        acc, _, _ = lax.fori_loop(0, cp, step, (init_state(q, merge), k, v))
+        return finish(acc, merge)
 
     return body
 

@@ -209,6 +209,15 @@ def blockwise_python(mask: str, chunk: int = 8, merge: str = "online"):
 
     return build
 
+def rows(mask: str, rows: int = 4, merge: str = "online"):
+    """A builder for uk.rows_ring (the queries a few rows at a time, the state updated in place)."""
+
+    def build(mesh):
+        return sharded(mesh, uk.rows_ring(mesh.shape["cp"], rows, uk.MASKS[mask], merge=merge), 3), qkv(mesh)
+
+    return build
+
+
 def refusal(make, positions: bool = False):
     """A builder for a body of ring_user_refusals (`positions`: it also takes q and k position ids as data)."""
 
@@ -386,6 +395,9 @@ def _registry() -> list[Program]:
     add("blockwise-causal-guarded", blockwise("causal", merge="guarded"), "rewritten", ZIGZAG)
     add("blockwise-causal-chunk8", blockwise("causal", chunk=8), "rewritten", ZIGZAG)
     add("blockwise-python-causal", blockwise_python("causal"), "rewritten", ZIGZAG)
+    # The queries a few rows at a time, the running state updated in place: no skip, so balanced as written.
+    add("rows-causal", rows("causal"), "proved", BOTH)
+    add("rows-alibi-guarded", rows("alibi", rows=2, merge="guarded"), "proved", ZIGZAG)
 
     # Other meshes: Auto axes; cp = 8.
     add("fori-causal@auto", one_block("causal"), "proved", ZIGZAG, mesh="auto")
@@ -449,8 +461,11 @@ def _registry() -> list[Program]:
             # the chunk loops written in Python: one running maximum per q chunk, each its own tokens' (the
             # maxima differ by chunk, and each chunk's output is free of its own: stabiliser.complete_ident)
             ("blockwise-python-causal", blockwise_python("causal"), "explicit"),
-            ("blockwise-python-causal-guarded", blockwise_python("causal", merge="guarded"), "explicit")):
-        both = name in ("fori-causal", "blockwise-causal", "blockwise-causal@auto", "nested-fori-causal@auto")
+            ("blockwise-python-causal-guarded", blockwise_python("causal", merge="guarded"), "explicit"),
+            # the state updated in place a few rows at a time: its buffers handed to jnp's update helpers
+            ("rows-causal", rows("causal"), "explicit")):
+        both = name in ("fori-causal", "blockwise-causal", "blockwise-causal@auto", "nested-fori-causal@auto",
+                        "rows-causal")
         pays = name.startswith(("blockwise-causal", "nested-blockwise", "partial-blockwise", "blockwise-python"))
         add(f"grad-{name}", build, "rewritten" if pays else "proved", BOTH if both else ZIGZAG, grad=True, mesh=mesh)
 

@@ -206,6 +206,9 @@ class State:
     unknown_vars: set = field(default_factory=set)  # loop-carried quantities being solved for
     directions: set = field(default_factory=set)  # +1 / -1: the ring directions seen
     carried: dict = field(default_factory=dict)  # id of a loop-carried placeholder -> (loop op, index)
+    # id of a loop-carried buffer the loop fills -> the dynamic_slices of it the body makes, (op, starts, sizes),
+    # each checked against the slice the iteration writes once the body has run (loops.py)
+    filling: dict = field(default_factory=dict)
     cov_alias: dict = field(default_factory=dict)  # coverage unknowns assumed equal (checked when solved)
     loop_vars: dict = field(default_factory=dict)  # a loop's iteration variable -> id of the loop op
     loop_runs: dict = field(default_factory=dict)  # id of a loop op -> the number of its analysis under way
@@ -351,8 +354,10 @@ class Engine:
         # Arguments holding comparisons not yet read as numbers name the ops that built them, in this context: such
         # calls are analysed afresh each time.
         key = None if _sourced(args) else \
-            (callee_name, tuple((a, state.carried.get(id(a))) for a in args), scope_key(self.scope), state.ring,
-             wanted, stabiliser.memo_key(args), state.strict_residuals, state.skippable)
+            (callee_name, tuple((a, state.carried.get(id(a)), id(a) if id(a) in state.filling else None)
+                                for a in args),
+             scope_key(self.scope), state.ring, wanted, stabiliser.memo_key(args), state.strict_residuals,
+             state.skippable)
         memo = None if key is None else state.shared.call_memo.get(key)
         if memo is not None:  # the same call analysed before: its results, and what it recorded, again
             results, rewrites, units, obligations, directions, notes = memo

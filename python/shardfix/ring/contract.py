@@ -187,6 +187,12 @@ def dot(engine: Engine, op, lhs: Data, rhs: Data, dims: dict, out) -> Data:
             roles.append(role)
     if any(isinstance(r, Stack) for r in roles):
         engine.refuse("contracts stacked buffers", op)
+    # axes without dims (the token at one place of a block: a single row sliced out, its dim of size 1) stay the
+    # result's, whatever is contracted: its every element depends on that token
+    for side, tag in ((lhs, "pl"), (rhs, "pr")):
+        for key, axis in side.axes:
+            if not side.tok_dims(key):
+                axes.setdefault(f"{tag}{key}", axis)
     base = canonical(Data(tuple(out), tuple(roles), tuple(axes.items()), 0))
     fn = engine.fns.intern(("dot", lhs.fn, rhs.fn, str(dims)), depends(engine, [lhs, rhs]))
     aggs = [v for v in (lhs, rhs) if v.agg is not None]
@@ -344,7 +350,7 @@ def other_collective(engine: Engine, op):
     if kind != "other" or any(not v.is_invariant for v in ins):
         engine.refuse("moves data in device order", op)
     return [Data(shape(r), tuple(FREE if n > 1 else CONST for n in shape(r)), (),
-                 engine.fns.intern(("collective", op.name, tuple(v.fn for v in ins), id(op))))
+                 engine.fns.intern(("collective", op.name, tuple(v.fn for v in ins), id(op)), depends(engine, ins)))
             for r in op.results]
 
 

@@ -17,7 +17,7 @@ from jaxlib.mlir import ir
 
 from . import coverage as cov_ops
 from . import stabiliser
-from .algebra import agg_fn, cov_prefix, cov_rest, start_value, try_complete
+from .algebra import agg_fn, cov_prefix, cov_rest, depends, start_value, try_complete
 from .logsum import carried_start_refusal, refuse_carried_hard_max
 from .analysis import Engine, Refusal
 from .dims import element_type, holds, shape
@@ -280,6 +280,9 @@ class _Plan:
     k: Var
     free: set = None  # carried indices of data that follows no token, changed by anything (a PRNG key's rounds)
     coord_steps: dict = None  # carried index -> (hop at iteration 0, ring steps per iteration) of a carried coordinate
+    # carried index -> (dim, start, size) of the slice of a buffer each iteration writes (`Written`), as the
+    # discovery pass saw it
+    written: dict = None
 
 
 def _snapshot(state):
@@ -372,7 +375,9 @@ def _discover(engine: Engine, op, inits, passthrough, counter) -> _Plan:
             widened[i] = _template(engine, op, ret, steps, k, {v for vs in owned.values() for v in vs})
     free = {i for i in owned if _follows_no_token(placeholders[i]) and _follows_no_token(returned[i])
             and returned[i].fn != placeholders[i].fn and returned[i].shape == placeholders[i].shape}
-    return _Plan(index_steps, hop_steps, widened, k, free, coord_steps)
+    written = {i: (ret.dim, ret.index, ret.update.shape[ret.dim]) for i, ret in enumerate(returned)
+               if i in owned and isinstance(ret, Written)}
+    return _Plan(index_steps, hop_steps, widened, k, free, coord_steps, written)
 
 
 def _coordinate_hop(value) -> Aff | None:
@@ -392,11 +397,23 @@ def _follows_no_token(value) -> bool:
         not any(isinstance(r, (Tok, Stack)) for r in value.dims) and not value.elements
 
 
-def _free_data(engine: Engine, op, i: int, init: Data, key: tuple) -> Data:
-    """Loop data that follows no token at an unknown iteration (or at the exit): a function of its own."""
+def _free_data(engine: Engine, op, i: int, init: Data, key: tuple, inits) -> Data:
+    """Loop data that follows no token at an unknown iteration (or at the exit): a function of the loop's inputs
+    (every carried value's start: a key folded with the ring step, or a float started from it, is the ring step's)
+    and of the iteration variable in `key`."""
     dims = tuple(FREE if n > 1 else CONST for n in init.shape)
-    return Data(init.shape, dims, (), engine.fns.intern(("loop-data", id(op), i) + key,
-                                                        frozenset(a for a in key if isinstance(a, Var))))
+    inputs, reads = [], {a for a in key if isinstance(a, Var)}
+    for value in inits:
+        if isinstance(value, Data):
+            inputs.append((value.fn, value.axes, value.agg))
+            reads |= depends(engine, [value])
+        elif isinstance(value, Index):
+            inputs.append(value.expr)
+            reads |= {a for a in value.expr.free_atoms() if isinstance(a, Var)}
+        else:
+            inputs.append(type(value).__name__)
+    return Data(init.shape, dims, (), engine.fns.intern(("loop-data", id(op), i) + key + (tuple(inputs),),
+                                                        frozenset(reads)))
 
 
 def _template(engine: Engine, op, ret: Data, steps: dict, k: Var, mine: set):
@@ -503,7 +520,10 @@ def _analyse(engine: Engine, op, inits, passthrough, counter, plan: _Plan):
             placeholders.append(_register(engine, op, i, Index(init.shape, init.expr
                                                                + Aff.of(k).scale(plan.index_steps.get(i, 0)))))
         elif i in plan.free:
-            placeholders.append(_register(engine, op, i, _free_data(engine, op, i, init, (k,))))
+            placeholders.append(_register(engine, op, i, _free_data(engine, op, i, init, (k,), inits)))
+        elif i in plan.written and isinstance(init, Data):
+            # a buffer filled slice by slice: at iteration k the slice it writes still holds the init's
+            placeholders.append(_register(engine, op, i, init.with_()))
         elif i in plan.widened:
             template, axes = plan.widened[i]
             placeholders.append(_carried(engine, op, i, template.with_(axes=axes), _unknown_coverage(op, i, template)))
@@ -513,10 +533,23 @@ def _analyse(engine: Engine, op, inits, passthrough, counter, plan: _Plan):
             placeholders.append(_carried(engine, op, i, init.with_(axes=axes), _unknown_coverage(op, i, init)))
     if trips is None and changing:
         engine.refuse("changes values in a loop whose trip count is unknown", op)
+    reads = {}
+    for i in plan.written:
+        _check_fill_reads(engine, op, body.arguments[i])
+        reads[i] = engine.state.filling[id(placeholders[i])] = []
     first_obligation = len(engine.state.obligations)
     with _iterating(engine, k, counter):
         _check_condition(engine, op, placeholders, counter)
         returned = engine.run_block(body, placeholders)
+        for i in plan.written:
+            ret = returned[i]
+            if not isinstance(ret, Written):
+                engine.refuse("writes a buffer it carries other than one slice per iteration of the loop", op)
+            dim, size = ret.dim, ret.update.shape[ret.dim]
+            for read, starts, sizes in reads[i]:  # each a slice of the buffer: the one this iteration writes
+                if starts[dim] != ret.index or sizes[dim] != size or any(
+                        d != dim and (starts[d] != Aff() or sizes[d] != n) for d, n in enumerate(ret.shape)):
+                    engine.refuse(FILL_READ, read)
         for i in plan.free:
             if not _follows_no_token(returned[i]) or returned[i].shape != placeholders[i].shape:
                 engine.refuse(_MIXED, op)
@@ -534,11 +567,42 @@ def _analyse(engine: Engine, op, inits, passthrough, counter, plan: _Plan):
         if i not in changing:
             exits.append(init if passthrough[i] else Index((), Aff.of(counter.start + counter.step * trips)))
         elif i in plan.free:
-            exits.append(_free_data(engine, op, i, init, ("exit",)))
+            exits.append(_free_data(engine, op, i, init, ("exit",), inits))
         else:
             exits.append(_exit_value(engine, op, init, placeholders[i], returned[i], solution, k, trips, final))
     _check_ring_steps(engine, op, plan, trips, exits)
     return exits
+
+
+FILL_READ = ("reads a buffer the loop fills slice by slice other than by slicing out the part it writes at that "
+              "iteration (an earlier iteration's slice, read back, makes a recurrence along the block, which the "
+              "reorder changes)")
+
+
+def _check_fill_reads(engine: Engine, op, argument) -> None:
+    """The body reads the buffer it fills only by one dynamic_update_slice into it and by dynamic_slices (each
+    checked by rules.dynamic_slice against the slice written: `State.filling`), directly or in functions it passes
+    the buffer to (jnp's dynamic_update_index_in_dim): the value at iteration k is the init with the slices of
+    iterations 0..k-1 written, and of that only the slice not written yet is modelled."""
+    writes = 0
+    todo, seen = [argument], set()
+    while todo:
+        value = todo.pop()
+        for use in value.uses:
+            owner, number = use.owner, use.operand_number
+            name = owner.name
+            if number == 0 and name == "stablehlo.dynamic_slice":
+                continue
+            if number == 0 and name == "stablehlo.dynamic_update_slice" and writes == 0:
+                writes += 1
+                continue
+            if name == "func.call":
+                callee = engine.state.funcs.get(ir.FlatSymbolRefAttr(owner.attributes["callee"]).value)
+                if callee is not None and len(callee.regions[0].blocks) and (callee, number) not in seen:
+                    seen.add((callee, number))  # (a function handed the buffer twice may write it twice)
+                    todo.append(callee.regions[0].blocks[0].arguments[number])
+                    continue
+            engine.refuse(FILL_READ, owner)
 
 
 _MIXED = ("changes, step after step in a loop, a value that depends on which tokens the device holds (its data, or "
@@ -709,6 +773,12 @@ def _filled(engine: Engine, op, written: Written, k: Var, trips: int) -> Data:
         # element j along d is the slice the iteration k = j wrote
         expr = update.expr.substitute({SymDim(d): Aff()}).substitute({k: Aff.of(SymDim(d))})
         return Index(written.shape, expr)
+    if isinstance(update.dims[d], Tok):
+        run = _as_token_run(update, d, k, size)
+        if run is None or k in engine.fns.depends(update.fn):
+            engine.refuse("fills a buffer with runs of tokens that don't follow one another (each iteration's "
+                          "slice must hold the tokens right after the previous one's)", op)
+        return canonical(run.with_(shape=written.shape))
     if update.dims[d] != CONST or size != 1:
         engine.refuse("fills a buffer with slices wider than one element", op)
     varies = k in _value_atoms(update) or k in engine.fns.depends(update.fn)
@@ -745,13 +815,39 @@ def _as_token_dim(update: Data, d: int, k: Var) -> Data | None:
     if k in axis.hop.free_atoms():
         return None
     stride = axis.offset.coefficient(k)
-    if stride <= 0 or update.agg is not None and any(
+    if stride <= 0 or k in axis.offset.without(k).free_atoms() or update.agg is not None and any(
             isinstance(p, Cells) and (k in p.hop.free_atoms() or k in p.start.free_atoms())
             for p in update.agg.cov.parts + update.agg.shift_cov.parts):
         return None
     axes = tuple((kk, Axis(a.hop, a.offset.without(k)) if kk == key else a) for kk, a in update.axes)
     dims = tuple(Tok(key, stride) if i == d else r for i, r in enumerate(update.dims))
     return update.with_(axes=axes, dims=dims)
+
+
+def _as_token_run(update: Data, d: int, k: Var, size: int) -> Data | None:
+    """A slice of `size` tokens along dim d (tokens offset + stride * j) written at k * size: the buffer's dim d
+    holds the tokens offset(0) + stride * i where the slices follow one another, i.e. the axis's offset moves by
+    exactly stride * size with k and nothing else does (no other dim carries the axis, no other axis moves, no
+    aggregate's coverage moves)."""
+    key, stride = update.dims[d].axis, update.dims[d].stride
+    if any(isinstance(r, Tok) and r.axis == key for i, r in enumerate(update.dims) if i != d):
+        return None
+    moving = [kk for kk, a in update.axes if k in a.offset.free_atoms() or k in a.hop.free_atoms()]
+    if moving != [key]:
+        return None
+    axis = update.axis_map[key]
+    if k in axis.hop.free_atoms() or axis.offset.coefficient(k) != stride * size:
+        return None
+    if k in axis.offset.without(k).free_atoms():  # k inside a floor division, say: not a run that moves by k
+        return None
+    if update.agg is not None and any(
+            isinstance(p, Cells) and (k in p.hop.free_atoms() or k in p.start.free_atoms())
+            for p in update.agg.cov.parts + update.agg.shift_cov.parts):
+        return None
+    if update.elements or any(isinstance(r, Stack) for r in update.dims):
+        return None
+    axes = tuple((kk, Axis(a.hop, a.offset.without(k)) if kk == key else a) for kk, a in update.axes)
+    return update.with_(axes=axes)
 
 
 __all__ = ["Written", "buffer_write", "const_of", "constant_step", "first_iteration_loop", "signed_compare",

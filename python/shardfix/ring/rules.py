@@ -566,6 +566,8 @@ def _substitute_data(value: Data, mapping: dict) -> Data:
 def dynamic_slice(engine: Engine, op):
     ins = _ins(engine, op)
     value, starts = ins[0], ins[1:]
+    if isinstance(value, loops.Written):  # read back after this iteration's write into it
+        engine.refuse(loops.FILL_READ, op)
     sizes = ints(op.attributes["slice_sizes"])
     src = shape(op.operands[0])
     out = shape(op.results[0])
@@ -578,9 +580,14 @@ def dynamic_slice(engine: Engine, op):
             engine.refuse("slices at an index read from data", op)
         expr = _address(engine, op, d + 1, start)
         lo, hi = sym.bounds(expr, engine.scope)
-        if lo < 0 or hi > src[d] - sizes[d]:
+        # (a loop's discovery pass, where a counter carried beside the trip counter is still unknown, leaves the
+        # check to the pass that knows it)
+        if (lo < 0 or hi > src[d] - sizes[d]) and not expr.free_atoms() & engine.state.unknown_vars:
             engine.refuse("slices at an index that may be clamped (out of range)", op)
         start_exprs.append(expr)
+    reads = engine.state.filling.get(id(value))
+    if reads is not None:  # a buffer its loop fills: checked against the slice the iteration writes (loops.py)
+        reads.append((op, tuple(start_exprs), tuple(sizes)))
     if isinstance(value, Index):
         subst = {Dim(d): Aff.of(Dim(d)) + start_exprs[d] for d in range(len(out))}
         return [Index(out, _map_dims(value.expr, subst))]
@@ -715,9 +722,14 @@ def custom_call(engine: Engine, op):
     if target in ("Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape") and len(ins) == 1:
         return ins
     if all(isinstance(x, Data) and x.is_invariant for x in ins):
+        # a function of its operands (their functions in the key, and what they depend on: a ring step's value
+        # through a custom call is still the ring step's)
+        fn = engine.fns.intern(("custom", id(op), tuple(x.fn for x in ins)),
+                               frozenset().union(*(engine.fns.depends(x.fn) for x in ins)))
         return [engine.as_data(Index(shape(r), sym.opaque()), op, 0) if is_integer(r)
-                else Data(shape(r), tuple(FREE for _ in shape(r)), (), engine.fns.intern(("custom", id(op))))
-                for r in op.results]
+                else Data(shape(r), tuple(FREE for _ in shape(r)), (), engine.fns.intern(("result", fn, j),
+                                                                                        engine.fns.depends(fn)))
+                for j, r in enumerate(op.results)]
     engine.refuse(f"is an opaque custom call ('{target}') on token data", op)
 
 
@@ -808,7 +820,8 @@ def _positional(engine: Engine, op):
     if any(isinstance(x, Data) and not x.is_invariant for x in ins) or \
             any(isinstance(x, Index) for x in ins):
         engine.refuse(f"{info(op.name).verb} along the data, which depends on where tokens sit", op)
-    fn = engine.fns.intern(("positional", op.name, tuple(x.fn for x in ins), id(op)))
+    fn = engine.fns.intern(("positional", op.name, tuple(x.fn for x in ins), id(op)),
+                           frozenset().union(*(engine.fns.depends(x.fn) for x in ins)))
     return [Data(shape(r), tuple(FREE if n > 1 else CONST for n in shape(r)), (), fn) for r in op.results]
 
 

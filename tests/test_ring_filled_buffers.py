@@ -1,0 +1,110 @@
+"""Buffers a loop fills slice by slice (lax.dynamic_update_slice at the iteration's offset) inside a ring region.
+
+At iteration k such a buffer holds its init with the slices of iterations 0..k-1 written. The analysis models only
+the slice iteration k writes, which still holds the init's: a body may read that slice back (a kernel updating its
+running state in place, a few query rows at a time), nothing else of the buffer. An earlier iteration's slice read
+back is a recurrence along the block (a running sum over a block's own tokens): it was read as the init's slice,
+and the region was rewritten with results off by 3 to 6. Such reads are refused, naming the read; results stay
+jax.jit's. Slices wider than one token are filled as runs of tokens, so the in-place row kernel is rewritten
+(tests/support/ring_user_programs.py `rows-*`), and equal to jax.jit here in both layouts, forward and jax.grad.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from shardfix import autofix_shardings
+from support import ring_user_kernels as uk
+
+CP, S, D = 8, 64, 8
+SPEC = P("dp", "cp", None)
+READS = ("reads a buffer the loop fills slice by slice other than by slicing out the part it writes at that "
+         "iteration (an earlier iteration's slice, read back, makes a recurrence along the block, which the "
+         "reorder changes)")
+
+
+def _ring_total(k):
+    """A ring region: every block of k summed around the ring."""
+    def step(i, carry):
+        k, total = carry
+        return lax.ppermute(k, "cp", uk.ring(CP)), total + jnp.sum(k)
+    return lax.fori_loop(0, CP, step, (k, jnp.zeros_like(k[0, 0, 0])))[1]
+
+
+def _filled(read: str, width: int, init: str):
+    """x + the ring's total, through a buffer filled `width` tokens an iteration, each slice written from the one
+    `read` says: "previous" (the slice written before: a running sum along the block), "next" (not written yet),
+    "whole" (the whole buffer summed)."""
+    def body(x, k):
+        n = x.shape[1]
+        total = _ring_total(k)
+
+        def row(a, buf):
+            cur = lax.dynamic_slice_in_dim(x, a * width, width, axis=1)
+            if read == "previous":
+                got = lax.dynamic_slice_in_dim(buf, jnp.maximum(a - 1, 0) * width, width, axis=1)
+            elif read == "next":
+                got = lax.dynamic_slice_in_dim(buf, jnp.minimum(a + 1, n // width - 1) * width, width, axis=1)
+            else:
+                got = jnp.zeros_like(cur) + jnp.sum(buf)
+            return lax.dynamic_update_slice_in_dim(buf, got + cur, a * width, axis=1)
+
+        buf = lax.fori_loop(0, n // width, row, jnp.zeros_like(x) if init == "zeros" else x)
+        return buf + total
+    return body
+
+
+def _mesh():
+    return jax.make_mesh((1, CP), ("dp", "cp"))
+
+
+def _args(mesh, count: int):
+    rng = np.random.default_rng(0)
+    return [jax.device_put(rng.standard_normal((1, S, D)).astype(np.float32), NamedSharding(mesh, SPEC))
+            for _ in range(count)]
+
+
+def _check(fn, args, mesh, strategy):
+    fixed = autofix_shardings(fn, ring_reorder=strategy, on_fix="ignore")
+    rings = fixed.lower(*args).rings
+    with jax.set_mesh(mesh):
+        want, got = jax.jit(fn)(*args), fixed(*args)
+    for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-5 * max(1.0, np.abs(a).max()))
+    return rings
+
+
+@pytest.mark.parametrize("init", ["zeros", "data"])
+@pytest.mark.parametrize("width", [1, 2])
+@pytest.mark.parametrize("read", ["previous", "next", "whole"])
+def test_a_filled_buffer_read_other_than_at_the_slice_written_is_refused(read, width, init):
+    mesh = _mesh()
+    fn = jax.shard_map(_filled(read, width, init), mesh=mesh, in_specs=(SPEC,) * 2, out_specs=SPEC,
+                       check_vma=False)
+    (ring,) = _check(fn, _args(mesh, 2), mesh, "zigzag")
+    assert not ring.applied
+    if init == "zeros":  # (one that starts as the tokens' data is refused earlier, where it is added to them)
+        assert READS in ring.why, ring.why
+
+
+@pytest.mark.parametrize("strategy", ["zigzag", "striped"])
+@pytest.mark.parametrize("grad", [False, True], ids=["forward", "grad"])
+@pytest.mark.parametrize("rows", [2, 4])
+def test_state_updated_in_place_rows_at_a_time_is_rewritten(rows, grad, strategy):
+    mesh = _mesh()
+    fn = jax.shard_map(uk.rows_ring(CP, rows, uk.causal), mesh=mesh, in_specs=(SPEC,) * 3, out_specs=SPEC,
+                       check_vma=False)
+    if grad:
+        w = np.random.default_rng(1).standard_normal((1, S, D)).astype(np.float32)
+
+        def loss(*a, f=fn):
+            y = f(*a)
+            return jnp.sum(y * w + y * y / 2)
+        fn = jax.grad(loss, argnums=(0, 1, 2))
+    rings = _check(fn, _args(mesh, 3), mesh, strategy)
+    assert len(rings) == (2 if grad else 1) and all(r.applied for r in rings), [r.why for r in rings]
