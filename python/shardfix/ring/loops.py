@@ -48,6 +48,9 @@ class Written:
 
 
 def buffer_write(engine: Engine, op, buffer, update, starts: list[Aff]):
+    from .autodiff import OPAQUE
+    if update is OPAQUE or buffer is OPAQUE:  # what only residuals read, written into a buffer: uninterpreted
+        return OPAQUE
     out = shape(op.results[0])
     if isinstance(update, Index) and isinstance(buffer, Index) and next(sourced_nodes(update.expr), None) is None:
         # integers (chunk indices, positions) a loop stacks stay integers: read back, they are the same numbers
