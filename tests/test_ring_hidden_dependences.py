@@ -29,63 +29,51 @@ CP, S, D = 8, 64, 8
 SPEC = P(None, "cp", None)
 
 
-def _causal_ring(scores_of):
-    """A fori_loop over the ring steps, online softmax; `scores_of(q, k, i)` makes the step's scores."""
+def _causal_ring(scores_of, loop: str = "fori"):
+    """Causal ring attention with an online softmax over a lax.fori_loop or a lax.scan of the ring steps; the
+    step's scores are `scores_of(q, k, i, t)` (i: the step, t: the step's temperature, which the scan takes as xs)."""
     def body(q, k, v):
         n = q.shape[1]
         me = lax.axis_index("cp")
         q_pos = me * n + jnp.arange(n)
 
-        def step(i, carry):
+        def step(i, t, carry):
             acc, k, v = carry
             k_pos = ((me - i) % CP) * n + jnp.arange(n)
-            s = jnp.where(q_pos[:, None] >= k_pos[None, :], scores_of(q, k, i), uk.NEG)
-            return uk.merge_online(acc, s, v, i), lax.ppermute(k, "cp", uk.ring(CP)), lax.ppermute(v, "cp", uk.ring(CP))
-
-        acc, _, _ = lax.fori_loop(0, CP, step, (uk.init_state(q, "online"), k, v))
-        return uk.finish(acc, "online")
-    return body
-
-
-def _scan_ring(scale_of):
-    """The same over lax.scan, each step's scores scaled by `scale_of(t)` of the step's temperature t (scan xs)."""
-    def body(q, k, v):
-        n = q.shape[1]
-        me = lax.axis_index("cp")
-        q_pos = me * n + jnp.arange(n)
-
-        def step(carry, xs):
-            acc, k, v = carry
-            i, t = xs
-            k_pos = ((me - i) % CP) * n + jnp.arange(n)
-            s = jnp.where(q_pos[:, None] >= k_pos[None, :], uk.scores(q, k) * scale_of(t), uk.NEG)
+            s = jnp.where(q_pos[:, None] >= k_pos[None, :], scores_of(q, k, i, t), uk.NEG)
             acc = uk.merge_online(acc, s, v, i)
-            return (acc, lax.ppermute(k, "cp", uk.ring(CP)), lax.ppermute(v, "cp", uk.ring(CP))), None
+            return (acc,) + tuple(lax.ppermute(x, "cp", uk.ring(CP)) for x in (k, v))
 
-        temps = 1.0 + 0.2 * jnp.arange(CP, dtype=jnp.float32)
-        (acc, _, _), _ = lax.scan(step, (uk.init_state(q, "online"), k, v), (jnp.arange(CP), temps))
+        start = (uk.init_state(q, "online"), k, v)
+        if loop == "fori":
+            acc, _, _ = lax.fori_loop(0, CP, lambda i, carry: step(i, None, carry), start)
+        else:
+            temps = 1.0 + 0.2 * jnp.arange(CP, dtype=jnp.float32)
+            (acc, _, _), _ = lax.scan(lambda carry, xs: (step(*xs, carry), None), start, (jnp.arange(CP), temps))
         return uk.finish(acc, "online")
     return body
 
 
 ONE_TOKEN = {  # scores plus a term of one token of a block, made by a contraction
-    "first-key-of-the-block": lambda q, k, i: uk.scores(q, k) + jnp.einsum("bqd,bkd->bqk", q, k[:, :1]),
-    "first-query-against-the-keys": lambda q, k, i: uk.scores(q, k) + jnp.einsum("bd,bkd->bk", q[:, 0], k)[:, None],
-    "each-query-against-the-first-key": lambda q, k, i: uk.scores(q, k) + jnp.einsum("bqd,bd->bq", q, k[:, 0])[..., None],
+    "first-key-of-the-block": lambda q, k: jnp.einsum("bqd,bkd->bqk", q, k[:, :1]),
+    "first-query-against-the-keys": lambda q, k: jnp.einsum("bd,bkd->bk", q[:, 0], k)[:, None],
+    "each-query-against-the-first-key": lambda q, k: jnp.einsum("bqd,bd->bq", q, k[:, 0])[..., None],
 }
-STEP_VALUES = {  # scores scaled by a value of the ring step i, through a loop of its own
-    "prng-fold-in-the-step": lambda q, k, i: uk.scores(q, k) * (
-        1 + jax.random.uniform(jax.random.fold_in(jax.random.key(0), i))),
-    "fori-loop-started-from-the-step": lambda q, k, i: uk.scores(q, k) * (
-        1 + 0.1 * lax.fori_loop(0, 3, lambda j, x: x * 1.1 + 0.1, i.astype(jnp.float32))),
+STEP_VALUES = {  # a value of the ring step i, through a loop of its own
+    "prng-fold-in-the-step": lambda i: 1 + jax.random.uniform(jax.random.fold_in(jax.random.key(0), i)),
+    "fori-loop-started-from-the-step": lambda i: 1 + 0.1 * lax.fori_loop(0, 3, lambda j, x: x * 1.1 + 0.1,
+                                                                         i.astype(jnp.float32)),
 }
 MOVED = {  # a step's temperature through an op that moves data along an axis
     "sort": lambda t: jnp.sort(jnp.stack([t, jnp.float32(0.5)]))[1],
     "rev": lambda t: lax.rev(jnp.stack([t, jnp.float32(0.5)]), (0,))[1],
     "pad": lambda t: jnp.pad(t[None], (1, 0))[1],
 }
-PROGRAMS = {**{k: _causal_ring(f) for k, f in ONE_TOKEN.items()}, **{k: _causal_ring(f) for k, f in STEP_VALUES.items()},
-            **{k: _scan_ring(f) for k, f in MOVED.items()}}
+PROGRAMS = {
+    **{name: _causal_ring(lambda q, k, i, t, f=f: uk.scores(q, k) + f(q, k)) for name, f in ONE_TOKEN.items()},
+    **{name: _causal_ring(lambda q, k, i, t, f=f: uk.scores(q, k) * f(i)) for name, f in STEP_VALUES.items()},
+    **{name: _causal_ring(lambda q, k, i, t, f=f: uk.scores(q, k) * f(t), "scan") for name, f in MOVED.items()},
+}
 FIXED_PLACE = ("combines tokens with the token at one fixed place of a block",)
 # (with jax 0.10.2 the maximum of the step's scaled scores is where a step value through a loop is met first)
 STEP = ("depends on the ring step, not only on tokens", "takes the maximum of different aggregates")
