@@ -108,3 +108,66 @@ def test_state_updated_in_place_rows_at_a_time_is_rewritten(rows, grad, strategy
         fn = jax.grad(loss, argnums=(0, 1, 2))
     rings = _check(fn, _args(mesh, 3), mesh, strategy)
     assert len(rings) == (2 if grad else 1) and all(r.applied for r in rings), [r.why for r in rings]
+
+
+def _half_merged(kept: str, rows: int = 2):
+    """A ring over the query rows `rows` at a time, a state (running max, running sum) updated in place where the
+    merge changes only one of the two and writes the other back as it read it (kept="max": the max is written back,
+    kept="sum": the sum is) or, kept="swapped", writes each slice read into the other buffer (the sum's slice, with
+    the step's block added, into the max's buffer; the max's slice into the sum's)."""
+    def body(q, k):
+        n = q.shape[1]
+
+        def step(i, carry):
+            state, k = carry
+
+            def row(a, state):
+                qa = lax.dynamic_slice_in_dim(q, a * rows, rows, axis=1)
+                s = jnp.einsum("bqd,bkd->bqk", qa, k)
+                m0, t0 = (lax.dynamic_slice_in_dim(x, a * rows, rows, axis=1) for x in state)
+                if kept == "max":
+                    new = (m0, t0 + jnp.sum(jnp.tanh(s), axis=-1))
+                elif kept == "sum":
+                    new = (jnp.maximum(m0, jnp.max(s, axis=-1)), t0)
+                else:
+                    new = (t0 + jnp.sum(jnp.tanh(s), axis=-1), m0)
+                return tuple(lax.dynamic_update_slice_in_dim(x, y, a * rows, axis=1) for x, y in zip(state, new))
+
+            state = lax.fori_loop(0, n // rows, row, state)
+            return state, lax.ppermute(k, "cp", uk.ring(CP))
+
+        init = (jnp.full(q.shape[:2], -1.0, q.dtype), jnp.zeros(q.shape[:2], q.dtype))
+        (m, t), _ = lax.fori_loop(0, CP, step, (init, k))
+        return q * m[..., None] + t[..., None]
+    return body
+
+
+@pytest.mark.parametrize("strategy", ["zigzag", "striped"])
+@pytest.mark.parametrize("grad", [False, True], ids=["forward", "grad"])
+@pytest.mark.parametrize("kept", ["max", "sum"])
+def test_a_slice_written_back_as_read_leaves_its_buffer_as_it_was(kept, grad, strategy):
+    """A merge that updates only part of the state in place writes the rest back unchanged:
+    `dynamic_update_slice(x, dynamic_slice(x, s), s)` leaves x as it was, so that buffer keeps its init and the ring
+    is rewritten (it was refused: "fills a buffer with slices wider than one element"), forward and jax.grad, unless
+    the gradient splits a running maximum's ties."""
+    mesh = _mesh()
+    fn = jax.shard_map(_half_merged(kept), mesh=mesh, in_specs=(SPEC,) * 2, out_specs=SPEC, check_vma=False)
+    if grad:
+        fn = jax.grad(lambda q, k, f=fn: jnp.sum(f(q, k) ** 2), argnums=(0, 1))
+    rings = _check(fn, _args(mesh, 2), mesh, strategy)
+    if grad and kept == "sum":
+        # the result reads the running maximum itself: JAX splits its cotangent between tied blocks by their order
+        assert not any(r.applied for r in rings)
+        assert "each running maximum must receive a cotangent that is zero" in rings[-1].why, rings[-1].why
+    else:
+        assert len(rings) == (2 if grad else 1) and all(r.applied for r in rings), [r.why for r in rings]
+
+
+def test_a_slice_written_into_another_buffer_is_not_taken_for_one_written_back():
+    """Each slice read out of one buffer and written into the other at the same place: not a write that leaves its
+    buffer as it was. The sum's buffer, filled with the max's start, then starts the next ring step's sum from it."""
+    mesh = _mesh()
+    fn = jax.shard_map(_half_merged("swapped"), mesh=mesh, in_specs=(SPEC,) * 2, out_specs=SPEC, check_vma=False)
+    (ring,) = _check(fn, _args(mesh, 2), mesh, "zigzag")
+    assert not ring.applied
+    assert "adds data to a partial aggregate" in ring.why, ring.why

@@ -38,23 +38,27 @@ class Written:
     index: Aff
     update: Data
     shape: tuple
+    unchanged: bool = False  # the slice the iteration read out of the buffer, written back as it was
 
     def __str__(self) -> str:
-        return f"written[{self.slot}][dim {self.dim} @ {self.index}] = {self.update}"
+        kept = " (as read)" if self.unchanged else ""
+        return f"written[{self.slot}][dim {self.dim} @ {self.index}] = {self.update}{kept}"
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Buffers.
 
 
-def buffer_write(engine: Engine, op, buffer, update, starts: list[Aff]):
+def buffer_write(engine: Engine, op, buffer, update, starts: list[Aff], unchanged: bool = False):
+    """`update` written into `buffer` at `starts` (`unchanged`: it is the slice the body read there, so the write
+    leaves the buffer as it was)."""
     from .autodiff import OPAQUE
     if update is OPAQUE or buffer is OPAQUE:  # what only residuals read, written into a buffer: uninterpreted
         return OPAQUE
     out = shape(op.results[0])
     if isinstance(update, Index) and isinstance(buffer, Index) and next(sourced_nodes(update.expr), None) is None:
         # integers (chunk indices, positions) a loop stacks stay integers: read back, they are the same numbers
-        written = _slice_written(engine, op, buffer, update, starts, out)
+        written = _slice_written(engine, op, buffer, update, starts, out, unchanged)
         if written is not None:
             return written
     update = try_complete(engine, engine.as_data(update, op, 1))
@@ -65,15 +69,16 @@ def buffer_write(engine: Engine, op, buffer, update, starts: list[Aff]):
     if slot is None or len(partial) != 1 or any(s != Aff() for d, s in enumerate(starts) if d != partial[0]):
         engine.refuse("writes part of a buffer other than one slice per iteration of the loop filling it", op)
     loop, index = slot
-    return Written(loop, index, partial[0], starts[partial[0]], update, tuple(out))
+    return Written(loop, index, partial[0], starts[partial[0]], update, tuple(out), unchanged)
 
 
-def _slice_written(engine: Engine, op, buffer, update, starts: list[Aff], out) -> "Written | None":
+def _slice_written(engine: Engine, op, buffer, update, starts: list[Aff], out,
+                   unchanged: bool) -> "Written | None":
     partial = [d for d in range(len(out)) if update.shape[d] != out[d]]
     slot = engine.state.carried.get(id(buffer))
     if slot is None or len(partial) != 1 or any(s != Aff() for d, s in enumerate(starts) if d != partial[0]):
         return None
-    return Written(slot[0], slot[1], partial[0], starts[partial[0]], update, tuple(out))
+    return Written(slot[0], slot[1], partial[0], starts[partial[0]], update, tuple(out), unchanged)
 
 
 UNDECIDED = -1
@@ -755,7 +760,8 @@ def _holds(engine: Engine, kind: ObligationKind, a, b) -> bool:
 
 def _exit_value(engine: Engine, op, init, ph, ret, solution, k: Var, trips, final):
     if isinstance(ret, Written):
-        return _filled(engine, op, ret, k, trips)
+        # (every iteration wrote back what it read, the only write into the buffer: it still holds the init)
+        return init if ret.unchanged else _filled(engine, op, ret, k, trips)
     if isinstance(ph, Index):
         return Index(ph.shape, ph.expr.substitute(final))
     mapping = {v: cov_ops.substitute(s, final) for v, s in solution.items()}
@@ -782,11 +788,13 @@ def _filled(engine: Engine, op, written: Written, k: Var, trips: int) -> Data:
             engine.refuse("fills a buffer with runs of tokens that don't follow one another (each iteration's "
                           "slice must hold the tokens right after the previous one's)", op)
         return canonical(run.with_(shape=written.shape))
-    if update.dims[d] != CONST or size != 1:
+    if update.dims[d] != CONST:
         engine.refuse("fills a buffer with slices wider than one element", op)
     varies = k in _value_atoms(update) or k in engine.fns.depends(update.fn)
-    if not varies:  # every slice holds the same function of the same tokens
+    if not varies:  # every slice holds the same function of the same tokens, constant along d: so does the buffer
         return canonical(update.with_(shape=written.shape))
+    if size != 1:
+        engine.refuse("fills a buffer with slices wider than one element", op)
     # tokens of consecutive runs of one block: the buffer dim is a token dim of stride = run length
     chunked = _as_token_dim(update, d, k)
     if chunked is not None and k not in engine.fns.depends(update.fn):

@@ -654,7 +654,24 @@ def dynamic_update_slice(engine: Engine, op):
     buffer, update, starts = ins[0], ins[1], ins[2:]
     exprs = [_address(engine, op, i + 2, s) if isinstance(s, Index) else engine.refuse("writes at a data index", op)
              for i, s in enumerate(starts)]
-    return [loops.buffer_write(engine, op, buffer, update, exprs)]
+    return [loops.buffer_write(engine, op, buffer, update, exprs, _writes_back_its_read(engine, op, buffer, exprs))]
+
+
+def _writes_back_its_read(engine: Engine, op, buffer, exprs) -> bool:
+    """`dynamic_update_slice(x, dynamic_slice(x, s), s)` into a buffer its loop fills: the slice this iteration read
+    out (the one it writes, loops.py checks), written back unchanged, as a merge that leaves part of its state as it
+    was does when the kernel updates the state in place. The write keeps the buffer as it was."""
+    reads = engine.state.filling.get(id(buffer))
+    source = loops.through_identity(op.operands[1])
+    if not reads or isinstance(source.owner, ir.Block):
+        return False
+    read = source.owner
+    if read.name != "stablehlo.dynamic_slice" or \
+            loops.through_identity(read.operands[0]) != loops.through_identity(op.operands[0]):
+        return False
+    sizes = tuple(shape(op.operands[1]))
+    return any(r.operation == read.operation and tuple(starts) == tuple(exprs) and tuple(n) == sizes
+               for r, starts, n in reads)
 
 
 @rule(Transfer.CONCATENATE)
