@@ -557,6 +557,11 @@ def index_to_data(engine: Engine, value: Index, op) -> Data:
 
     def _position_axis(inner: Aff, unit: int):
         coord = next(a for a in inner.atoms() if isinstance(a, Coord))
+        if any(isinstance(a, SymDim) for a in coord.hop.free_atoms()):
+            # `(me - jnp.arange(cp)) % cp`: a block's coordinate per row, each row a different block (a table of
+            # every step's positions, to be read one row per ring step); read whole, no one block's tokens
+            engine.refuse("reads positions of a different block along a dim (a table of every ring step's "
+                          "positions) as data: slice out the ring step's row first", op)
         rest = inner.without(coord)
         key = f"a{len(axes)}"
         offset = Aff((), rest.const)

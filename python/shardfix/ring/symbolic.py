@@ -415,9 +415,10 @@ def floor_mod(a: Aff, d: int, scope: Scope | None, src=None) -> Aff:
         rest = a.without(coord)
         # (c_h + r) mod cp = c_{h - r}, and r counts modulo cp: `(src + cp - 1) % cp` is `(src - 1) % cp`, the block
         # one ring step further behind (each coefficient of r taken to its residue nearest zero, and a term that is a
-        # multiple of cp dropped whatever integer it multiplies: `cp * axis_index("dp")`)
+        # multiple of cp dropped whatever integer it multiplies: `cp * axis_index("dp")`); r may vary along a dim,
+        # `(me - jnp.arange(cp)) % cp` being row by row the coordinate of the block that many steps behind
         shift = Aff(tuple((x, _residue(c, d)) for x, c in rest.terms if c % d), _residue(rest.const, d))
-        if all(isinstance(x, Var) for x in shift.atoms()):
+        if all(isinstance(x, (Var, Dim)) for x in shift.atoms()):
             return Aff.of(Coord(coord.hop - shift))
     reduced = Aff(tuple((x, c % d) for x, c in a.terms if c % d), a.const % d)
     lo, hi = bounds(reduced, scope)
