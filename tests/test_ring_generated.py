@@ -1,16 +1,16 @@
 """Generated ring bodies: random compositions of the pieces ring kernels are made of (blocks travelling one way or the
-other, with or without their positions, positions from data, from axis_index or from a source coordinate the loop
-carries (stepped `(src - 1) % cp` or `(src + cp - 1) % cp`), in a loop of one ring step an iteration, of two (by
-hand, or lax.scan's unroll=2) or unrolled, masks computed from positions by any arithmetic (causal, sliding window,
-a window offset by a constant, ALiBi, floor-divided chunks), order-free merges (step-0 resets, a sink logit in the
-start state, each block's (out, lse) merged by logaddexp, its formula written out, or the sigmoid form among them),
-the state kept for all rows, per half of them (a running maximum per half) or updated in place two rows at a time,
-and the order-sensitive or position-reading steps that break them: a carried source stepped modulo the wrong number
-or two steps while the blocks travel one, a window measured from a block's first position, a running sum truncated
-to integers, a decayed merge of the blocks' outputs, a result that reads the running maximum itself, rows updated in
-place from the state of the rows before them), some differentiated by jax.grad. Each program is either rewritten by
-ring-reorder and then computes what jax.jit of it computes (to 1e-5), or refused with the op and the line that broke
-a rule; never rewritten into something else."""
+other, with or without their positions, positions from data, from axis_index, from a source coordinate the loop carries
+(stepped `(src - 1) % cp` or `(src + cp - 1) % cp`) or from a table of every step's made before the loop, in a loop of
+one ring step an iteration, of two (by hand, or lax.scan's unroll=2) or unrolled, masks computed from positions by any
+arithmetic (causal, sliding window, a window offset by a constant, ALiBi, floor-divided chunks), order-free merges
+(step-0 resets, a sink logit in the start state, each block's (out, lse) merged by logaddexp, its formula written out,
+or the sigmoid form among them), the state kept for all rows, per half of them (a running maximum per half) or updated
+in place two rows at a time, and the order-sensitive or position-reading steps that break them: a carried source stepped
+modulo the wrong number or two steps while the blocks travel one, the table read at the next step's row, a window
+measured from a block's first position, a running sum truncated to integers, a decayed merge of the blocks' outputs, a
+result that reads the running maximum itself, rows updated in place from the state of the rows before them), some
+differentiated by jax.grad. Each program is either rewritten by ring-reorder and then computes what jax.jit of it
+computes (to 1e-5), or refused with the op and the line that broke a rule; never rewritten into something else."""
 
 import re
 
@@ -38,9 +38,10 @@ CHOICES = {
     "steps": ([CP], [CP, CP - 1]),
     "loop": (["fori", "unrolled", "by_two", "scan_unroll2", "scan_unroll3"],
              ["fori", "unrolled", "by_two", "scan_unroll2", "scan_unroll3"]),
-    "positions": (["data", "axis_index", "carried", "carried_plus_cp"],
-                  ["data", "axis_index", "carried", "carried_plus_cp", "axis_index_wrong_sign",
-                   "carried_wrong_modulus", "carried_two_behind", "none"]),
+    # (table: every step's positions stacked before the loop, the step's row read; table_next: the next step's)
+    "positions": (["data", "axis_index", "carried", "carried_plus_cp", "table"],
+                  ["data", "axis_index", "carried", "carried_plus_cp", "table", "axis_index_wrong_sign",
+                   "carried_wrong_modulus", "carried_two_behind", "table_next", "none"]),
     "travel_positions": ([True], [True, False]),
     "merge": (["softmax", "sum", "max", "visiting_total", "reset", "lse", "lse_sigmoid_reset", "lse_max_log1p"],
               ["softmax", "sum", "max", "visiting_total", "reset", "lse", "lse_sigmoid_reset", "lse_max_log1p",
@@ -103,6 +104,7 @@ def build(spec):
         if spec["start"] == "sink" and spec["merge"] in ("softmax", "reset"):  # a sink logit folded into the start
             acc = (m * 0 + jnp.tanh(w[0, 0]), m * 0 + 1.0, q * 0)
         k, k_pos = x, pos
+        table = positions_of(source(me, jnp.arange(cp))[:, None])
         if spec["rows"] == "halves":
             acc = tuple(tuple(part[:, rows] for part in acc) for rows in HALVES)
 
@@ -192,6 +194,8 @@ def build(spec):
                 kp = jnp.broadcast_to(positions_of(source(me, s)), pos.shape)
             elif spec["positions"].startswith("carried"):  # the source coordinate carried by the loop (ejkernel)
                 kp = jnp.broadcast_to(positions_of(src), pos.shape)
+            elif spec["positions"].startswith("table"):
+                kp = jnp.broadcast_to(table[s if spec["positions"] == "table" else (s + 1) % cp], pos.shape)
             else:
                 kp = k_pos
             if spec["rows"] == "halves":
@@ -297,7 +301,10 @@ def test_generated_ring_bodies_are_rewritten_correctly_or_refused(spec):
     expected = lowered.compile(compiler_options=FAST)(*ARGS)
     got = patched.compile(compiler_options=FAST)(*ARGS)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected), strict=True):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5, err_msg=str(spec))
+        # (to 1e-5 of the result's scale: a -1e30 running max read by the result makes entries of 1e28, whose sums
+        # in another order round differently in the last bits)
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5 * max(1.0, np.abs(b).max()),
+                                   err_msg=str(spec))
 
 
 def test_generator_covers_both_outcomes():
@@ -305,5 +312,5 @@ def test_generator_covers_both_outcomes():
     many refused."""
     if sum(SEEN.values()) < 200:  # run on its own: generate them here
         test_generated_ring_bodies_are_rewritten_correctly_or_refused()
-    # (the 200 draws: 27 rewritten, 173 refused, 2 of them with their plain-autodiff backward rewritten)
+    # (the 200 draws: 35 rewritten, 165 refused, 2 of them with their plain-autodiff backward rewritten)
     assert SEEN["rewritten"] >= 20 and SEEN["refused"] >= 20 and SEEN["rewritten backward"] >= 2, SEEN
