@@ -171,3 +171,26 @@ def test_a_slice_written_into_another_buffer_is_not_taken_for_one_written_back()
     (ring,) = _check(fn, _args(mesh, 2), mesh, "zigzag")
     assert not ring.applied
     assert "adds data to a partial aggregate" in ring.why, ring.why
+
+
+@pytest.mark.parametrize("use", ["scaled", "selected"])
+def test_a_buffer_computed_with_right_after_a_write_is_refused_with_its_reason(use):
+    """The buffer a dynamic_update_slice returns, multiplied or selected from before the loop gets it back: refused,
+    saying so (it was refused as "holds something the analysis could not follow (AttributeError: ...)")."""
+    def body(x, k):
+        total = _ring_total(k)
+
+        def row(a, buf):
+            got = lax.dynamic_slice_in_dim(buf, a * 2, 2, axis=1)
+            cur = lax.dynamic_slice_in_dim(x, a * 2, 2, axis=1)
+            written = lax.dynamic_update_slice_in_dim(buf, got + cur, a * 2, axis=1)
+            return written * 2.0 if use == "scaled" else jnp.where(a % 2 == 0, written, buf)
+
+        return lax.fori_loop(0, x.shape[1] // 2, row, jnp.zeros_like(x)) + total
+
+    mesh = _mesh()
+    fn = jax.shard_map(body, mesh=mesh, in_specs=(SPEC,) * 2, out_specs=SPEC, check_vma=False)
+    (ring,) = _check(fn, _args(mesh, 2), mesh, "zigzag")
+    assert not ring.applied
+    assert ("computes with a buffer the loop fills slice by slice right after writing a slice of it" in ring.why
+            and "'stablehlo." + ("multiply" if use == "scaled" else "select") + "'" in ring.why), ring.why

@@ -480,6 +480,10 @@ class Engine:
         dim without following tokens) or invariants."""
         if isinstance(value, Data):
             return value
+        if not isinstance(value, Index):
+            from .loops import WRITTEN_USE, Written
+            if isinstance(value, Written):
+                self.refuse(WRITTEN_USE, op)
         value = self.resolve(value, op, operand)
         return index_to_data(self, value, op)
 

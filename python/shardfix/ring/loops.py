@@ -587,6 +587,11 @@ FILL_READ = ("reads a buffer the loop fills slice by slice other than by slicing
               "reorder changes)")
 
 
+WRITTEN_USE = ("computes with a buffer the loop fills slice by slice right after writing a slice of it (all it may "
+               "do with the buffer then is hand it to the next iteration): what the buffer holds at that point, the "
+               "slices of this and the earlier iterations written, is not followed")
+
+
 def _check_fill_reads(engine: Engine, op, argument) -> None:
     """The body reads the buffer it fills only by one dynamic_update_slice into it and by dynamic_slices (each
     checked by rules.dynamic_slice against the slice written: `State.filling`), directly or in functions it passes
