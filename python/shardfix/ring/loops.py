@@ -288,6 +288,9 @@ class _Plan:
     k: Var
     free: set = None  # carried indices of data that follows no token, changed by anything (a PRNG key's rounds)
     coord_steps: dict = None  # carried index -> (hop at iteration 0, ring steps per iteration) of a carried coordinate
+    # carried index -> (its coordinate at iteration 0, ring steps, integer step per iteration) of integers made from
+    # one ring coordinate (a block's positions ppermuted with it)
+    travel_steps: dict = None
     # carried index -> (dim, start, size) of the slice of a buffer each iteration writes (`Written`), as the
     # discovery pass saw it
     written: dict = None
@@ -329,6 +332,14 @@ def _discover(engine: Engine, op, inits, passthrough, counter) -> _Plan:
             owned[i] = [q]
             placeholders.append(_register(engine, op, i, Index(init.shape, Aff.of(Coord(_coordinate_hop(init)
                                                                                           + Aff.of(q))))))
+        elif isinstance(init, Index) and _one_coordinate(init) is not None:
+            # integers made from one ring coordinate (a block's positions `c * n + iota`, sent around the ring with
+            # the block): followed as those of the block an unknown number of ring steps away, offset by an
+            # unknown integer
+            q, p = cov_ops.fresh_var("q"), cov_ops.fresh_var("p")
+            engine.state.unknown_vars.update((q, p))
+            owned[i] = [q, p]
+            placeholders.append(_register(engine, op, i, Index(init.shape, _moved(init, Aff.of(q), Aff.of(p)))))
         elif isinstance(init, Index):
             p = cov_ops.fresh_var("p")
             engine.state.unknown_vars.add(p)
@@ -345,12 +356,25 @@ def _discover(engine: Engine, op, inits, passthrough, counter) -> _Plan:
     with _iterating(engine, k, counter):
         returned = engine.run_block(body, placeholders)
     steps: dict = {}
-    hop_steps, coord_steps = {}, {}
+    hop_steps, coord_steps, travel_steps = {}, {}, {}
     for i, ph in enumerate(placeholders):
         if i not in owned:
             continue
         ret = returned[i]
         if isinstance(ret, Written):  # a buffer (that starts as a constant) filled slice by slice
+            continue
+        if isinstance(ph, Index) and _coordinate_hop(ph) is None and _one_coordinate(inits[i]) is not None:
+            q, p = owned[i]
+            moved = _one_coordinate(ret) if isinstance(ret, Index) else None
+            delta = moved.hop - _one_coordinate(ph).hop if moved is not None else None
+            step = ret.expr - _moved(inits[i], Aff.of(q) + delta, Aff.of(p)) if delta is not None and \
+                delta.is_const else None
+            if step is None or not step.is_const:
+                engine.refuse("changes loop-carried integers made from a ring coordinate (a block's positions) "
+                              "other than by sending them a constant number of ring steps and adding a constant",
+                              op, (ret,))
+            travel_steps[i] = (_one_coordinate(inits[i]), delta.const, step.const)
+            steps[q], steps[p] = Aff.of(k).scale(delta.const), Aff.of(k).scale(step.const)
             continue
         if isinstance(ph, Index) and _coordinate_hop(ph) is not None:
             delta = _coordinate_hop(ret) - _coordinate_hop(ph) if _coordinate_hop(ret) is not None else None
@@ -385,7 +409,21 @@ def _discover(engine: Engine, op, inits, passthrough, counter) -> _Plan:
             and returned[i].fn != placeholders[i].fn and returned[i].shape == placeholders[i].shape}
     written = {i: (ret.dim, ret.index, ret.update.shape[ret.dim]) for i, ret in enumerate(returned)
                if i in owned and isinstance(ret, Written)}
-    return _Plan(index_steps, hop_steps, widened, k, free, coord_steps, written)
+    return _Plan(index_steps, hop_steps, widened, k, free, coord_steps, written=written, travel_steps=travel_steps)
+
+
+def _one_coordinate(value) -> Coord | None:
+    """The ring coordinate integers are made from, where they read exactly one."""
+    if not isinstance(value, Index):
+        return None
+    coords = [a for a in value.expr.free_atoms() if isinstance(a, Coord)]
+    return coords[0] if len(coords) == 1 else None
+
+
+def _moved(init: Index, hops: Aff, offset: Aff) -> Aff:
+    """`init`'s integers for the block `hops` ring steps further on, plus `offset`."""
+    coord = _one_coordinate(init)
+    return init.expr.substitute({coord: Aff.of(Coord(coord.hop + hops))}) + offset
 
 
 def _coordinate_hop(value) -> Aff | None:
@@ -524,6 +562,11 @@ def _analyse(engine: Engine, op, inits, passthrough, counter, plan: _Plan):
             # maps it to that of h0 + d*(k + 1), and it is that at k = 0 (the init), so by induction at every k
             h0, d = plan.coord_steps[i]
             placeholders.append(_register(engine, op, i, Index(init.shape, Aff.of(Coord(h0 + Aff.of(k).scale(d))))))
+        elif i in plan.travel_steps:
+            # (likewise: _solve checks the step from k to k + 1)
+            _, d, step = plan.travel_steps[i]
+            placeholders.append(_register(engine, op, i, Index(init.shape, _moved(init, Aff.of(k).scale(d),
+                                                                                   Aff.of(k).scale(step)))))
         elif isinstance(init, Index):
             placeholders.append(_register(engine, op, i, Index(init.shape, init.expr
                                                                + Aff.of(k).scale(plan.index_steps.get(i, 0)))))
