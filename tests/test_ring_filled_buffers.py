@@ -16,10 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 
-from shardfix import autofix_shardings
 from support import ring_user_kernels as uk
+from support.ring_check import decisions_of_equal_run, normal_args
 
 CP, S, D = 8, 64, 8
 SPEC = P("dp", "cp", None)
@@ -64,19 +64,10 @@ def _mesh():
 
 
 def _args(mesh, count: int):
-    rng = np.random.default_rng(0)
-    return [jax.device_put(rng.standard_normal((1, S, D)).astype(np.float32), NamedSharding(mesh, SPEC))
-            for _ in range(count)]
+    return normal_args(mesh, SPEC, (1, S, D), count)
 
 
-def _check(fn, args, mesh, strategy):
-    fixed = autofix_shardings(fn, ring_reorder=strategy, on_fix="ignore")
-    rings = fixed.lower(*args).rings
-    with jax.set_mesh(mesh):
-        want, got = jax.jit(fn)(*args), fixed(*args)
-    for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
-        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-5 * max(1.0, np.abs(a).max()))
-    return rings
+_check = decisions_of_equal_run
 
 
 @pytest.mark.parametrize("init", ["zeros", "data"])

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from jax import lax
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 
-from shardfix import autofix_shardings
 from support import ring_user_kernels as uk
+from support.ring_check import decisions_of_equal_run, normal_args
 
 CP, S, D = 8, 64, 8
 SPEC = P("dp", "cp", None)
@@ -63,16 +62,7 @@ def _run(fn_body, strategy: str, grad: bool = False):
     fn = jax.shard_map(fn_body, mesh=mesh, in_specs=(SPEC,) * 3, out_specs=SPEC, check_vma=False)
     if grad:
         fn = jax.grad(lambda *a, f=fn: jnp.sum(f(*a) ** 2), argnums=(0, 1, 2))
-    rng = np.random.default_rng(0)
-    args = [jax.device_put(rng.standard_normal((1, S, D)).astype(np.float32), NamedSharding(mesh, SPEC))
-            for _ in range(3)]
-    fixed = autofix_shardings(fn, ring_reorder=strategy, on_fix="ignore")
-    rings = fixed.lower(*args).rings
-    with jax.set_mesh(mesh):
-        want, got = jax.jit(fn)(*args), fixed(*args)
-    for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
-        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-5 * max(1.0, np.abs(a).max()))
-    return rings
+    return decisions_of_equal_run(fn, normal_args(mesh, SPEC, (1, S, D), 3), mesh, strategy)
 
 
 @pytest.mark.parametrize("strategy", ["zigzag", "striped"])
