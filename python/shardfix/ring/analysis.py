@@ -23,7 +23,11 @@ from .dims import element_type, holds
 from .symbolic import Aff, Coord, Node, Other, Pid, PidDiv, Scope, Var, bounds, gpos, map_sources, sourced_nodes
 from .symbolic import Dim as SymDim
 from .values import (CONST, FREE, Axis, Coverage, CoverageVar, Data, Index, Obligation, ObligationKind, Stack,
-                     Tok, canonical)
+                     Tok, Written, canonical)
+
+WRITTEN_USE = ("computes with a buffer the loop fills slice by slice right after writing a slice of it (all it may "
+               "do with the buffer then is hand it to the next iteration): what the buffer holds at that point, the "
+               "slices of this and the earlier iterations written, is not followed")
 
 
 class Refusal(Exception):
@@ -480,10 +484,8 @@ class Engine:
         dim without following tokens) or invariants."""
         if isinstance(value, Data):
             return value
-        if not isinstance(value, Index):
-            from .loops import WRITTEN_USE, Written
-            if isinstance(value, Written):
-                self.refuse(WRITTEN_USE, op)
+        if isinstance(value, Written):
+            self.refuse(WRITTEN_USE, op)
         value = self.resolve(value, op, operand)
         return index_to_data(self, value, op)
 

@@ -25,24 +25,7 @@ from .loopmemo import memoized
 from .symbolic import Aff, Coord, Node, Scope, Var, congruent, sourced_nodes
 from .symbolic import Dim as SymDim
 from .values import (CONST, EMPTY, FREE, AggOp, Axis, Cells, Coverage, CoverageVar, Data, Index, Obligation,
-                     ObligationKind, Stack, Tok, canonical)
-
-
-@dataclass(frozen=True)
-class Written:
-    """A loop-carried buffer after the body wrote one slice of it."""
-
-    loop: int
-    slot: int
-    dim: int
-    index: Aff
-    update: Data
-    shape: tuple
-    unchanged: bool = False  # the slice the iteration read out of the buffer, written back as it was
-
-    def __str__(self) -> str:
-        kept = " (as read)" if self.unchanged else ""
-        return f"written[{self.slot}][dim {self.dim} @ {self.index}] = {self.update}{kept}"
+                     ObligationKind, Stack, Tok, Written, canonical)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -628,11 +611,6 @@ def _analyse(engine: Engine, op, inits, passthrough, counter, plan: _Plan):
 FILL_READ = ("reads a buffer the loop fills slice by slice other than by slicing out the part it writes at that "
               "iteration (an earlier iteration's slice, read back, makes a recurrence along the block, which the "
               "reorder changes)")
-
-
-WRITTEN_USE = ("computes with a buffer the loop fills slice by slice right after writing a slice of it (all it may "
-               "do with the buffer then is hand it to the next iteration): what the buffer holds at that point, the "
-               "slices of this and the earlier iterations written, is not followed")
 
 
 def _check_fill_reads(engine: Engine, op, argument) -> None:

@@ -14,6 +14,8 @@ Every value in a ring region is one of:
   same function of their tokens, whichever tokens those are. `agg` marks an aggregate over the other side's tokens
   (a running max, a sum, a softmax-weighted sum: `AggOp` says which), with the set of blocks already folded in
   (`Coverage`).
+- `Written`: inside a loop's body, a buffer the loop carries right after the body wrote one slice of it; all the
+  body may do with it is hand it to the next iteration (loops.py solves what the buffer holds after the loop).
 
 An `Obligation` (of an `ObligationKind`) is a fact a loop body's analysis assumes of carried values not solved yet,
 checked once they are (loops.py).
@@ -193,6 +195,23 @@ class Index:
 
     def __str__(self) -> str:
         return f"index<{self.expr}>"
+
+
+@dataclass(frozen=True)
+class Written:
+    """A loop-carried buffer after the body wrote one slice of it."""
+
+    loop: int
+    slot: int
+    dim: int
+    index: Aff
+    update: Data
+    shape: tuple
+    unchanged: bool = False  # the slice the iteration read out of the buffer, written back as it was
+
+    def __str__(self) -> str:
+        kept = " (as read)" if self.unchanged else ""
+        return f"written[{self.slot}][dim {self.dim} @ {self.index}] = {self.update}{kept}"
 
 
 _SAME = object()  # Data.with_: a field left as it is
