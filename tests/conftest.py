@@ -37,6 +37,7 @@ EXHAUSTIVE = tuple(re.compile(pattern) for pattern in (
     r"test_ring_user_programs\.py::test_results_equal_jax_jit\[.*-proved-.*-auto\]",
     # the second layout of the checks that run under both
     r"test_ring_(filled_buffers|hidden_dependences|twin_masks)\.py::.*-striped\]",
+    r"test_ring_(stacked|travelling)_positions\.py::.*-striped\]",
     r"test_ring_published\.py::test_results_equal_jax_jit\[.*-(zigzag|striped)\]",
     r"test_ring_published\.py::test_decision_for_a_forced_layout",
     r"test_ring_kernels\.py::test_forward_and_gradients_reordered_and_exact\[.*-(zigzag|striped)\]",
