@@ -214,7 +214,8 @@ class State:
     # each checked against the slice the iteration writes once the body has run (loops.py)
     filling: dict = field(default_factory=dict)
     cov_alias: dict = field(default_factory=dict)  # coverage unknowns assumed equal (checked when solved)
-    loop_vars: dict = field(default_factory=dict)  # a loop's iteration variable -> id of the loop op
+    # a loop's iteration variable -> the loop op's number (coverage.op_number, as its unknown coverages name it)
+    loop_vars: dict = field(default_factory=dict)
     loop_runs: dict = field(default_factory=dict)  # id of a loop op -> the number of its analysis under way
     loop_memo: dict = field(default_factory=dict)  # the loops analysed, by their inputs (loopmemo.py)
     # the blocks a loop's (out, lse) merge state starts from, computed before the loop (lsefloats' "pre@" cases)

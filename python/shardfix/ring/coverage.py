@@ -3,16 +3,61 @@ ranges over loop variables; when two coverages are disjoint; when a coverage is 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import itertools
+from typing import Iterator
 
 from .symbolic import Aff, Scope, Var, bounds, differs_mod
 from .values import EMPTY, Cells, Coverage, CoverageVar
 
-_fresh = itertools.count()
+
+class _Naming:
+    """The numbers in the names of one module's unknowns: fresh variables in order, loop ops by first use."""
+
+    def __init__(self) -> None:
+        self.counter = itertools.count()
+        self.ops: dict = {}  # id of an op object -> (its number, the object, kept alive)
+
+
+_process_counter = itertools.count()  # fresh variables made outside any naming (the analysis' parts run alone)
+_naming: contextvars.ContextVar[_Naming | None] = contextvars.ContextVar("shardfix_ring_naming", default=None)
+
+
+@contextlib.contextmanager
+def naming() -> Iterator[None]:
+    """Number the unknowns the analyses inside make from 0, in the order they make them: their names (which pick
+    lsefloats' sample numbers) then depend on the module alone, not on what the process analysed before. A naming
+    already under way goes on (names must stay distinct among everything one module's analyses share)."""
+    if _naming.get() is not None:
+        yield
+        return
+    token = _naming.set(_Naming())
+    try:
+        yield
+    finally:
+        _naming.reset(token)
 
 
 def fresh_var(prefix: str) -> Var:
-    return Var(f"{prefix}{next(_fresh)}")
+    current = _naming.get()
+    if current is None:  # spelt apart from any naming's, so that the two never meet under one name
+        return Var(f"{prefix}.{next(_process_counter)}")
+    return Var(f"{prefix}{next(current.counter)}")
+
+
+def op_number(op) -> int:
+    """A number for the Python object `op` (a loop op as an analysis holds it), the same at every use within one
+    naming, which keeps the object alive, so that no other object takes its id meanwhile (outside a naming, the
+    op's id: the caller keeps the op alive while it uses the number). A loop analysed again through another object
+    (a callee run for another call) gets another number."""
+    current = _naming.get()
+    if current is None:
+        return id(op)
+    found = current.ops.get(id(op))
+    if found is None:
+        found = current.ops[id(op)] = (len(current.ops), op)
+    return found[0]
 
 
 def cell(hop: Aff, start: Aff, size: int) -> Coverage:

@@ -123,7 +123,7 @@ def _lift(engine: Engine, op, value: Data, domain: Domain | None) -> Value:
         keys += fl.STATE_KEYS + tuple(k for p in blocks for k in fl.cell_keys(p)) + \
             tuple(k for p in blocks if str(p) in engine.state.started for k in fl.pre_keys(p))
     # a merge whose float result is off in a scenario (its flag) is NaN there: a guard must not pick it
-    samples = tuple((k, math.nan if (agg.nan and fl.at_start(k) or agg.masked and k != fl.NORMAL) else x)
+    samples = tuple((k, math.nan if (agg.nan and fl.at_start(k) or agg.masked and not fl.is_normal(k)) else x)
                     for k, x in exact_samples(result, keys))
     return dataclasses.replace(result, samples=samples)
 
@@ -418,7 +418,7 @@ def _canonical(engine: Engine, op, value: Value, home, score: int) -> Agg:
         return Agg(AggOp.LOGSUM, home, 0, EMPTY, score, form=made)
     if value.overflow is not None:
         _refuse_overflow(engine, value.overflow)
-    keys = [k for k, _ in value.samples if k != fl.NORMAL]
+    keys = [k for k, _ in value.samples if not fl.is_normal(k)]
     bad = {k for k, x in exact_samples(value, keys) if not fl.same_number(fl.at(value.samples, k), x)}
     return dataclasses.replace(agg, nan=bool(bad & set(fl.START_KEYS)), masked=bool(bad - set(fl.START_KEYS)))
 

@@ -22,7 +22,7 @@ from .logsum import carried_start_refusal, refuse_carried_hard_max
 from .analysis import Engine, Refusal
 from .dims import element_type, holds, shape
 from .loopmemo import memoized
-from .symbolic import Aff, Coord, Node, Scope, Var, congruent, sourced_nodes
+from .symbolic import Aff, Coord, Node, Var, congruent, sourced_nodes
 from .symbolic import Dim as SymDim
 from .values import (CONST, EMPTY, FREE, AggOp, Axis, Cells, Coverage, CoverageVar, Data, Index, Obligation,
                      ObligationKind, Stack, Tok, Written, canonical)
@@ -68,8 +68,8 @@ UNDECIDED = -1
 
 
 def first_iteration_loop(engine: Engine, cond: Index) -> int | None:
-    """The loop (its op's id) whose first iteration, and only that, `cond` holds at: a condition of that loop's
-    iteration variable alone (`i == 0` in a fori_loop body). None for any other condition."""
+    """The loop (its op's number, coverage.op_number) whose first iteration, and only that, `cond` holds at: a
+    condition of that loop's iteration variable alone (`i == 0` in a fori_loop body). None for any other condition."""
     if cond.shape and any(n > 1 for n in cond.shape):
         return None
     atoms = cond.expr.free_atoms()
@@ -294,7 +294,7 @@ def _discover(engine: Engine, op, inits, passthrough, counter) -> _Plan:
     """A first pass with everything that changes unknown: how each carried value changes per iteration."""
     body = op.regions[1].blocks[0]
     k = cov_ops.fresh_var("it")
-    engine.state.loop_vars[k] = id(op)
+    engine.state.loop_vars[k] = cov_ops.op_number(op)  # as its unknown coverages name it
     placeholders, owned, index_steps = [], {}, {}
     for i, init in enumerate(inits):
         step = constant_step(engine, op, inits, i, passthrough) if isinstance(init, Index) else None
@@ -467,7 +467,8 @@ def _template(engine: Engine, op, ret: Data, steps: dict, k: Var, mine: set):
 def _unknown_coverage(op, i: int, init: Data):
     if init.agg is None:
         return None
-    return CoverageVar(f"cv{id(op)}_{i}"), CoverageVar(f"sv{id(op)}_{i}")
+    n = cov_ops.op_number(op)
+    return CoverageVar(f"cv{n}_{i}"), CoverageVar(f"sv{n}_{i}")
 
 
 def _register(engine: Engine, op, i: int, value):

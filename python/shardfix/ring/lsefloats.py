@@ -15,6 +15,12 @@ The cases (scenarios), each keyed by a string:
   state holds masked keys alone at the loop's first merge; a value without that block is its "start0" value there;
 - "normal": nothing masked, the state holds keys (the value of any case a number does not depend on).
 
+Each scenario is drawn DRAWS times, with other numbers (the start's draws are its four keys; every other key's
+draw d > 0 is the key prefixed "#d "). One draw can hide a rounding: a sample that happens to sit within a few
+ulps of a multiple of ulp(1e4) passes through -1e4 + x unchanged, about one draw in 200; a merge is taken as exact
+in a scenario only where every draw says so. The numbers depend only on the draw and on the names of the blocks,
+which the analysis makes from the module alone (coverage.naming), never from what the process ran before.
+
 The masked ones only where the scores may hold a mask value (logsum.may_mask): unmasked scores are bounded by
 the data, and a merge's rounding then stays that of its operands.
 
@@ -32,10 +38,9 @@ import numpy as np
 from .values import CoverageVar
 
 MASKS = (-1e30, -1e4)  # an all-masked row's lse: the usual mask value, and a small one whose merges round
-START_KEYS = tuple(f"start{s}" for s in range(4))
+DRAWS = 4
+START_KEYS = tuple(f"start{s}" for s in range(DRAWS))
 NORMAL = "normal"
-PLAIN = START_KEYS + (NORMAL,)
-STATE_KEYS = tuple(f"state@{m:g}" for m in MASKS)
 _PRE = "pre@"
 MASK_LIKE = 1e3  # a score constant this large is a mask value (-1e4, -1e9, -1e30, finfo.min), not a scale
 _ULPS = 16  # a merge's few float32 roundings, each of half an ulp, and no more (a -100 start rounds by ~32)
@@ -43,30 +48,57 @@ _ULPS = 16  # a merge's few float32 roundings, each of half an ulp, and no more 
 Samples = tuple  # ((key, float), ...): a number per scenario
 
 
+def _drawn(key: str, draw: int) -> str:
+    return key if draw == 0 else f"#{draw} {key}"
+
+
+def _split(key: str) -> tuple[int, str]:
+    """(the draw, the scenario) of a key."""
+    if key.startswith("#"):
+        draw, base = key[1:].split(" ", 1)
+        return int(draw), base
+    return 0, key
+
+
+def _every_draw(*keys: str) -> tuple[str, ...]:
+    return tuple(_drawn(k, d) for d in range(DRAWS) for k in keys)
+
+
+NORMALS = _every_draw(NORMAL)
+PLAIN = START_KEYS + NORMALS
+STATE_KEYS = _every_draw(*(f"state@{m:g}" for m in MASKS))
+
+
 def cell_keys(part) -> tuple[str, ...]:
-    return tuple(f"cell@{m:g}:{part}" for m in MASKS)
+    return _every_draw(*(f"cell@{m:g}:{part}" for m in MASKS))
 
 
 def pre_keys(part) -> tuple[str, ...]:
-    return tuple(f"{_PRE}{m:g}:{part}" for m in MASKS)
+    return _every_draw(*(f"{_PRE}{m:g}:{part}" for m in MASKS))
+
+
+def is_normal(key: str) -> bool:
+    """Whether scenario `key` is one where nothing is masked and the state holds keys (any draw)."""
+    return _split(key)[1] == NORMAL
 
 
 def at_start(key: str) -> bool:
     """Whether the state is still at its start in scenario `key`."""
-    return key in START_KEYS or key.startswith(_PRE)
+    return key in START_KEYS or _split(key)[1].startswith(_PRE)
 
 
 def _scenario(key: str) -> tuple[int, float | None, float | None, str | None]:
     """(salt, the state's masked lse or None, a block's masked lse or None, that block's name or None); a state
     at its start has salt >= 0 and holds nothing: returned as salt, None, None, None with key in START_KEYS."""
+    draw, key = _split(key)
     if key.startswith("start"):
         return int(key[5:]), None, None, None
     if key.startswith("state@"):
-        return 0, float(key[6:]), None, None
+        return draw, float(key[6:]), None, None
     if key.startswith(("cell@", _PRE)):
         mask, name = key[key.index("@") + 1:].split(":", 1)
-        return 0, None, float(mask), name
-    return 0, None, None, None
+        return draw, None, float(mask), name
+    return draw, None, None, None
 
 
 def _sample(salt: int, *key) -> float:
@@ -122,7 +154,8 @@ def at(samples: Samples, key: str) -> float:
     for k, x in samples:
         if k == key:
             return x
-    return at(samples, START_KEYS[0]) if key.startswith(_PRE) else dict(samples)[NORMAL]
+    draw, base = _split(key)
+    return at(samples, START_KEYS[draw]) if base.startswith(_PRE) else dict(samples)[_drawn(NORMAL, draw)]
 
 
 def f32_all(fn, *samples: Samples) -> Samples:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from jaxlib.mlir import ir
 
 from ..locations import SourceLoc
+from . import coverage as cov_ops
 from .analysis import Engine, Refusal, RingInfo, Shared, State
 from .autodiff import (Liveness, differentiated, dropped_forward, is_transpose, made_by_autodiff, stabiliser_invariant,
                        tie, tied_pairs, unproved_cotangent)
@@ -90,7 +91,14 @@ class _GroupRefusal(Exception):
 def prove_rings(module: ir.Operation, analyse: bool = True, callers: dict[str, int] | None = None,
                 holders: set[str] | None = None) -> list[Verdict]:
     """A verdict per ring region (analysed only with `analyse`; otherwise just grouped). `callers`, `holders`: see
-    find_ring_regions."""
+    find_ring_regions. The analyses' unknowns are named from the module alone (coverage.naming): the verdicts
+    depend on the module, not on what the process analysed before."""
+    with cov_ops.naming():
+        return _prove_rings(module, analyse, callers, holders)
+
+
+def _prove_rings(module: ir.Operation, analyse: bool, callers: dict[str, int] | None,
+                 holders: set[str] | None) -> list[Verdict]:
     regions = find_ring_regions(module, callers, holders)
     funcs = module_funcs(module)
     verdicts = {id(r.region): Verdict(r) for r in regions}
