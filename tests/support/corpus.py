@@ -257,11 +257,11 @@ def judge(cases: list[Case], pool: Pool, pipeline: str = "fix-shardings", plain_
 
 
 def judge_file(path: Path, workdir: Path, *, expects_error: bool, jobs: int, timeout: float,
-               plain_always: bool = True) -> list[tuple[str, str, str]]:
-    """(case name, result, first line of the fix's stderr) for every case of `path` (split at `// -----`), judged
-    in a fresh interpreter (see the module's docstring)."""
+               plain_always: bool = True, every: int = 1) -> list[tuple[str, str, str]]:
+    """(case name, result, first line of the fix's stderr) for every case of `path` (split at `// -----`), or
+    every `every`-th from the first, judged in a fresh interpreter (see the module's docstring)."""
     request = {"path": str(path), "workdir": str(workdir), "expects_error": expects_error, "jobs": jobs,
-               "timeout": timeout, "plain_always": plain_always}
+               "timeout": timeout, "plain_always": plain_always, "every": every}
     tests = str(Path(__file__).resolve().parent.parent)
     code = f"import sys; sys.path.insert(0, {tests!r}); from support.corpus import _judge_file_main; _judge_file_main()"
     done = subprocess.run([sys.executable, "-c", code], input=json.dumps(request), capture_output=True, text=True,
@@ -274,7 +274,7 @@ def judge_file(path: Path, workdir: Path, *, expects_error: bool, jobs: int, tim
 def _judge_file_main() -> None:
     request = json.loads(sys.stdin.read())
     path = Path(request["path"])
-    cases = split_cases(path.name, path.read_text(), split=True)
+    cases = split_cases(path.name, path.read_text(), split=True)[::request["every"]]
     for case in cases:
         case.expects_error = case.expects_error or request["expects_error"]
     pool = Pool(Path(request["workdir"]), jobs=request["jobs"], timeout=request["timeout"])
