@@ -67,15 +67,16 @@ EXHAUSTIVE = tuple(re.compile(pattern) for pattern in (
     r"keyed-scale)\]",
     r"test_ring_audit(5|6|7|9|10|11)\.py::",
     r"test_ring_audit_region_keys\.py::test_layers_differing_in_one_detail",
-    # the frameworks: one setup of each through the decorator, Flax's language model on Explicit axes (the guides'
-    # eager flows under the plugin, Linen's, NNX's and Equinox's, are here; test_plugin_flax trains under the plugin
-    # in the default run)
-    r"test_linen_training\.py::test_the_functional_form_through_the_decorator\[(?!data_model-explicit)",
-    r"test_(linen|nnx)_training\.py::test_the_guides_eager_flow_under_the_plugin",
+    # the frameworks: the default run takes Flax NNX's data-and-model setup through the decorator, Flax's language
+    # model on Explicit axes and a Linen training loop under the plugin on Explicit axes (test_plugin_flax); here the
+    # other setups, Linen's and Equinox's, and the guides' eager flows under the plugin
+    r"test_(linen|eqx)_training\.py::",
+    r"test_nnx_training\.py::test_the_guides_eager_flow_under_the_plugin",
     r"test_nnx_training\.py::test_the_functional_form_through_the_decorator\[(?!data_model-auto)",
-    r"test_eqx_training\.py::test_the_example_through_the_decorator\[(?!data_model-explicit)",
-    r"test_eqx_training\.py::test_the_example_under_the_plugin",
     r"test_flax_lm\.py::.*\[auto\]",
+    r"test_plugin_flax\.py::test_training_loop_through_the_plugin\[auto\]",
+    # mypy and pyright on a user's script (test_typing's other checks stay in the default run)
+    r"test_typing\.py::test_mypy_and_pyright_check_a_users_script",
 ))
 
 
