@@ -17,8 +17,9 @@ The cases (scenarios), each keyed by a string:
 
 Each scenario is drawn DRAWS times, with other numbers (the start's draws are its four keys; every other key's
 draw d > 0 is the key prefixed "#d "). One draw can hide a rounding: a sample that happens to sit within a few
-ulps of a multiple of ulp(1e4) passes through -1e4 + x unchanged, about one draw in 200; a merge is taken as exact
-in a scenario only where every draw says so. The numbers depend only on the draw and on the names of the blocks,
+ulps of a multiple of ulp(1e4) = 2^-10 passes through -1e4 + x unchanged (the samples are multiples of 1/500 in
+[-1, 1): 8 of their 1000 values sit on that grid); a merge is taken as exact in a scenario only where every draw
+says so. The numbers depend only on the draw and on the names of the blocks,
 which the analysis makes from the module alone (coverage.naming), never from what the process ran before.
 
 The masked ones only where the scores may hold a mask value (logsum.may_mask): unmasked scores are bounded by
